@@ -1,0 +1,3 @@
+"""lcx: context-parallel long-context language-model training in JAX."""
+
+__version__ = "0.1.0"

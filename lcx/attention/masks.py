@@ -1,0 +1,69 @@
+"""Attention masks as predicates on global positions and segment ids.
+
+Every mask lcx supports is a function of ``(q_pos, k_pos, q_seg, k_seg)`` only, so one kernel
+path serves every sequence layout (contiguous, zigzag) and every context-parallel strategy: the
+positions and segment ids travel with their tokens (and, in ring steps, with K/V).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+
+@dataclasses.dataclass(frozen=True)
+class Mask:
+    """Which keys a query may attend to.
+
+    Attributes:
+      causal: key visible only if ``k_pos <= q_pos``.
+      document: key visible only if ``k_seg == q_seg`` (packed sequences; segment ids).
+      window: sliding window in tokens: key visible only if ``q_pos - k_pos < window`` (and, when
+        not causal, also ``k_pos - q_pos < window``). ``None`` means no window.
+
+    ``Mask()`` is causal; ``Mask(causal=False)`` is full (bidirectional) attention.
+
+    Raises:
+      ValueError: ``window < 1``.
+    """
+
+    causal: bool = True
+    document: bool = False
+    window: int | None = None
+
+    def __post_init__(self):
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"sliding window must be >= 1 token or None, got {self.window}")
+
+    def visible(
+        self,
+        q_pos: Int[Array, "*b t"],
+        k_pos: Int[Array, "*b s"],
+        q_seg: Int[Array, "*b t"] | None = None,
+        k_seg: Int[Array, "*b s"] | None = None,
+    ) -> Bool[Array, "*b t s"]:
+        """Boolean ``[..., T, S]``: True where query t may attend to key s."""
+        qp = q_pos[..., :, None]
+        kp = k_pos[..., None, :]
+        ok = jnp.ones(jnp.broadcast_shapes(qp.shape, kp.shape), bool)
+        if self.causal:
+            ok = ok & (kp <= qp)
+        if self.window is not None:
+            ok = ok & (qp - kp < self.window)
+            if not self.causal:
+                ok = ok & (kp - qp < self.window)
+        if self.document:
+            if q_seg is None or k_seg is None:
+                raise ValueError("a document mask needs segment ids for queries and keys")
+            ok = ok & (q_seg[..., :, None] == k_seg[..., None, :])
+        return ok
+
+    @property
+    def is_full(self) -> bool:
+        return not self.causal and not self.document and self.window is None
+
+
+CAUSAL = Mask()
+FULL = Mask(causal=False)

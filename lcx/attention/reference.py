@@ -1,0 +1,60 @@
+"""Plain single-device dense attention: the float32 reference every strategy is tested against."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from lcx.attention.masks import Mask
+
+
+def reference_attention(
+    q: Float[Array, "B T N H"],
+    k: Float[Array, "B S K H"],
+    v: Float[Array, "B S K H"],
+    *,
+    mask: Mask,
+    positions: Int[Array, "B T"] | None = None,
+    segment_ids: Int[Array, "B T"] | None = None,
+    kv_positions: Int[Array, "B S"] | None = None,
+    kv_segment_ids: Int[Array, "B S"] | None = None,
+) -> Float[Array, "B T N H"]:
+    """Dense softmax attention ``softmax(q k^T / sqrt(H) + mask) v`` (Vaswani et al. 2017).
+
+    GQA: the N query heads form K groups of G = N / K (head n uses kv head n // G); K/V are
+    never repeated. A query with no visible key returns 0 (not NaN). Computes in the inputs'
+    dtype promoted with float32 for the softmax; returns the dtype of ``q``.
+
+    Args:
+      q: queries ``[B, T, N, H]``.
+      k, v: keys and values ``[B, S, K, H]``; N divisible by K.
+      mask: the :class:`Mask` predicate.
+      positions, segment_ids: int32 ``[B, T]`` of the queries; default ``arange(T)`` and zeros.
+      kv_positions, kv_segment_ids: int32 ``[B, S]`` of the keys; default to the query ones
+        (self-attention, T == S).
+
+    Returns:
+      ``[B, T, N, H]`` in ``q.dtype``.
+    """
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    if N % K:
+        raise ValueError(f"query heads {N} must be a multiple of kv heads {K} (GQA)")
+    G = N // K
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    if segment_ids is None:
+        segment_ids = jnp.zeros((B, T), jnp.int32)
+    kv_positions = positions if kv_positions is None else kv_positions
+    kv_segment_ids = segment_ids if kv_segment_ids is None else kv_segment_ids
+    qg = q.reshape(B, T, K, G, H).astype(jnp.float32) / jnp.sqrt(jnp.float32(H))
+    s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k.astype(jnp.float32))
+    vis = mask.visible(positions, kv_positions, segment_ids, kv_segment_ids)[:, None, None]
+    s = jnp.where(vis, s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.where(vis, jnp.exp(s - m), 0.0)
+    l = p.sum(-1, keepdims=True)
+    p = p / jnp.where(l == 0, 1.0, l)
+    o = jnp.einsum("BKGTS,BSKH->BTKGH", p, v.astype(jnp.float32))
+    return o.reshape(B, T, N, H).astype(q.dtype)

@@ -1,0 +1,22 @@
+"""Test session setup: 8 simulated CPU devices, float32 matmuls, strict dtype promotion.
+
+The device count must be set before the JAX backend initialises, so this runs at import time.
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_default_matmul_precision", "highest")
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def devices():
+    d = jax.devices()
+    assert len(d) == 8, f"tests need 8 simulated CPU devices, got {len(d)}"
+    return d
