@@ -355,7 +355,7 @@ class Plan:
 
     def __repr__(self) -> str:
         def rules(r):
-            return ", ".join(f"{k}->{'x'.join(_as_axes(v)) or 'replicated'}" for k, v in r) or "all replicated"
+            return ", ".join(f"{k}->{_fmt_axes(v)}" for k, v in r) or "all replicated"
 
         a = self.attention
         mesh = " x ".join(f"{n}={s}" for n, s in self.mesh)
@@ -413,3 +413,10 @@ def _spec(rules: Mapping[str, tuple[str, ...]], logical_axes: Sequence[str | Non
             used[m] = logical
         out.append(None if not mesh_axes else (mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes))
     return PartitionSpec(*out)
+
+
+def _fmt_axes(v: MeshAxes) -> str:
+    t = _as_axes(v)
+    if not t:
+        return "replicated"
+    return t[0] if len(t) == 1 else "(" + ",".join(t) + ")"

@@ -1,0 +1,216 @@
+"""Model configuration for the Llama family: a frozen dataclass and named presets.
+
+The presets mirror ``lcx/conf/model/*.yaml`` field for field (a test checks it), so a model is
+named the same way in code (``preset("llama3_70b")``) and in Hydra (``model=llama3_70b``).
+Sizes follow the Llama 3 paper (Grattafiori et al. 2024, arXiv:2407.21783, Table 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+"""Rematerialisation of each scanned block (``jax.checkpoint`` policies): ``none`` saves every
+activation; ``full`` saves only the block inputs; ``dots_saveable`` saves matmul outputs;
+``dots_with_no_batch_dims_saveable`` saves only matmuls without batch dimensions (the projections,
+not attention scores)."""
+
+DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-family decoder: pre-norm blocks of GQA attention and a SwiGLU MLP.
+
+    Attributes:
+      name: label for tables and run directories.
+      vocab_size: V, tokens in the vocabulary.
+      d_model: D, width of the residual stream.
+      n_layers: L, number of blocks.
+      n_heads: N, query heads.
+      n_kv_heads: K, key/value heads; N must be a multiple of K (GQA, Ainslie et al. 2023,
+        arXiv:2305.13245). K == N is multi-head attention, K == 1 multi-query attention.
+      head_dim: H, width of one head.
+      mlp_dim: F, hidden width of the SwiGLU MLP.
+      rope_theta: RoPE base wavelength (RoFormer, arXiv:2104.09864); 500000 in Llama 3.
+      norm_eps: RMSNorm epsilon.
+      tie_embeddings: if True the output head is the transposed token embedding.
+      remat: one of :data:`REMAT_POLICIES`.
+      dtype: compute dtype, ``float32`` or ``bfloat16``. Parameters are cast to it inside the
+        forward pass; norms, softmax and logits are computed in float32.
+      param_dtype: dtype the parameters (master weights) are stored in.
+      sliding_window: attention window in tokens (``q_pos - k_pos < window``), or None.
+      document_mask: if True (default) packed documents never attend to each other: a key is
+        visible only if its segment id equals the query's.
+
+    Raises:
+      ValueError: a size is not positive, N is not a multiple of K, an unknown remat policy or
+        dtype, or ``sliding_window < 1``. The message names the field and the fix.
+    """
+
+    name: str = "custom"
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int = 2
+    head_dim: int = 16
+    mlp_dim: int = 384
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    remat: str = "none"
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    sliding_window: int | None = None
+    document_mask: bool = True
+
+    def __post_init__(self):
+        # YAML may give 500000 for a float field; store floats so equal configs hash equal
+        object.__setattr__(self, "rope_theta", float(self.rope_theta))
+        object.__setattr__(self, "norm_eps", float(self.norm_eps))
+        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"model.{f} must be a positive integer, got {v!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads} "
+                f"(GQA groups query heads over kv heads); set n_kv_heads to a divisor of {self.n_heads}"
+            )
+        if self.rope_theta <= 0 or self.norm_eps <= 0:
+            raise ValueError(
+                f"model.rope_theta ({self.rope_theta}) and model.norm_eps ({self.norm_eps}) must be positive"
+            )
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"model.remat={self.remat!r} is unknown; choose one of {REMAT_POLICIES}")
+        for f in ("dtype", "param_dtype"):
+            if getattr(self, f) not in DTYPES:
+                raise ValueError(f"model.{f}={getattr(self, f)!r} is unknown; choose one of {DTYPES}")
+        if self.sliding_window is not None and (
+            not isinstance(self.sliding_window, int) or self.sliding_window < 1
+        ):
+            raise ValueError(
+                f"model.sliding_window must be a positive number of tokens or null, got {self.sliding_window!r}"
+            )
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def group_size(self) -> int:
+        """G = N / K, query heads sharing one kv head."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """Weights of wq, wk, wv, wo in one block: ``2 D N H + 2 D K H``."""
+        D, H = self.d_model, self.head_dim
+        return 2 * D * self.n_heads * H + 2 * D * self.n_kv_heads * H
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        """Weights of w_gate, w_up, w_down in one block: ``3 D F``."""
+        return 3 * self.d_model * self.mlp_dim
+
+    @property
+    def params_per_layer(self) -> int:
+        """Projection weights of one block (attention + MLP), the count FLOP estimates use.
+
+        Excludes the block's two RMSNorm gains (``2 D``), which :attr:`n_params` includes.
+        855,638,016 for Llama 3 70B.
+        """
+        return self.attention_params_per_layer + self.mlp_params_per_layer
+
+    @property
+    def n_params(self) -> int:
+        """Every parameter: embedding, blocks (with norm gains), final norm, untied head."""
+        D, V = self.d_model, self.vocab_size
+        head = 0 if self.tie_embeddings else V * D
+        return V * D + self.n_layers * (self.params_per_layer + 2 * D) + D + head
+
+    def dims(self) -> dict[str, int]:
+        """Sizes of the logical axes the parameters use, for :meth:`lcx.sharding.Plan.validate`."""
+        return {
+            "vocab": self.vocab_size,
+            "embed": self.d_model,
+            "heads": self.n_heads,
+            "kv_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "mlp": self.mlp_dim,
+            "layers": self.n_layers,
+        }
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
+        """Config from a mapping (e.g. the Hydra ``model`` node converted to a dict).
+
+        Raises:
+          ValueError: a key is not a field of :class:`ModelConfig`, or a field check fails.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown model config keys {unknown}; known keys are {sorted(names)}")
+        return cls(**dict(d))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+_LLAMA3_8B = dict(
+    vocab_size=128_256,
+    d_model=4096,
+    n_layers=32,
+    n_heads=32,
+    n_kv_heads=8,
+    head_dim=128,
+    mlp_dim=14_336,
+    rope_theta=500_000.0,
+    norm_eps=1e-5,
+    tie_embeddings=False,
+    remat="full",
+    dtype="bfloat16",
+)
+
+PRESETS: dict[str, ModelConfig] = {
+    # byte-level model that trains on two CPU cores in minutes at 4096 tokens; GQA 4:1
+    "tiny": ModelConfig(
+        name="tiny",
+        vocab_size=256,
+        d_model=128,
+        n_layers=4,
+        n_heads=8,
+        n_kv_heads=2,
+        head_dim=16,
+        mlp_dim=384,
+        rope_theta=10_000.0,
+    ),
+    # Llama 3.1 8B (arXiv:2407.21783, Table 3)
+    "llama3_1_8b": ModelConfig(name="llama3_1_8b", **_LLAMA3_8B),
+    # Llama 3 70B (arXiv:2407.21783, Table 3)
+    "llama3_70b": ModelConfig(
+        name="llama3_70b",
+        **{**_LLAMA3_8B, "d_model": 8192, "n_layers": 80, "n_heads": 64, "mlp_dim": 28_672},
+    ),
+    # MaxText's long-context 8B variant: half as many heads, twice as wide (16 x 256 = D);
+    # same parameter count as the 8B, different head counts for Ulysses (A2A) to split
+    "llama3_1_8b_longctx": ModelConfig(
+        name="llama3_1_8b_longctx", **{**_LLAMA3_8B, "n_heads": 16, "n_kv_heads": 4, "head_dim": 256}
+    ),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    """The named preset (see :data:`PRESETS`).
+
+    Raises:
+      ValueError: unknown name; the message lists the presets.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name]

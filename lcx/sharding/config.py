@@ -1,0 +1,85 @@
+"""Hydra round trip for plans: the structured schema of the ``plan=`` group and preset loading.
+
+The YAML files in ``lcx/conf/plan/`` are the single source of the named presets; code reads them
+with :func:`preset` and YAML overrides are checked against :class:`PlanSchema`, so a misspelt key
+(``plan.atention.strategy``) is an error, not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from lcx.sharding.plan import AttentionConfig, Plan, PlanError
+
+PRESET_DIR = pathlib.Path(__file__).resolve().parent.parent / "conf" / "plan"
+
+
+@dataclasses.dataclass
+class AttentionSchema:
+    strategy: str = "allgather"
+    kernel: str = "xla"
+    layout: str = "zigzag"
+    ulysses_axis: str = "ulysses"
+    ring_axis: str = "ring"
+    allow_kv_replication: bool = True
+    block_q: int = 512
+    block_kv: int = 512
+
+
+@dataclasses.dataclass
+class PlanSchema:
+    """Schema of the Hydra ``plan`` node. ``params``/``activations`` map a logical axis to a mesh
+    axis name, a list of mesh axis names, or null."""
+
+    name: str = "custom"
+    mesh: dict[str, int] = dataclasses.field(default_factory=dict)
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    activations: dict[str, Any] = dataclasses.field(default_factory=dict)
+    attention: AttentionSchema = dataclasses.field(default_factory=AttentionSchema)
+
+
+assert [f.name for f in dataclasses.fields(AttentionSchema)] == [f.name for f in dataclasses.fields(AttentionConfig)]
+
+
+def plan_from_config(node: DictConfig | dict) -> Plan:
+    """Build a :class:`Plan` from a Hydra/OmegaConf ``plan`` node or a plain dict.
+
+    Raises:
+      PlanError: a key not in :class:`PlanSchema` (misspelt), a value of the wrong type, or any
+        check of :class:`Plan` itself.
+    """
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(PlanSchema), node)
+    except OmegaConfBaseException as e:
+        raise PlanError(f"invalid plan config: {e.msg if hasattr(e, 'msg') else e}".strip()) from None
+    d = OmegaConf.to_container(merged, resolve=True)
+    return Plan(
+        mesh=tuple(d["mesh"].items()),
+        params=tuple(d["params"].items()),
+        activations=tuple(d["activations"].items()),
+        attention=AttentionConfig(**d["attention"]),
+        name=d["name"],
+    )
+
+
+def preset(name: str, **attention: Any) -> Plan:
+    """The named preset plan from ``lcx/conf/plan/<name>.yaml`` (dp, fsdp, allgather, a2a, ring,
+    usp, fsdp_ring, ...), optionally with attention fields changed.
+
+    Raises:
+      PlanError: no preset of that name (the message lists the available ones).
+    """
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise PlanError(f"no plan preset {name!r}; available: {preset_names()}")
+    p = plan_from_config(OmegaConf.load(path))
+    return p.with_attention(**attention) if attention else p
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))

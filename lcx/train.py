@@ -1,0 +1,62 @@
+"""Hydra entry point: ``python -m lcx.train [overrides]``.
+
+Groups: ``model=`` (tiny | llama3_1_8b | llama3_70b | llama3_1_8b_longctx), ``plan=`` (dp | fsdp |
+allgather | a2a | ring | usp | fsdp_ring), ``hardware=`` (cpu | tpu_v5p | tpu7), ``data=`` (stdlib |
+text), ``experiment=``. Writes ``metrics.jsonl`` and ``run_info.json`` in the Hydra run directory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+
+def configure_devices(cfg: DictConfig) -> list:
+    """Set up devices before the JAX backend starts: on ``hardware=cpu``, ``hardware.cpu_devices``
+    simulated CPU devices. Under a Hydra multirun (one process) the first job fixes the count;
+    later jobs use the first ``cpu_devices`` of them.
+
+    Raises:
+      ValueError: fewer devices exist than the configuration asks for.
+    """
+    import jax
+
+    n = cfg.hardware.get("cpu_devices")
+    if n:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        try:
+            jax.config.update("jax_num_cpu_devices", int(n))
+        except RuntimeError:
+            pass  # backend already initialised (second job of a multirun): checked below
+        devices = jax.devices()
+        if len(devices) < int(n):
+            raise ValueError(
+                f"hardware.cpu_devices={n} but JAX has only {len(devices)} devices (the count is fixed by "
+                "the first job of a multirun); run the largest count first or in its own process"
+            )
+        return devices[: int(n)]
+    return jax.devices()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    devices = configure_devices(cfg)
+    from lcx.training.loop import train
+
+    out = train(cfg, HydraConfig.get().runtime.output_dir, devices)
+    print(
+        f"done: final train loss {out['final_loss']:.4f} nats/token"
+        + (f", validation loss {out['val_loss']:.4f}" if out["val_loss"] is not None else "")
+        + f"; run directory {out['run_dir']}",
+        file=sys.stderr,
+    )
+    return out["val_loss"]
+
+
+if __name__ == "__main__":
+    main()

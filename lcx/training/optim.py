@@ -1,0 +1,50 @@
+"""Optimizer: AdamW with linear warmup + cosine decay and global-norm gradient clipping (optax)."""
+
+from __future__ import annotations
+
+import jax
+import optax
+
+
+def make_optimizer(
+    *,
+    lr: float,
+    steps: int,
+    warmup_steps: int,
+    min_lr_ratio: float = 0.1,
+    weight_decay: float = 0.1,
+    b1: float = 0.9,
+    b2: float = 0.95,
+    eps: float = 1e-8,
+    grad_clip: float = 1.0,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW (Loshchilov & Hutter 2019) with ``optax.warmup_cosine_decay_schedule``.
+
+    Weight decay applies only to arrays of rank >= 2 (matrices, embeddings), not to norm scales.
+
+    Raises:
+      ValueError: ``steps < 1`` or ``warmup_steps`` not in ``[0, steps]``.
+    """
+    if steps < 1:
+        raise ValueError(f"train.steps must be >= 1, got {steps}")
+    if not 0 <= warmup_steps <= steps:
+        raise ValueError(f"train.warmup_steps={warmup_steps} must be in [0, train.steps={steps}]")
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=lr,
+        warmup_steps=warmup_steps,
+        decay_steps=max(steps, warmup_steps + 1),
+        end_value=lr * min_lr_ratio,
+    )
+    opt = optax.chain(
+        optax.clip_by_global_norm(grad_clip),
+        optax.adamw(
+            schedule,
+            b1=b1,
+            b2=b2,
+            eps=eps,
+            weight_decay=weight_decay,
+            mask=lambda params: jax.tree.map(lambda x: x.ndim >= 2, params),
+        ),
+    )
+    return opt, schedule

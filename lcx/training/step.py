@@ -1,0 +1,112 @@
+"""The jitted training and evaluation steps, sharded by the plan.
+
+Parameters, gradients and optimizer state follow the plan's *parameter* rules (through the
+logical axes every model parameter carries); the batch follows the *activation* rules
+(``batch`` and ``seq``). The loss is the global sum over valid tokens divided by the global
+count of valid tokens, computed on global arrays inside one ``jit``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from lcx.sharding import MeshPlan
+from lcx.training.loss import loss_sum_and_count
+
+BATCH_KEYS = ("tokens", "targets", "positions", "segment_ids", "loss_mask")
+BATCH_AXES = ("batch", "seq")
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """Compiled-on-first-call step functions bound to one plan, optimizer and model structure.
+
+    Attributes:
+      train: ``(params, opt_state, batch) -> (params, opt_state, metrics)``; donates params and
+        optimizer state. ``metrics`` has ``loss`` (nats/token), ``grad_norm``, ``tokens`` (valid
+        tokens in the step).
+      evaluate: ``(params, batch) -> (loss_sum, count)``.
+      param_shardings, opt_shardings, batch_sharding: the NamedShardings used.
+    """
+
+    train: Callable
+    evaluate: Callable
+    param_shardings: Any
+    opt_shardings: Any
+    batch_sharding: jax.sharding.NamedSharding
+
+
+def make_steps(model: eqx.Module, optimizer: optax.GradientTransformation, plan: MeshPlan, param_shardings) -> Steps:
+    """Build the train/eval steps for ``model``'s structure under ``plan``.
+
+    Args:
+      model: the Equinox model (only its structure and static fields are captured).
+      optimizer: an optax transformation.
+      plan: the plan bound to a mesh.
+      param_shardings: pytree of NamedSharding matching ``eqx.filter(model, eqx.is_array)``.
+    """
+    params, static = eqx.partition(model, eqx.is_array)
+    abstract_opt = jax.eval_shape(optimizer.init, params)
+    opt_shardings = optax.tree_map_params(
+        optimizer,
+        lambda _, s: s,
+        abstract_opt,
+        param_shardings,
+        transform_non_params=lambda _: plan.replicated(),
+        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+    )
+    batch_sharding = plan.activation_sharding(BATCH_AXES)
+    batch_shardings = {k: batch_sharding for k in BATCH_KEYS}
+
+    def loss_fn(p, batch):
+        m = eqx.combine(p, static)
+        logits = m(batch["tokens"], batch["positions"], batch["segment_ids"], plan=plan)
+        s, c = loss_sum_and_count(logits, batch["targets"], batch["loss_mask"])
+        return s / jnp.maximum(c, 1.0), (s, c)
+
+    def train(p, opt_state, batch):
+        (loss, (_, c)), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, p)
+        p = optax.apply_updates(p, updates)
+        return p, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads), "tokens": c}
+
+    def evaluate(p, batch):
+        _, (s, c) = loss_fn(p, batch)
+        return s, c
+
+    rep = plan.replicated()
+    train_j = jax.jit(
+        train,
+        in_shardings=(param_shardings, opt_shardings, batch_shardings),
+        out_shardings=(param_shardings, opt_shardings, {"loss": rep, "grad_norm": rep, "tokens": rep}),
+        donate_argnums=(0, 1),
+    )
+    eval_j = jax.jit(evaluate, in_shardings=(param_shardings, batch_shardings), out_shardings=(rep, rep))
+    return Steps(train_j, eval_j, param_shardings, opt_shardings, batch_sharding)
+
+
+def init_opt_state(optimizer: optax.GradientTransformation, params, opt_shardings):
+    """Optimizer state created directly in its sharded layout (never materialised whole)."""
+    return jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
+
+
+def put_batch(batch: Mapping[str, np.ndarray], sharding: jax.sharding.NamedSharding) -> dict[str, jax.Array]:
+    """Host numpy batch ``{key: [B, S]}`` -> global arrays with ``sharding``.
+
+    Every process holds the same global batch (the data pipeline is deterministic), and each
+    device takes its own slice, so the same code serves one process and ``jax.distributed``
+    multi-process runs.
+    """
+    out = {}
+    for k in BATCH_KEYS:
+        x = np.asarray(batch[k])
+        out[k] = jax.make_array_from_callback(x.shape, sharding, lambda idx, x=x: x[idx])
+    return out
