@@ -1,0 +1,201 @@
+"""The sharding plan: construction, composition, Hydra round trip, resolution, validation."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from lcx.sharding import AttentionConfig, Plan, PlanError, bind, layout_permutation
+from lcx.sharding.config import plan_from_config, preset, preset_names
+from lcx.sharding.layout import apply_layout, causal_work_per_device, inverse_permutation, undo_layout
+
+RING = Plan(
+    mesh=(("data", 2), ("context", -1)),
+    activations={"batch": "data", "seq": "context"},
+    attention=AttentionConfig(strategy="ring"),
+    name="ring",
+)
+LLAMA_8B_DIMS = {"heads": 32, "kv_heads": 8, "head_dim": 128, "embed": 4096, "mlp": 14336, "vocab": 128256, "layers": 32}
+
+
+def test_plan_is_frozen_hashable_and_normalised():
+    a = Plan(mesh={"data": 2, "context": -1}, activations={"seq": ["context"], "batch": "data"})
+    b = Plan(mesh=(("data", 2), ("context", -1)), activations=(("batch", "data"), ("seq", "context")))
+    assert a == b and hash(a) == hash(b)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.name = "x"
+    assert "seq->context" in repr(a) and "data=2" in repr(a)
+
+
+def test_mesh_fill_and_size_errors():
+    assert RING.mesh_shape(8) == {"data": 2, "context": 4}
+    assert RING.context_degree(8) == 4
+    with pytest.raises(PlanError, match="does not divide the 7"):
+        RING.mesh_shape(7)
+    fixed = Plan(mesh={"data": 2, "context": 2}, activations={"batch": "data"})
+    with pytest.raises(PlanError, match="has 4 devices but 8 are available"):
+        fixed.mesh_shape(8)
+    with pytest.raises(PlanError, match="at most one mesh axis"):
+        Plan(mesh={"data": -1, "context": -1})
+
+
+def test_unknown_axes_are_refused():
+    with pytest.raises(PlanError, match="unknown mesh axis 'contxt'"):
+        Plan(mesh={"contxt": 8})
+    with pytest.raises(PlanError, match="unknown logical axis 'sequence'"):
+        Plan(mesh={"context": 8}, activations={"sequence": "context"})
+    with pytest.raises(PlanError, match="which plan.mesh does not declare"):
+        Plan(mesh={"data": 8}, activations={"seq": "context"})
+    with pytest.raises(PlanError, match="unknown logical axis"):
+        RING.activation_spec(("batch", "tokens"))
+
+
+def test_composition_is_pure():
+    p2 = RING.with_mesh(context=2, data=4)
+    assert RING.mesh_shape(8) == {"data": 2, "context": 4} and p2.mesh_shape(8) == {"data": 4, "context": 2}
+    p3 = RING.with_rule("embed", "data", kind="params")
+    assert p3.param_rules == {"embed": ("data",)} and RING.param_rules == {}
+    p4 = RING.with_attention(strategy="allgather", layout="contiguous")
+    assert p4.attention.strategy == "allgather" and RING.attention.strategy == "ring"
+    with pytest.raises(PlanError, match="unknown attention strategy"):
+        RING.with_attention(strategy="ulysses")
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_presets_round_trip_through_hydra_schema(name):
+    p = preset(name)
+    assert plan_from_config(p.to_config()) == p
+    p.mesh_shape(8)
+
+
+def test_presets_cover_the_issue_list():
+    assert {"dp", "fsdp", "allgather", "a2a", "ring", "usp", "fsdp_ring"} <= set(preset_names())
+    with pytest.raises(PlanError, match="no plan preset 'rng'"):
+        preset("rng")
+
+
+def test_misspelt_key_is_an_error():
+    with pytest.raises(PlanError, match="atention"):
+        plan_from_config({"mesh": {"data": 8}, "atention": {"strategy": "ring"}})
+    with pytest.raises(PlanError, match="stratgy"):
+        plan_from_config({"mesh": {"data": 8}, "attention": {"stratgy": "ring"}})
+
+
+def test_specs_and_named_shardings(devices):
+    p = preset("fsdp_ring")
+    assert p.param_spec(("layers", "embed", "heads", "head_dim")) == P(None, "fsdp", None, None)
+    assert p.activation_spec(("batch", "seq", "embed")) == P("fsdp", "context", None)
+    usp = preset("usp")
+    assert usp.activation_spec(("batch", "seq")) == P("data", ("ulysses", "ring"))
+    mp = bind(p, devices)
+    s = mp.activation_sharding(("batch", "seq"))
+    x = jax.device_put(np.zeros((2, 16), np.float32), s)
+    assert x.sharding.shard_shape(x.shape) == (1, 4)
+
+
+def test_axis_used_twice_in_one_spec():
+    p = Plan(mesh={"data": 2, "context": 4}, activations={"batch": "data", "seq": "data"})
+    with pytest.raises(PlanError, match="mesh axis 'data' is used twice"):
+        p.activation_spec(("batch", "seq"))
+    with pytest.raises(PlanError, match="mesh axis 'data' is used twice"):
+        p.validate(8, seq_len=64, global_batch=2)
+    with pytest.raises(PlanError, match="uses a mesh axis twice"):
+        Plan(mesh={"data": 2, "context": 4}, activations={"seq": ["context", "context"]}).validate(8)
+
+
+@pytest.mark.parametrize(
+    "dim,value,match",
+    [
+        ("heads", 30, "model heads=30 is not divisible by 4"),
+        ("kv_heads", 6, "model kv_heads=6 is not divisible by 4"),
+        ("mlp", 14338, "model mlp=14338 is not divisible by 4"),
+        ("vocab", 128257, "model vocab=128257 is not divisible by 4"),
+    ],
+)
+def test_dimension_not_divisible_by_tensor_axis(dim, value, match):
+    p = Plan(
+        mesh={"data": 2, "tensor": 4},
+        params={"heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor"},
+        activations={"batch": "data"},
+    )
+    dims = dict(LLAMA_8B_DIMS, **{dim: value})
+    with pytest.raises(PlanError, match=match):
+        p.validate(8, dims=dims)
+    p.validate(8, dims=LLAMA_8B_DIMS)
+
+
+def test_batch_not_divisible():
+    with pytest.raises(PlanError, match="train.global_batch=3 is not divisible by 2"):
+        RING.validate(8, seq_len=64, global_batch=3)
+
+
+def test_seq_len_not_divisible_by_context_degree():
+    p = RING.with_mesh(data=1, context=8)
+    with pytest.raises(PlanError, match=r"4095 is not divisible by 16 \(= context degree 8 x 2 for the zigzag"):
+        p.validate(8, seq_len=4095)
+    with pytest.raises(PlanError, match="use train.seq_len=4080 or 4096"):
+        p.validate(8, seq_len=4095)
+    contiguous = p.with_attention(layout="contiguous")
+    contiguous.validate(8, seq_len=4088)
+    with pytest.raises(PlanError, match=r"not divisible by 8 \(= context degree 8\)"):
+        contiguous.validate(8, seq_len=4092)
+
+
+def test_a2a_head_limits():
+    a2a = Plan(mesh={"context": 8}, activations={"seq": "context"}, attention=AttentionConfig(strategy="a2a"))
+    a2a.validate(8, dims={"heads": 16, "kv_heads": 8})
+    a2a.validate(8, dims={"heads": 16, "kv_heads": 2})  # 8 is a multiple of 2: replicate 4x
+    with pytest.raises(PlanError, match="allow_kv_replication=true"):
+        a2a.with_attention(allow_kv_replication=False).validate(8, dims={"heads": 16, "kv_heads": 2})
+    with pytest.raises(PlanError, match="must divide the 6 KV heads per device or be a multiple"):
+        Plan(mesh={"context": 4}, activations={"seq": "context"}, attention=AttentionConfig(strategy="a2a")).validate(
+            4, dims={"heads": 12, "kv_heads": 6}
+        )
+    with pytest.raises(PlanError, match="must divide the 12 query heads"):
+        a2a.validate(8, dims={"heads": 12, "kv_heads": 4})
+
+
+def test_usp_needs_both_axes():
+    with pytest.raises(PlanError, match="strategy 'usp' needs the sequence split over exactly two mesh axes"):
+        Plan(mesh={"ulysses": 2, "ring": 4}, activations={"seq": "ring"}, attention=AttentionConfig(strategy="usp"))
+    with pytest.raises(PlanError, match="missing"):
+        Plan(mesh={"ulysses": 2, "context": 4}, activations={"seq": ["ulysses", "context"]}, attention=AttentionConfig(strategy="usp"))
+    for order in (["ulysses", "ring"], ["ring", "ulysses"]):
+        p = Plan(mesh={"ulysses": 2, "ring": 4}, activations={"seq": order}, attention=AttentionConfig(strategy="usp"))
+        p.validate(8, dims={"heads": 8, "kv_heads": 2}, seq_len=64)
+    # Ulysses degree of USP is only the ulysses axis: 4 would not divide 2 kv heads... but 2 does
+    p = Plan(mesh={"ulysses": 4, "ring": 2}, activations={"seq": ["ulysses", "ring"]}, attention=AttentionConfig(strategy="usp", allow_kv_replication=False))
+    with pytest.raises(PlanError, match="Ulysses degree 4"):
+        p.validate(8, dims={"heads": 8, "kv_heads": 2})
+
+
+# ---------------------------------------------------------------------------------------- layouts
+@pytest.mark.parametrize("P_", [1, 2, 3, 4, 8])
+def test_zigzag_permutation_round_trip(P_):
+    S = 2 * P_ * 3
+    perm = layout_permutation("zigzag", S, P_)
+    assert sorted(perm.tolist()) == list(range(S))
+    x = np.arange(S) * 10
+    np.testing.assert_array_equal(undo_layout(apply_layout(x, "zigzag", P_), "zigzag", P_), x)
+    c = S // (2 * P_)
+    local = perm.reshape(P_, -1)
+    for r in range(P_):  # device r holds chunks r and 2P-1-r
+        np.testing.assert_array_equal(local[r], np.r_[r * c : (r + 1) * c, (2 * P_ - 1 - r) * c : (2 * P_ - r) * c])
+    np.testing.assert_array_equal(inverse_permutation("zigzag", S, P_)[perm], np.arange(S))
+
+
+def test_causal_load_balance_published_numbers():
+    # FIELD_NOTES section 4: contiguous P=4 -> 2, 6, 10, 14 half-block units (max/mean 1.75),
+    # P=8 -> 1.875; zigzag pairing is exactly balanced.
+    for P_, expected in ((4, 1.75), (8, 1.875)):
+        S = 2 * P_ * 1024
+        w = causal_work_per_device("contiguous", S, P_)
+        assert abs(w.max() / w.mean() - expected) < 1e-3
+        z = causal_work_per_device("zigzag", S, P_)
+        assert z.max() / z.mean() == pytest.approx(1.0, abs=1e-12)
+    # in units of one (chunk x chunk) block with 2P chunks of c tokens: 2, 6, 10, 14 at P=4
+    c = 4096
+    w = causal_work_per_device("contiguous", 8 * c, 4) / c**2
+    np.testing.assert_allclose(w, [2, 6, 10, 14], rtol=1e-3)
