@@ -1,0 +1,295 @@
+"""Llama-family decoder as Equinox modules.
+
+``embed -> [block: RMSNorm -> GQA attention(plan) -> RMSNorm -> SwiGLU MLP] x L -> RMSNorm ->
+logits``, pre-norm with residual connections (Llama 3, arXiv:2407.21783). The L blocks are one
+module whose array leaves carry a leading ``layers`` axis (built with ``eqx.filter_vmap``) and are
+applied with ``jax.lax.scan``, so compile time does not grow with depth.
+
+Einsum letters (Gemma's convention): B batch, T query length, S key length, D model width,
+N query heads, K kv heads, G = N / K group size, H head width, F MLP width, V vocabulary.
+
+Every parameter field names its logical axes in ``eqx.field(metadata={"axes": ...})``; a module
+field's axes are prepended to those of everything inside it (the stacked blocks add
+``"layers"``). :mod:`lcx.models.sharding` turns these into ``NamedSharding`` through a plan.
+
+Positions are global, per token, and arbitrary (they restart at document boundaries and arrive
+permuted by the zigzag layout), so RoPE reads them from the ``positions`` argument, never from
+an ``arange``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
+
+from lcx.attention import Mask, attention
+from lcx.models.config import ModelConfig
+from lcx.sharding import MeshPlan
+
+_INIT_STD = 0.02
+
+
+def _normal(key: PRNGKeyArray, shape: tuple[int, ...], std: float, dtype) -> Array:
+    return std * jax.random.normal(key, shape, dtype)
+
+
+def _cast(tree: PyTree, dtype) -> PyTree:
+    """Floating-point arrays of ``tree`` cast to ``dtype`` (master weights -> compute dtype)."""
+    return jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree)
+
+
+def remat_policy(name: str):
+    """The ``jax.checkpoint`` policy for a :data:`~lcx.models.config.REMAT_POLICIES` name.
+
+    Returns None for ``"full"`` (save nothing but the block inputs), a policy callable otherwise.
+
+    Raises:
+      ValueError: ``"none"`` (no checkpointing, so no policy) or an unknown name.
+    """
+    policies = {
+        "full": None,
+        "dots_saveable": jax.checkpoint_policies.dots_saveable,
+        "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    }
+    if name not in policies:
+        raise ValueError(f"no checkpoint policy for remat={name!r}; choose one of {sorted(policies)}")
+    return policies[name]
+
+
+def rope(
+    x: Float[Array, "B T N H"], positions: Int[Array, "B T"], *, theta: float
+) -> Float[Array, "B T N H"]:
+    """Rotary position embedding (Su et al., RoFormer, arXiv:2104.09864).
+
+    Pairs feature ``i`` with ``i + H/2`` (the "rotate half" layout of Llama's Hugging Face and
+    MaxText ports; equivalent to interleaved pairs up to a fixed permutation of the weights) and
+    rotates each pair by ``positions * theta ** (-2i / H)`` radians. Phases are computed in
+    float32 from the int32 positions: bfloat16 cannot represent positions above 256 exactly.
+
+    Args:
+      x: queries or keys ``[B, T, N, H]``, any float dtype; H even.
+      positions: int32 ``[B, T]`` global token positions (arbitrary: restarting per document,
+        permuted by the layout).
+      theta: base wavelength in tokens (500000 in Llama 3).
+
+    Returns:
+      ``[B, T, N, H]`` in ``x.dtype``.
+    """
+    H = x.shape[-1]
+    inv_freq = jnp.float32(theta) ** (-jnp.arange(0, H, 2, dtype=jnp.float32) / jnp.float32(H))
+    angle = positions.astype(jnp.float32)[..., None, None] * inv_freq  # [B, T, 1, H/2]
+    cos, sin = jnp.cos(angle), jnp.sin(angle)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+class RMSNorm(eqx.Module):
+    """Root-mean-square layer norm with a learned gain (Zhang & Sennrich 2019, arXiv:1910.07467).
+
+    Computed in float32 whatever the input dtype; returns the input dtype.
+    """
+
+    weight: Float[Array, " D"] = eqx.field(metadata={"axes": ("embed",)})
+    eps: float = eqx.field(static=True)
+
+    def __init__(self, d_model: int, *, eps: float, dtype=jnp.float32):
+        self.weight = jnp.ones((d_model,), dtype)
+        self.eps = eps
+
+    def __call__(self, x: Float[Array, "*b D"]) -> Float[Array, "*b D"]:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + jnp.float32(self.eps))
+        return (y * self.weight.astype(jnp.float32)).astype(x.dtype)
+
+
+class Embedding(eqx.Module):
+    """Token embedding table ``[V, D]``; also the output head when embeddings are tied."""
+
+    weight: Float[Array, "V D"] = eqx.field(metadata={"axes": ("vocab", "embed")})
+
+    def __init__(self, vocab_size: int, d_model: int, *, key: PRNGKeyArray, dtype=jnp.float32):
+        self.weight = _normal(key, (vocab_size, d_model), _INIT_STD, dtype)
+
+    def __call__(self, tokens: Int[Array, "*b T"]) -> Float[Array, "*b T D"]:
+        return jnp.take(self.weight, tokens, axis=0)
+
+
+class Attention(eqx.Module):
+    """Grouped-query self-attention with RoPE (GQA: Ainslie et al. 2023, arXiv:2305.13245).
+
+    The N query heads form K groups of G; K/V are computed once per kv head and never repeated
+    (the attention kernels reshape q into ``[K, G]``). The score computation, masks and context
+    parallelism are delegated to :func:`lcx.attention.attention` with the given plan.
+    """
+
+    wq: Float[Array, "D N H"] = eqx.field(metadata={"axes": ("embed", "heads", "head_dim")})
+    wk: Float[Array, "D K H"] = eqx.field(metadata={"axes": ("embed", "kv_heads", "head_dim")})
+    wv: Float[Array, "D K H"] = eqx.field(metadata={"axes": ("embed", "kv_heads", "head_dim")})
+    wo: Float[Array, "N H D"] = eqx.field(metadata={"axes": ("heads", "head_dim", "embed")})
+    rope_theta: float = eqx.field(static=True)
+
+    def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):
+        D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        dt = jnp.dtype(cfg.param_dtype)
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        self.wq = _normal(kq, (D, N, H), _INIT_STD, dt)
+        self.wk = _normal(kk, (D, K, H), _INIT_STD, dt)
+        self.wv = _normal(kv, (D, K, H), _INIT_STD, dt)
+        # residual-branch outputs scaled by 1/sqrt(2L) so the residual variance stays O(1) in depth
+        self.wo = _normal(ko, (N, H, D), _INIT_STD / math.sqrt(2 * cfg.n_layers), dt)
+        self.rope_theta = cfg.rope_theta
+
+    def __call__(
+        self,
+        x: Float[Array, "B T D"],
+        positions: Int[Array, "B T"],
+        segment_ids: Int[Array, "B T"],
+        *,
+        mask: Mask,
+        plan: MeshPlan,
+    ) -> Float[Array, "B T D"]:
+        q = rope(jnp.einsum("BTD,DNH->BTNH", x, self.wq), positions, theta=self.rope_theta)
+        k = rope(jnp.einsum("BSD,DKH->BSKH", x, self.wk), positions, theta=self.rope_theta)
+        v = jnp.einsum("BSD,DKH->BSKH", x, self.wv)
+        o = attention(q, k, v, plan=plan, mask=mask, positions=positions, segment_ids=segment_ids)
+        return jnp.einsum("BTNH,NHD->BTD", o, self.wo)
+
+
+class MLP(eqx.Module):
+    """SwiGLU feed-forward ``w_down(silu(x w_gate) * (x w_up))`` (Shazeer 2020, arXiv:2002.05202)."""
+
+    w_gate: Float[Array, "D F"] = eqx.field(metadata={"axes": ("embed", "mlp")})
+    w_up: Float[Array, "D F"] = eqx.field(metadata={"axes": ("embed", "mlp")})
+    w_down: Float[Array, "F D"] = eqx.field(metadata={"axes": ("mlp", "embed")})
+
+    def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):
+        D, F = cfg.d_model, cfg.mlp_dim
+        dt = jnp.dtype(cfg.param_dtype)
+        kg, ku, kd = jax.random.split(key, 3)
+        self.w_gate = _normal(kg, (D, F), _INIT_STD, dt)
+        self.w_up = _normal(ku, (D, F), _INIT_STD, dt)
+        self.w_down = _normal(kd, (F, D), _INIT_STD / math.sqrt(2 * cfg.n_layers), dt)
+
+    def __call__(self, x: Float[Array, "B T D"]) -> Float[Array, "B T D"]:
+        h = jax.nn.silu(jnp.einsum("BTD,DF->BTF", x, self.w_gate)) * jnp.einsum("BTD,DF->BTF", x, self.w_up)
+        return jnp.einsum("BTF,FD->BTD", h, self.w_down)
+
+
+class Block(eqx.Module):
+    """One pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    attn_norm: RMSNorm
+    attn: Attention
+    mlp_norm: RMSNorm
+    mlp: MLP
+
+    def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):
+        ka, km = jax.random.split(key)
+        dt = jnp.dtype(cfg.param_dtype)
+        self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dt)
+        self.attn = Attention(cfg, key=ka)
+        self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dt)
+        self.mlp = MLP(cfg, key=km)
+
+    def __call__(
+        self,
+        x: Float[Array, "B T D"],
+        positions: Int[Array, "B T"],
+        segment_ids: Int[Array, "B T"],
+        *,
+        mask: Mask,
+        plan: MeshPlan,
+    ) -> Float[Array, "B T D"]:
+        x = x + self.attn(self.attn_norm(x), positions, segment_ids, mask=mask, plan=plan)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Llama(eqx.Module):
+    """Llama-family decoder-only language model (Llama 3, arXiv:2407.21783).
+
+    Build with :func:`init_model`. Parameters are stored in ``config.param_dtype``; the forward
+    pass casts them to ``config.dtype`` (one block at a time, inside the scan) and computes norms,
+    softmax and logits in float32.
+    """
+
+    embed: Embedding
+    blocks: Block = eqx.field(metadata={"axes": ("layers",)})  # every leaf stacked over L
+    final_norm: RMSNorm
+    head: Float[Array, "D V"] | None = eqx.field(metadata={"axes": ("embed", "vocab")})
+    config: ModelConfig = eqx.field(static=True)
+
+    def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):
+        ke, kb, kh = jax.random.split(key, 3)
+        dt = jnp.dtype(cfg.param_dtype)
+        self.embed = Embedding(cfg.vocab_size, cfg.d_model, key=ke, dtype=dt)
+        self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(jax.random.split(kb, cfg.n_layers))
+        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dt)
+        self.head = None if cfg.tie_embeddings else _normal(kh, (cfg.d_model, cfg.vocab_size), _INIT_STD, dt)
+        self.config = cfg
+
+    @property
+    def mask(self) -> Mask:
+        """The attention mask every layer uses: causal, plus document and window per the config."""
+        return Mask(causal=True, document=self.config.document_mask, window=self.config.sliding_window)
+
+    def __call__(
+        self,
+        tokens: Int[Array, "B T"],
+        positions: Int[Array, "B T"],
+        segment_ids: Int[Array, "B T"],
+        *,
+        plan: MeshPlan,
+    ) -> Float[Array, "B T V"]:
+        """Next-token logits.
+
+        Args:
+          tokens: int32 ``[B, T]`` token ids in ``[0, V)``.
+          positions: int32 ``[B, T]`` global positions (restart per document; any layout).
+          segment_ids: int32 ``[B, T]`` document ids; with ``config.document_mask`` a token
+            attends only within its own segment.
+          plan: the sharding plan bound to a mesh; activations are constrained to its rules and
+            attention runs with its context-parallel strategy.
+
+        Returns:
+          float32 logits ``[B, T, V]``.
+        """
+        cfg = self.config
+        dtype = jnp.dtype(cfg.dtype)
+        mask = self.mask
+        x = self.embed(tokens).astype(dtype)
+        x = plan.constrain(x, ("batch", "seq", "embed"))
+
+        dynamic, static = eqx.partition(self.blocks, eqx.is_array)
+
+        def layer(x: Array, params: PyTree) -> tuple[Array, None]:
+            block = _cast(eqx.combine(params, static), dtype)
+            x = block(x, positions, segment_ids, mask=mask, plan=plan)
+            return plan.constrain(x, ("batch", "seq", "embed")), None
+
+        if cfg.remat != "none":
+            # prevent_cse=False: inside scan CSE cannot undo the rematerialisation, and the
+            # barrier it would add only slows things down (jax.checkpoint docs)
+            layer = jax.checkpoint(layer, policy=remat_policy(cfg.remat), prevent_cse=False)
+        x, _ = jax.lax.scan(layer, x, dynamic)
+
+        x = self.final_norm(x)
+        head = self.embed.weight.T if self.head is None else self.head
+        # logits in float32: the softmax over a 128K vocabulary is sensitive to rounding
+        logits = jnp.einsum("BTD,DV->BTV", x, head.astype(dtype), preferred_element_type=jnp.float32)
+        return plan.constrain(logits, ("batch", "seq", "vocab"))
+
+
+def init_model(cfg: ModelConfig, *, key: PRNGKeyArray) -> Llama:
+    """A freshly initialised :class:`Llama` with parameters in ``cfg.param_dtype``.
+
+    Weights are normal(0, 0.02); the output projections of each residual branch (``wo``,
+    ``w_down``) are scaled by ``1 / sqrt(2 L)`` (GPT-2, Radford et al. 2019) so the residual
+    stream's variance does not grow with depth; RMSNorm gains are one. To create a model that is
+    too large for one device directly sharded, use :func:`lcx.models.init_sharded`.
+    """
+    return Llama(cfg, key=key)
