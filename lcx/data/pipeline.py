@@ -1,0 +1,412 @@
+"""Batches for training and evaluation, the train/validation split, and the trainer's entry point.
+
+A batch is a dict of five arrays ``[global_batch, seq_len]`` (see :mod:`lcx.data.packing`), with
+the sequence layout (contiguous or zigzag, :mod:`lcx.sharding.layout`) applied ONCE, to all five
+together, here on the host. Nothing downstream un-permutes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from lcx.data.corpora import Corpus, stdlib_corpus, text_corpus
+from lcx.data.packing import BATCH_KEYS, EpochIndex, Packer, check_packing_args, unigram_entropy
+from lcx.data.tokenizers import Tokenizer, get_tokenizer
+from lcx.sharding.layout import apply_layout, check_layout
+
+Batch = dict[str, np.ndarray]
+
+
+def lay_out(batch: Mapping[str, np.ndarray], layout: str, degree: int) -> Batch:
+    """Apply the sequence layout to every array of ``batch`` along its last (sequence) axis.
+
+    Args:
+      batch: arrays ``[..., S]`` sharing the sequence axis (the five :data:`BATCH_KEYS`).
+      layout: ``"contiguous"`` or ``"zigzag"``.
+      degree: context-parallel degree P.
+
+    Returns:
+      A new dict of the same keys, shapes and dtypes, each permuted by the same permutation.
+    """
+    return {k: apply_layout(v, layout, degree, axis=-1) for k, v in batch.items()}
+
+
+def _check_common(seq_len: int, global_batch: int, layout: str, context_degree: int) -> None:
+    check_packing_args(seq_len, global_batch)
+    check_layout(layout, seq_len, context_degree)
+
+
+class Batches(Iterator[Batch]):
+    """Infinite, deterministic, resumable training batches.
+
+    Epoch ``e`` packs the documents in the order ``np.random.default_rng([seed, e]).permutation``
+    (or the stored order if ``shuffle=False``) into ``rows_per_epoch`` rows; epochs follow one
+    another as one endless stream of rows, and each batch is the next ``global_batch`` rows (a
+    batch may hold the last rows of one epoch and the first of the next). Within an epoch every
+    token is an input exactly once; only the last row of each epoch is padded.
+
+    The position in the stream is the whole state: :meth:`state` returns a small dict of Python
+    ints, :meth:`restore` (or the ``state`` argument) resumes exactly there.
+
+    Args:
+      documents: token id arrays, integer ``[T_i]`` each (empty ones are skipped).
+      seq_len: S, tokens per row, ``>= 2``.
+      global_batch: B, rows per batch, ``>= 1``.
+      layout: sequence layout, ``"contiguous"`` or ``"zigzag"``.
+      context_degree: context-parallel degree P (the layout's chunk count is P or 2P).
+      seed: shuffling seed.
+      shuffle: shuffle documents each epoch; if False every epoch uses the stored order.
+      state: optional :meth:`state` dict to resume from.
+
+    Yields:
+      dicts with :data:`BATCH_KEYS`, each ``[B, S]``: ``tokens``, ``targets``, ``positions``,
+      ``segment_ids`` int32 and ``loss_mask`` float32, already in ``layout``.
+
+    Raises:
+      ValueError: ``seq_len < 2``; ``global_batch < 1``; a layout or degree that does not divide
+        ``seq_len``; no non-empty document; a state from a different stream.
+    """
+
+    def __init__(
+        self,
+        documents: Sequence[np.ndarray],
+        *,
+        seq_len: int,
+        global_batch: int,
+        layout: str = "contiguous",
+        context_degree: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        state: Mapping[str, int] | None = None,
+    ):
+        _check_common(seq_len, global_batch, layout, context_degree)
+        self.packer = Packer(documents, seq_len)
+        self.seq_len = int(seq_len)
+        self.global_batch = int(global_batch)
+        self.layout = layout
+        self.context_degree = int(context_degree)
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self._row = 0  # global row counter over the endless stream of epochs
+        self._index_cache: dict[int, EpochIndex] = {}
+        if state is not None:
+            self.restore(state)
+
+    # -- order --------------------------------------------------------------------------------
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """Document order of ``epoch``: int64 ``[num_docs]`` permutation of packer indices."""
+        if not self.shuffle:
+            return np.arange(self.packer.num_docs)
+        return np.random.default_rng([self.seed, int(epoch)]).permutation(self.packer.num_docs)
+
+    def _index(self, epoch: int) -> EpochIndex:
+        if epoch not in self._index_cache:
+            if len(self._index_cache) >= 2:
+                self._index_cache.pop(min(self._index_cache))
+            self._index_cache[epoch] = self.packer.epoch_index(self.epoch_order(epoch))
+        return self._index_cache[epoch]
+
+    # -- sizes --------------------------------------------------------------------------------
+
+    @property
+    def rows_per_epoch(self) -> int:
+        """Rows (of ``seq_len`` tokens) per epoch."""
+        return self.packer.rows_per_epoch
+
+    @property
+    def batches_per_epoch(self) -> float:
+        """Batches per epoch (``rows_per_epoch / global_batch``; need not be an integer)."""
+        return self.rows_per_epoch / self.global_batch
+
+    @property
+    def num_tokens(self) -> int:
+        """Input tokens per epoch."""
+        return self.packer.num_tokens
+
+    def unigram_entropy(self) -> float:
+        """Unigram entropy of this corpus's tokens, nats per token (see :func:`unigram_entropy`)."""
+        return unigram_entropy(self.packer.tokens)
+
+    # -- iteration and state ------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next row to be produced (0-based)."""
+        return self._row // self.rows_per_epoch
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> Batch:
+        R, B = self.rows_per_epoch, self.global_batch
+        parts = []
+        row, left = self._row, B
+        while left:
+            epoch, r = divmod(row, R)
+            n = min(left, R - r)
+            parts.append(self.packer.rows(self._index(epoch), r, n))
+            row += n
+            left -= n
+        self._row = row
+        batch = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in BATCH_KEYS}
+        return lay_out(batch, self.layout, self.context_degree)
+
+    def skip(self, n: int) -> None:
+        """Advance by ``n >= 0`` batches without building them (O(1))."""
+        if n < 0:
+            raise ValueError(f"can only skip forward, got n={n}")
+        self._row += int(n) * self.global_batch
+
+    def state(self) -> dict[str, int]:
+        """The exact stream position, as a dict of Python ints (JSON- and checkpoint-friendly).
+
+        Keys: ``epoch`` and ``row`` (next row within that epoch) locate the position; ``seed``,
+        ``shuffle``, ``seq_len``, ``num_docs``, ``num_tokens`` identify the stream and are checked
+        by :meth:`restore`. The position is in rows, so it survives a change of global batch.
+        """
+        epoch, row = divmod(self._row, self.rows_per_epoch)
+        return {
+            "epoch": int(epoch),
+            "row": int(row),
+            "seed": self.seed,
+            "shuffle": int(self.shuffle),
+            "seq_len": self.seq_len,
+            "num_docs": self.packer.num_docs,
+            "num_tokens": self.packer.num_tokens,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Resume at the position of ``state`` (from :meth:`state`).
+
+        Raises:
+          ValueError: ``state`` comes from a different stream (seed, shuffle, sequence length or
+            corpus differ) or is out of range; the message names the field.
+        """
+        mine = self.state()
+        for key in ("seed", "shuffle", "seq_len", "num_docs", "num_tokens"):
+            if key in state and int(state[key]) != mine[key]:
+                raise ValueError(
+                    f"data state mismatch: checkpoint has {key}={int(state[key])}, this run has "
+                    f"{key}={mine[key]}; resume with the same data config, seed and seq_len"
+                )
+        epoch, row = int(state["epoch"]), int(state["row"])
+        if epoch < 0 or not 0 <= row < self.rows_per_epoch:
+            raise ValueError(
+                f"data state out of range: epoch={epoch}, row={row} (rows per epoch {self.rows_per_epoch})"
+            )
+        self._row = epoch * self.rows_per_epoch + row
+
+
+class EvalBatches(Sequence[Batch]):
+    """One fixed pass over evaluation documents, as a re-iterable sequence of batches.
+
+    Documents are packed in their stored order (no shuffling); the last row is padded, and the
+    last batch is filled with all-padding rows (loss mask 0), so the pass covers every token once.
+    ``len(ev)`` batches; ``ev[i]`` is batch ``i``; iterating always starts from batch 0.
+
+    Args:
+      documents, seq_len, global_batch, layout, context_degree: as for :class:`Batches`.
+
+    Raises:
+      ValueError: as for :class:`Batches`.
+    """
+
+    def __init__(
+        self,
+        documents: Sequence[np.ndarray],
+        *,
+        seq_len: int,
+        global_batch: int,
+        layout: str = "contiguous",
+        context_degree: int = 1,
+    ):
+        _check_common(seq_len, global_batch, layout, context_degree)
+        self.packer = Packer(documents, seq_len)
+        self.seq_len = int(seq_len)
+        self.global_batch = int(global_batch)
+        self.layout = layout
+        self.context_degree = int(context_degree)
+        self._index = self.packer.epoch_index()
+
+    def __len__(self) -> int:
+        return -(-self.packer.rows_per_epoch // self.global_batch)
+
+    def __getitem__(self, i: int) -> Batch:  # type: ignore[override]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"evaluation batch {i} out of range ({n} batches)")
+        i %= n
+        rows = self.packer.rows(self._index, i * self.global_batch, self.global_batch)
+        return lay_out(rows, self.layout, self.context_degree)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def num_tokens(self) -> int:
+        """Input tokens in the pass."""
+        return self.packer.num_tokens
+
+    @property
+    def num_targets(self) -> int:
+        """Loss-bearing tokens in the pass (sum of the loss masks)."""
+        return self.packer.num_targets
+
+    def unigram_entropy(self) -> float:
+        """Unigram entropy of these tokens, nats per token: the loss a context-free model gets."""
+        return unigram_entropy(self.packer.tokens)
+
+
+def split_documents(num_docs: int, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Split document indices into disjoint train and validation sets.
+
+    ``max(1, round(val_fraction * num_docs))`` documents, chosen by
+    ``np.random.default_rng(seed)``, go to validation; at least one stays for training.
+
+    Args:
+      num_docs: number of documents N.
+      val_fraction: fraction of documents for validation, in (0, 1).
+      seed: split seed (``data.split_seed``; independent of the training seed so runs with
+        different seeds are evaluated on the same documents).
+
+    Returns:
+      ``(train, val)``: sorted int64 index arrays, disjoint, together ``range(N)``.
+
+    Raises:
+      ValueError: ``val_fraction`` outside (0, 1) or fewer than 2 documents.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"data.val_fraction must lie in (0, 1), got {val_fraction}")
+    if num_docs < 2:
+        raise ValueError(
+            f"a validation split by document needs at least 2 non-empty documents, the corpus has "
+            f"{num_docs}; add files to data.paths (or split one file into several)"
+        )
+    n_val = min(num_docs - 1, max(1, round(val_fraction * num_docs)))
+    perm = np.random.default_rng(seed).permutation(num_docs)
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+class Data(NamedTuple):
+    """What :func:`make_data` returns; unpacks as ``train, val, tokenizer = make_data(...)``.
+
+    Attributes:
+      train: infinite resumable training batches.
+      val: one fixed pass over the validation documents.
+      tokenizer: the tokenizer (``vocab_size`` sizes the model's embedding).
+    """
+
+    train: Batches
+    val: EvalBatches
+    tokenizer: Tokenizer
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    try:
+        value = cfg.get(key, default)
+    except Exception as e:  # omegaconf MissingMandatoryValue for `???`
+        if type(e).__name__ == "MissingMandatoryValue":
+            raise ValueError(
+                f"data.{key} is required for data={_get(cfg, 'name', '?')}, e.g. "
+                f"data.paths=[a.txt,'docs/*.md']"
+            ) from None
+        raise
+    return default if value is None else value
+
+
+def _abs_paths(paths: Sequence[str]) -> list[str]:
+    """Resolve relative paths against the launch directory when Hydra changed the cwd."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.utils import to_absolute_path
+
+        if HydraConfig.initialized():
+            return [to_absolute_path(str(p)) for p in paths]
+    except ImportError:  # pragma: no cover - hydra is a dependency
+        pass
+    return [str(p) for p in paths]
+
+
+def load_corpus(cfg_data: Any) -> Corpus:
+    """The corpus a data config names: ``name: stdlib`` or ``name: text`` (with ``paths``).
+
+    Raises:
+      ValueError, FileNotFoundError: unknown name, missing paths, and every error of
+        :func:`stdlib_corpus` / :func:`text_corpus`.
+    """
+    name = _get(cfg_data, "name", "stdlib")
+    if name == "stdlib":
+        return stdlib_corpus()
+    if name == "text":
+        paths = _get(cfg_data, "paths")
+        if not paths:
+            raise ValueError("data=text needs data.paths, e.g. data.paths=[a.txt,'docs/*.md']")
+        if isinstance(paths, str):
+            paths = [paths]
+        return text_corpus(_abs_paths(list(paths)), text_field=str(_get(cfg_data, "text_field", "text")))
+    raise ValueError(f"unknown data.name {name!r}; use data=stdlib or data=text")
+
+
+def make_data(
+    cfg_data: Any,
+    *,
+    seq_len: int,
+    global_batch: int,
+    layout: str = "contiguous",
+    context_degree: int = 1,
+    seed: int = 0,
+    val_global_batch: int | None = None,
+) -> Data:
+    """Build training and validation batches from a data config (the trainer's single entry).
+
+    Every check runs here, before anything compiles.
+
+    Args:
+      cfg_data: the ``data`` config node (OmegaConf or a mapping) with ``name`` (``stdlib`` |
+        ``text``), ``paths`` (text only: files or globs), ``text_field`` (JSON-lines field),
+        ``tokenizer`` (``byte``), ``val_fraction`` (fraction of documents held out, in (0, 1)),
+        ``split_seed`` (seed of the split, independent of ``seed``).
+      seq_len: S, tokens per row.
+      global_batch: B, rows per training batch.
+      layout: ``"contiguous"`` or ``"zigzag"``.
+      context_degree: context-parallel degree P.
+      seed: training shuffle seed.
+      val_global_batch: rows per validation batch; defaults to ``global_batch``.
+
+    Returns:
+      :class:`Data` ``(train, val, tokenizer)``.
+
+    Raises:
+      ValueError, FileNotFoundError: bad sizes or layout, unknown corpus or tokenizer, missing
+        or unreadable paths, an empty corpus, fewer than 2 non-empty documents.
+    """
+    val_global_batch = global_batch if val_global_batch is None else val_global_batch
+    _check_common(seq_len, global_batch, layout, context_degree)
+    _check_common(seq_len, val_global_batch, layout, context_degree)
+    tokenizer = get_tokenizer(str(_get(cfg_data, "tokenizer", "byte")))
+    corpus = load_corpus(cfg_data)
+    docs = [tokenizer.encode(d) for d in corpus.documents]
+    docs = [d for d in docs if d.size]
+    train_idx, val_idx = split_documents(
+        len(docs), float(_get(cfg_data, "val_fraction", 0.02)), int(_get(cfg_data, "split_seed", 0))
+    )
+    train = Batches(
+        [docs[i] for i in train_idx],
+        seq_len=seq_len,
+        global_batch=global_batch,
+        layout=layout,
+        context_degree=context_degree,
+        seed=seed,
+    )
+    val = EvalBatches(
+        [docs[i] for i in val_idx],
+        seq_len=seq_len,
+        global_batch=val_global_batch,
+        layout=layout,
+        context_degree=context_degree,
+    )
+    return Data(train, val, tokenizer)
