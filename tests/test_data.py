@@ -338,7 +338,8 @@ def test_text_corpus_errors(tmp_path):
 def test_make_data_text_config(tmp_path):
     for i in range(40):  # unique document contents: "<i>" repeated
         write(tmp_path / f"d{i:02d}.txt", f"<{i}>" * (3 + i))
-    cfg = OmegaConf.merge(OmegaConf.load(os.path.join(CONF, "text.yaml")), {"paths": [str(tmp_path / "*.txt")]})
+    cfg = OmegaConf.load(os.path.join(CONF, "text.yaml"))
+    cfg.paths = [str(tmp_path / "*.txt")]
     cfg.val_fraction = 0.1
     train, val, tok = make_data(cfg, seq_len=16, global_batch=4, layout="zigzag", context_degree=2, seed=3)
     assert tok.vocab_size == 256 and len(val) >= 1
@@ -375,6 +376,11 @@ def test_make_data_stdlib_default():
     assert val.packer.num_docs == round(0.02 * n)
     assert train.num_tokens + val.num_tokens == stdlib_corpus().num_bytes
     assert val.unigram_entropy() > 2.0
+    data = make_data(cfg, seq_len=64, global_batch=2)
+    assert data.unigram_entropy() == data.val.unigram_entropy()
+    firsts = list(data.val_batches(3))
+    assert len(firsts) == 3 and len(list(data.val_batches())) == len(data.val)
+    np.testing.assert_array_equal(firsts[2]["tokens"], data.val[2]["tokens"])
     b = next(train)
     assert (b["loss_mask"] > 0).sum() > 0 and b["tokens"].max() < tok.vocab_size
 
@@ -387,6 +393,7 @@ def test_hydra_data_group_override_syntax(tmp_path):
     with initialize_config_dir(config_dir=os.path.abspath(os.path.join(CONF, "..")), version_base=None):
         cfg = compose("config", overrides=["data=text", "data.paths=[a.txt,'docs/*.md']"])
         assert cfg.data.name == "text" and list(cfg.data.paths) == ["a.txt", "docs/*.md"]
-        cfg = compose("config", overrides=["data=text", f"data.paths=[{tmp_path}/a.txt,'{tmp_path}/docs/*.md']"])
+        paths = f"data.paths=[{tmp_path}/a.txt,'{tmp_path}/docs/*.md']"
+        cfg = compose("config", overrides=["data=text", paths])
         train, val, _ = make_data(cfg.data, seq_len=16, global_batch=2)
         assert train.packer.num_docs == val.packer.num_docs == 1

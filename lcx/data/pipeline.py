@@ -152,7 +152,7 @@ class Batches(Iterator[Batch]):
             row += n
             left -= n
         self._row = row
-        batch = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in BATCH_KEYS}
+        batch = {k: np.concatenate([p[k] for p in parts]) for k in BATCH_KEYS} if len(parts) > 1 else parts[0]
         return lay_out(batch, self.layout, self.context_degree)
 
     def skip(self, n: int) -> None:
@@ -303,6 +303,20 @@ class Data(NamedTuple):
     train: Batches
     val: EvalBatches
     tokenizer: Tokenizer
+
+    def val_batches(self, max_batches: int | None = None) -> Iterator[Batch]:
+        """The first ``max_batches`` validation batches (all of them if ``None`` or too many).
+
+        Always the same batches, from the start of the validation pass, so successive
+        evaluations of one run are comparable.
+        """
+        n = len(self.val) if max_batches is None else min(int(max_batches), len(self.val))
+        return (self.val[i] for i in range(n))
+
+    def unigram_entropy(self) -> float:
+        """Unigram entropy of the validation tokens, nats per token: a validation loss below it
+        shows the model uses context."""
+        return self.val.unigram_entropy()
 
 
 def _get(cfg: Any, key: str, default: Any = None) -> Any:
