@@ -1,5 +1,33 @@
-"""Context-parallel attention: masks, per-device kernels, strategies (allgather, a2a, ring, usp)."""
+"""Context-parallel attention: masks, per-device kernels, strategies (allgather, a2a, ring, usp).
+
+Public API:
+
+- :func:`attention`: context-parallel attention on global arrays, strategy chosen by the plan.
+- :class:`Mask`, :data:`CAUSAL`, :data:`FULL`: mask predicates on global positions/segment ids.
+- :func:`reference_attention`: dense single-device float32 reference.
+- :func:`flash_attention`: local blockwise attention with a custom VJP.
+- :class:`Kernel`, :class:`XlaKernel`, :func:`make_kernel`, :data:`KERNELS`: per-device kernels.
+- :class:`Strategy` and the final strategies :class:`AllGather`, :class:`Ulysses`,
+  :class:`Ring`, :class:`USP`, registered by plan name in :data:`STRATEGIES`.
+"""
 
 from lcx.attention.api import attention as attention
-from lcx.attention.masks import CAUSAL as CAUSAL, FULL as FULL, Mask as Mask
+from lcx.attention.api import build_strategy as build_strategy
+from lcx.attention.flash import flash_attention as flash_attention
+from lcx.attention.kernels import KERNELS as KERNELS
+from lcx.attention.kernels import Kernel as Kernel
+from lcx.attention.kernels import KernelNotAvailableError as KernelNotAvailableError
+from lcx.attention.kernels import XlaKernel as XlaKernel
+from lcx.attention.kernels import make_kernel as make_kernel
+from lcx.attention.masks import CAUSAL as CAUSAL
+from lcx.attention.masks import FULL as FULL
+from lcx.attention.masks import Mask as Mask
 from lcx.attention.reference import reference_attention as reference_attention
+from lcx.attention.strategies import STRATEGIES as STRATEGIES
+from lcx.attention.strategies import USP as USP
+from lcx.attention.strategies import AllGather as AllGather
+from lcx.attention.strategies import Ring as Ring
+from lcx.attention.strategies import Strategy as Strategy
+from lcx.attention.strategies import Ulysses as Ulysses
+from lcx.attention.strategies import merge_partials as merge_partials
+from lcx.attention.strategies import ring_attention as ring_attention

@@ -1,13 +1,27 @@
-"""The public context-parallel attention function. (Interim: strategies land in lcx/attention/strategies.)"""
+"""The public context-parallel attention function.
+
+``attention(q, k, v, plan=..., mask=...)`` takes GLOBAL arrays (sharded or not), looks up the
+strategy the plan names (``plan.attention.strategy``) and the per-device kernel
+(``plan.attention.kernel``), checks every shape against the plan before anything compiles, and
+runs the strategy inside ``jax.shard_map`` on the plan's mesh. It works eagerly, inside an outer
+``jax.jit`` whose arrays the plan shards, and under ``jax.grad``. The model calls it; so can any
+user script.
+"""
 
 from __future__ import annotations
 
-import jax
-from jaxtyping import Array, Float, Int
+import math
 
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+from jax.sharding import PartitionSpec
+
+from lcx.attention.kernels import make_kernel
 from lcx.attention.masks import Mask
-from lcx.attention.reference import reference_attention
+from lcx.attention.strategies import STRATEGIES, Strategy
 from lcx.sharding import MeshPlan, Plan, bind
+from lcx.sharding import axes as ax
 
 
 def attention(
@@ -19,9 +33,134 @@ def attention(
     mask: Mask,
     positions: Int[Array, "B T"] | None = None,
     segment_ids: Int[Array, "B T"] | None = None,
+    kv_positions: Int[Array, "B T"] | None = None,
+    kv_segment_ids: Int[Array, "B T"] | None = None,
 ) -> Float[Array, "B T N H"]:
-    """Context-parallel attention on global arrays (interim implementation: no sequence axes only)."""
+    """Context-parallel softmax attention ``softmax(q k^T / sqrt(H) + mask) v`` on global arrays.
+
+    The sequence layout (contiguous or zigzag) is whatever the data pipeline applied: positions
+    and segment ids are global and travel with their tokens, so results do not depend on it.
+
+    Args:
+      q: queries ``[B, T, N, H]`` (batch, sequence in tokens, heads, head dim), any float dtype.
+      k, v: keys and values ``[B, T, K, H]``, ``N % K == 0`` (GQA/MQA: query head ``n`` uses kv
+        head ``n // (N / K)``; K/V are never repeated except as Ulysses needs, see
+        :mod:`lcx.attention.strategies.a2a`).
+      plan: a :class:`~lcx.sharding.MeshPlan`, or a :class:`~lcx.sharding.Plan` which is then
+        bound to all of ``jax.devices()``. Its activation rules shard ``batch``, ``seq`` and
+        ``heads``; K/V heads are sharded like the query heads (so each device holds the kv heads
+        its query heads use).
+      mask: visibility predicate (:class:`Mask`: causal, document, sliding window).
+      positions: int32 ``[B, T]`` global positions of the tokens; default ``arange(T)``.
+      segment_ids: int32 ``[B, T]`` document ids; default zeros.
+      kv_positions, kv_segment_ids: int32 ``[B, T]`` for the keys, if they differ from the
+        queries' (default: the query ones).
+
+    Returns:
+      ``[B, T, N, H]`` in ``q.dtype``, sharded like ``q`` by the plan. A query with no visible key
+      gets 0 (and zero, finite gradients).
+
+    Raises:
+      ValueError: inconsistent shapes; batch, sequence or head counts not divisible by the mesh
+        axes the plan maps them to; a strategy that cannot serve these head counts (e.g. the
+        Ulysses degree does not divide the query heads). Raised before compiling.
+      KernelNotAvailableError: ``plan.attention.kernel`` is ``"splash"`` (not implemented yet).
+    """
     mp = plan if isinstance(plan, MeshPlan) else bind(plan)
-    if mp.plan.seq_axes:
-        raise NotImplementedError("context-parallel strategies are being built (issue 4)")
-    return reference_attention(q, k, v, mask=mask, positions=positions, segment_ids=segment_ids)
+    B, T = q.shape[:2] if q.ndim == 4 else (None, None)
+    _check_shapes(q, k, v)
+    positions = _default(positions, lambda: jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)), (B, T), "positions")
+    segment_ids = _default(segment_ids, lambda: jnp.zeros((B, T), jnp.int32), (B, T), "segment_ids")
+    kv_positions = _default(kv_positions, lambda: positions, (B, T), "kv_positions")
+    kv_segment_ids = _default(kv_segment_ids, lambda: segment_ids, (B, T), "kv_segment_ids")
+
+    strategy, (q_spec, kv_spec, pos_spec) = build_strategy(mp, mask, q.shape, k.shape)
+    fn = jax.shard_map(
+        strategy,
+        mesh=mp.mesh,
+        in_specs=(q_spec, kv_spec, kv_spec, pos_spec, pos_spec, pos_spec, pos_spec),
+        out_specs=q_spec,
+        # check_vma=False: the custom VJPs and scans in the strategies carry values whose
+        # device-variance the checker cannot infer (FIELD_NOTES section 1); every in/out spec is
+        # explicit, so nothing relies on the check.
+        check_vma=False,
+    )
+    return fn(q, k, v, positions, kv_positions, segment_ids, kv_segment_ids)
+
+
+def build_strategy(
+    mesh_plan: MeshPlan, mask: Mask, q_shape: tuple[int, ...], kv_shape: tuple[int, ...]
+) -> tuple[Strategy, tuple[PartitionSpec, PartitionSpec, PartitionSpec]]:
+    """The plan's strategy for these global shapes, and the shard_map specs of q, k/v, positions.
+
+    Args:
+      mesh_plan: plan bound to a mesh.
+      mask: the mask.
+      q_shape: global ``(B, T, N, H)``.
+      kv_shape: global ``(B, T, K, H)``.
+
+    Returns:
+      ``(strategy, (q_spec, kv_spec, pos_spec))``.
+
+    Raises:
+      ValueError: see :func:`attention`.
+      KernelNotAvailableError: the plan's kernel is not implemented yet.
+    """
+    plan = mesh_plan.plan
+    sizes = dict(mesh_plan.mesh.shape)
+    cfg = plan.attention
+    rules = plan.activation_rules
+
+    def degree(logical):
+        return math.prod(sizes[m] for m in rules.get(logical, ()))
+
+    q_spec = plan.activation_spec((ax.BATCH, ax.SEQ, ax.HEADS, ax.HEAD_DIM))
+    if rules.get(ax.HEAD_DIM):
+        raise ValueError(f"attention cannot split head_dim (plan.activations.head_dim -> {rules[ax.HEAD_DIM]}); remove that rule")
+    # K/V heads follow the query heads' mesh axes whatever the kv_heads rule says: each device
+    # must hold exactly the kv heads its query heads use (head n -> kv head n // G).
+    kv_spec = PartitionSpec(*q_spec)
+    pos_spec = plan.activation_spec((ax.BATCH, ax.SEQ))
+
+    B, T, N, H = q_shape
+    K = kv_shape[2]
+    for logical, n, what in ((ax.BATCH, B, "batch"), (ax.SEQ, T, "sequence length"), (ax.HEADS, N, "query heads")):
+        d = degree(logical)
+        if n % d:
+            raise ValueError(
+                f"attention: {what} {n} is not divisible by {d}, the size of mesh axes {rules.get(logical)} that "
+                f"plan.activations.{logical} maps it to; change the plan or the shape"
+            )
+    tp = degree(ax.HEADS)
+    if K % tp:
+        raise ValueError(
+            f"attention: {K} kv heads cannot follow the query heads' sharding over mesh axes "
+            f"{rules.get(ax.HEADS)} (size {tp}); use a tensor degree dividing {K} for the heads"
+        )
+    kernel = make_kernel(cfg.kernel, cfg.block_q, cfg.block_kv)
+    strategy = STRATEGIES[cfg.strategy].from_plan(kernel, mask, plan.seq_axes, sizes, cfg)
+    P = degree(ax.SEQ)
+    strategy.check((B // degree(ax.BATCH), T // P, N // tp, H), (B // degree(ax.BATCH), T // P, K // tp, H))
+    return strategy, (q_spec, kv_spec, pos_spec)
+
+
+def _check_shapes(q, k, v) -> None:
+    if q.ndim != 4 or k.ndim != 4:
+        raise ValueError(f"attention: q and k must be [batch, seq, heads, head_dim], got {q.shape} and {k.shape}")
+    if k.shape != v.shape:
+        raise ValueError(f"attention: k {k.shape} and v {v.shape} must have the same shape")
+    if (k.shape[0], k.shape[1], k.shape[3]) != (q.shape[0], q.shape[1], q.shape[3]):
+        raise ValueError(
+            f"attention: k/v {k.shape} must match q {q.shape} in batch, sequence and head_dim (self-attention)"
+        )
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"attention: query heads {q.shape[2]} must be a multiple of kv heads {k.shape[2]} (GQA)")
+
+
+def _default(x, make, shape, name):
+    x = make() if x is None else x
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"attention: {name} must have shape [batch, seq] = {shape}, got {tuple(x.shape)}")
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"attention: {name} must be integer (int32), got {x.dtype}")
+    return x.astype(jnp.int32)

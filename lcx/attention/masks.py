@@ -60,6 +60,48 @@ class Mask:
             ok = ok & (q_seg[..., :, None] == k_seg[..., None, :])
         return ok
 
+    def may_be_visible(
+        self,
+        q_pos: Int[Array, "*b t"],
+        k_pos: Int[Array, "*b s"],
+        q_seg: Int[Array, "*b t"] | None = None,
+        k_seg: Int[Array, "*b s"] | None = None,
+    ) -> Bool[Array, ""]:
+        """Scalar bool: False only if NO query of the block may attend to any key of the block.
+
+        A cheap, conservative block test used to skip work (kernel blocks, ring steps): it looks
+        only at the minimum and maximum positions and segment ids of each batch row, O(t + s)
+        instead of the O(t * s) of :meth:`visible`. Each condition below is necessary for a
+        visible pair, so a False result is exact; a True result may still hide every pair (the
+        block is then computed and masked element-wise, which is correct, only slower):
+
+        - causal: some ``k_pos <= q_pos``  <=>  ``min(k_pos) <= max(q_pos)``;
+        - window: some ``q_pos - k_pos < window``  <=>  ``min(q_pos) - max(k_pos) < window``
+          (and, not causal, ``min(k_pos) - max(q_pos) < window``);
+        - document: the ranges ``[min, max]`` of query and key segment ids overlap.
+
+        Args:
+          q_pos, k_pos: int32 global positions ``[..., t]`` and ``[..., s]``.
+          q_seg, k_seg: int32 segment ids (required by a document mask).
+
+        Returns:
+          bool ``[]``: True if any batch row may have a visible (query, key) pair.
+        """
+        qmin, qmax = q_pos.min(-1), q_pos.max(-1)
+        kmin, kmax = k_pos.min(-1), k_pos.max(-1)
+        ok = jnp.ones(jnp.broadcast_shapes(qmin.shape, kmin.shape), bool)
+        if self.causal:
+            ok = ok & (kmin <= qmax)
+        if self.window is not None:
+            ok = ok & (qmin - kmax < self.window)
+            if not self.causal:
+                ok = ok & (kmin - qmax < self.window)
+        if self.document:
+            if q_seg is None or k_seg is None:
+                raise ValueError("a document mask needs segment ids for queries and keys")
+            ok = ok & (k_seg.max(-1) >= q_seg.min(-1)) & (k_seg.min(-1) <= q_seg.max(-1))
+        return jnp.any(ok)
+
     @property
     def is_full(self) -> bool:
         return not self.causal and not self.document and self.window is None

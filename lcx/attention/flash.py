@@ -1,0 +1,73 @@
+"""Local (single-device, non-distributed) flash attention with a custom VJP.
+
+Built on a :class:`~lcx.attention.kernels.Kernel`: the forward saves only ``out`` (float32) and
+the logsumexp, and the backward recomputes the probabilities block by block (Dao et al. 2022,
+arXiv:2205.14135), so training memory is linear in the sequence length. The all-gather and
+Ulysses strategies call it on their local blocks; it is also usable on its own.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from jaxtyping import Array, Float, Int
+
+from lcx.attention.kernels import Kernel, XlaKernel
+from lcx.attention.masks import Mask
+
+
+def flash_attention(
+    q: Float[Array, "B T N H"],
+    k: Float[Array, "B S K H"],
+    v: Float[Array, "B S K H"],
+    q_pos: Int[Array, "B T"],
+    k_pos: Int[Array, "B S"],
+    q_seg: Int[Array, "B T"],
+    k_seg: Int[Array, "B S"],
+    *,
+    mask: Mask,
+    kernel: Kernel | None = None,
+) -> Float[Array, "B T N H"]:
+    """Memory-efficient attention of ``q`` against ``k``/``v`` on one device, differentiable.
+
+    Args:
+      q: queries ``[B, T, N, H]`` (unscaled; the kernel applies ``1/sqrt(H)``).
+      k, v: keys, values ``[B, S, K, H]``, ``N % K == 0`` (GQA: head n uses kv head n // (N/K)).
+      q_pos, k_pos: int32 global positions ``[B, T]``, ``[B, S]``.
+      q_seg, k_seg: int32 segment ids ``[B, T]``, ``[B, S]``.
+      mask: the visibility predicate.
+      kernel: per-device kernel; default ``XlaKernel()``.
+
+    Returns:
+      ``[B, T, N, H]`` in ``q.dtype``; 0 for a query with no visible key. Gradients flow to
+      ``q``, ``k``, ``v`` (in their dtypes); positions and segment ids get none.
+
+    Raises:
+      ValueError: ``N`` not a multiple of ``K``.
+    """
+    kernel = XlaKernel() if kernel is None else kernel
+    return _flash(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _flash(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg):
+    out, _ = kernel.forward(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=mask)
+    return out.astype(q.dtype)
+
+
+def _flash_fwd(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg):
+    out, lse = kernel.forward(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=mask)
+    # keep out in float32 for delta = sum(dout * out): the residuals are O(T), not O(T * S)
+    return out.astype(q.dtype), (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse)
+
+
+def _flash_bwd(kernel, mask, res, dout):
+    q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse = res
+    dq, dk, dv = kernel.backward(q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout, mask=mask)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+

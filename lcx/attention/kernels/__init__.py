@@ -1,0 +1,33 @@
+"""Per-device attention kernels behind one interface, selected by ``plan.attention.kernel``.
+
+Adding a kernel is one file with a final :class:`Kernel` subclass plus one line in
+:data:`KERNELS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lcx.attention.kernels.base import Kernel as Kernel
+from lcx.attention.kernels.splash import KernelNotAvailableError as KernelNotAvailableError
+from lcx.attention.kernels.splash import splash_not_available
+from lcx.attention.kernels.xla import XlaKernel as XlaKernel
+from lcx.attention.kernels.xla import block_size as block_size
+
+KERNELS: dict[str, Callable[[int, int], Kernel]] = {
+    "xla": lambda block_q, block_kv: XlaKernel(block_q=block_q, block_kv=block_kv),
+    "splash": splash_not_available,
+}
+"""Kernel name (``plan.attention.kernel``) -> factory ``(block_q, block_kv) -> Kernel``."""
+
+
+def make_kernel(name: str, block_q: int = 512, block_kv: int = 512) -> Kernel:
+    """The kernel ``name`` with these block sizes (tokens).
+
+    Raises:
+      ValueError: unknown kernel name.
+      KernelNotAvailableError: (a ``NotImplementedError``) the kernel is planned but not built.
+    """
+    if name not in KERNELS:
+        raise ValueError(f"unknown attention kernel {name!r}; choose one of {tuple(KERNELS)}")
+    return KERNELS[name](block_q, block_kv)

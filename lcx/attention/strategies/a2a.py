@@ -1,0 +1,152 @@
+"""All-to-all (DeepSpeed-Ulysses) context parallelism.
+
+Jacobs et al. 2023, "DeepSpeed Ulysses", arXiv:2309.14509. Activations arrive sharded over the
+sequence; an all-to-all turns that into sharding over heads (each of the U devices holds all S
+tokens of N/U query heads), every device runs ordinary local attention on its heads, and a second
+all-to-all returns to sequence sharding. Communication per device ``(2 N + 2 K) * H * S / U``
+elements over ``(U-1)/U`` of the links, independent of U for a fixed per-device length; memory is
+O(S * N / U) per device.
+
+GQA: query head ``n`` uses kv head ``n // G`` (``G = N / K``). After the all-to-all device ``u``
+holds query heads ``[u N/U, (u+1) N/U)``:
+
+- ``K % U == 0``: device ``u`` gets kv heads ``[u K/U, (u+1) K/U)``, exactly the ones its
+  query heads use.
+- ``U % K == 0`` (fewer kv heads than the degree, MQA included): each kv head is replicated
+  ``r = U / K`` times before the all-to-all (and only that many: K*r = U heads travel), so device
+  ``u`` gets kv head ``u // r``. Its query heads ``n = u N/U + j`` (``j < G/r``) use kv head
+  ``floor(u/r + j/G) = u // r`` since ``(u mod r)/r + j/G <= 1 - 1/G < 1``: the grouping holds.
+- otherwise the heads cannot be split and the strategy refuses with a ValueError.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import equinox as eqx
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Float, Int
+
+from lcx.attention.flash import flash_attention
+from lcx.attention.kernels import Kernel
+from lcx.attention.masks import Mask
+from lcx.attention.strategies.base import Shape, Strategy
+
+
+def kv_replication(n_heads: int, n_kv_heads: int, degree: int, allow: bool, *, who: str, axes) -> int:
+    """How many times each kv head must be replicated for an all-to-all of ``degree`` devices.
+
+    Args:
+      n_heads: query heads per device before the all-to-all.
+      n_kv_heads: kv heads per device before the all-to-all.
+      degree: Ulysses degree U (devices in the all-to-all).
+      allow: ``plan.attention.allow_kv_replication``.
+      who, axes: strategy name and mesh axes, for the error message.
+
+    Returns:
+      ``r >= 1``: 1 when ``K % U == 0``, else ``U / K``.
+
+    Raises:
+      ValueError: ``N % U != 0``; ``K`` neither divisible by U nor dividing it; replication
+        needed but not allowed.
+    """
+    if n_heads % degree:
+        raise ValueError(
+            f"{who}: the Ulysses degree {degree} (mesh axes {axes}) must divide the {n_heads} query heads "
+            f"per device; use a Ulysses degree that divides {n_heads}, or strategy='ring'/'allgather' "
+            "(or 'usp' with a smaller ulysses axis)"
+        )
+    if n_kv_heads % degree == 0:
+        return 1
+    if degree % n_kv_heads:
+        raise ValueError(
+            f"{who}: {n_kv_heads} kv heads per device cannot be split over the Ulysses degree {degree} "
+            f"(mesh axes {axes}): {degree} is neither a divisor nor a multiple of {n_kv_heads}; use a Ulysses "
+            f"degree that divides or is a multiple of {n_kv_heads}, or strategy='ring'/'allgather'"
+        )
+    if not allow:
+        raise ValueError(
+            f"{who}: {n_kv_heads} kv heads per device are fewer than the Ulysses degree {degree} (mesh axes "
+            f"{axes}) and plan.attention.allow_kv_replication is false; set it to true (each kv head is then "
+            f"replicated {degree // n_kv_heads} times), or use a Ulysses degree dividing {n_kv_heads}"
+        )
+    return degree // n_kv_heads
+
+
+def seq_to_heads(x: Float[Array, "B T M H"], axes: tuple[str, ...]) -> Float[Array, "B TU M/U H"]:
+    """All-to-all: sequence-sharded ``[B, T, M, H]`` -> head-sharded ``[B, T*U, M/U, H]``.
+
+    The gathered sequence is ordered by the devices' linear index over ``axes`` (the order in
+    which the plan splits the sequence), the same order as :func:`gather_seq`.
+    """
+    return lax.all_to_all(x, axes, split_axis=2, concat_axis=1, tiled=True)
+
+
+def heads_to_seq(x: Float[Array, "B TU M/U H"], axes: tuple[str, ...]) -> Float[Array, "B T M H"]:
+    """Inverse of :func:`seq_to_heads`."""
+    return lax.all_to_all(x, axes, split_axis=1, concat_axis=2, tiled=True)
+
+
+def gather_seq(x: Int[Array, "B T"], axes: tuple[str, ...]) -> Int[Array, "B TU"]:
+    """All-gather positions / segment ids along the sequence, in :func:`seq_to_heads` order."""
+    return lax.all_gather(x, axes, axis=1, tiled=True)
+
+
+def ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, axes, replication):
+    """Sequence -> head sharding of q/k/v (kv heads replicated ``replication`` times first)."""
+    if replication > 1:
+        # only as many copies as the all-to-all needs: K * r = U heads travel, one per device
+        k, v = (jnp.repeat(x, replication, axis=2) for x in (k, v))
+    q, k, v = (seq_to_heads(x, axes) for x in (q, k, v))
+    q_pos, k_pos, q_seg, k_seg = (gather_seq(x, axes) for x in (q_pos, k_pos, q_seg, k_seg))
+    return q, k, v, q_pos, k_pos, q_seg, k_seg
+
+
+class Ulysses(Strategy):
+    """DeepSpeed-Ulysses: all-to-all from sequence to head sharding, local attention, and back.
+
+    Attributes:
+      kernel: per-device kernel.
+      mask: mask predicate.
+      axes: mesh axes of the all-to-all (= the sequence axes), major to minor.
+      degree: Ulysses degree U, the product of their sizes.
+      allow_kv_replication: replicate kv heads when ``K < U`` and ``U % K == 0``.
+    """
+
+    kernel: Kernel
+    mask: Mask = eqx.field(static=True)
+    axes: tuple[str, ...] = eqx.field(static=True)
+    degree: int = eqx.field(static=True)
+    allow_kv_replication: bool = eqx.field(static=True, default=True)
+
+    @classmethod
+    def from_plan(cls, kernel, mask, seq_axes, axis_sizes: Mapping[str, int], config) -> Ulysses:
+        return cls(
+            kernel=kernel,
+            mask=mask,
+            axes=tuple(seq_axes),
+            degree=math.prod(axis_sizes[a] for a in seq_axes),
+            allow_kv_replication=config.allow_kv_replication,
+        )
+
+    def check(self, q_shape: Shape, kv_shape: Shape) -> None:
+        kv_replication(q_shape[2], kv_shape[2], self.degree, self.allow_kv_replication, who="a2a", axes=self.axes)
+
+    def __call__(
+        self,
+        q: Float[Array, "B T N H"],
+        k: Float[Array, "B T K H"],
+        v: Float[Array, "B T K H"],
+        q_pos: Int[Array, "B T"],
+        k_pos: Int[Array, "B T"],
+        q_seg: Int[Array, "B T"],
+        k_seg: Int[Array, "B T"],
+    ) -> Float[Array, "B T N H"]:
+        if self.degree == 1:
+            return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel)
+        r = kv_replication(q.shape[2], k.shape[2], self.degree, self.allow_kv_replication, who="a2a", axes=self.axes)
+        args = ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, self.axes, r)
+        out = flash_attention(*args, mask=self.mask, kernel=self.kernel)
+        return heads_to_seq(out, self.axes)

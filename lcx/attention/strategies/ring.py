@@ -1,0 +1,195 @@
+"""Ring attention: K/V blocks rotate peer to peer; queries stay put.
+
+Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise Transformers for Near-Infinite
+Context", arXiv:2310.01889. The P devices of the sequence axes form a ring. At step ``s`` device
+``i`` holds the K/V shard of device ``i - s`` (with that shard's global positions and segment
+ids, so every mask is evaluated exactly, whatever the layout), runs the local kernel on it and
+merges the partial result in float32 through the logsumexp. The transfer for step ``s + 1`` is
+issued before the kernel of step ``s`` so that communication can overlap compute; the last step
+sends nothing (P-1 K/V hops in forward).
+
+Backward is a custom VJP (as in MaxText and ring-flash-attention): only the local q/k/v, the
+float32 output and the logsumexp are saved; K/V rotate again, each with its dK/dV accumulator
+travelling one hop behind it (the accumulator is updated by the kernel, then sent on), and dQ
+accumulates locally. After P-1 K/V hops a final hop returns every accumulator to its owner.
+Memory per device is O(S/P) in training as well as inference.
+
+Steps whose K/V block the mask hides entirely (decided from min/max of the block's positions and
+segment ids, :meth:`Mask.may_be_visible`) skip the kernel with ``lax.cond``: with a contiguous
+layout and a causal mask, device ``i`` computes only ``i + 1`` of its ``P`` steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Float, Int
+
+from lcx.attention.kernels import Kernel
+from lcx.attention.masks import Mask
+from lcx.attention.strategies.base import Shape, Strategy
+
+_F32 = jnp.float32
+
+
+def merge_partials(
+    out: Float[Array, "B T N H"], lse: Float[Array, "B T N"], out_b: Float[Array, "B T N H"], lse_b: Float[Array, "B T N"]
+) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+    """Merge two normalised partial attention results over disjoint key sets (float32).
+
+    ``lse = log(exp(lse) + exp(lse_b))``; ``out = out * exp(lse - lse_new) + out_b * exp(lse_b -
+    lse_new)``. Rows where both are empty (``lse == lse_b == -inf``) stay ``out = 0``,
+    ``lse = -inf`` without producing NaN.
+    """
+    new = jnp.logaddexp(lse, lse_b)
+    safe = jnp.where(jnp.isfinite(new), new, 0.0)  # avoid (-inf) - (-inf) = NaN on empty rows
+    w, w_b = jnp.exp(lse - safe)[..., None], jnp.exp(lse_b - safe)[..., None]
+    return out * w + out_b * w_b, new
+
+
+def ring_attention(
+    q: Float[Array, "B T N H"],
+    k: Float[Array, "B T K H"],
+    v: Float[Array, "B T K H"],
+    q_pos: Int[Array, "B T"],
+    k_pos: Int[Array, "B T"],
+    q_seg: Int[Array, "B T"],
+    k_seg: Int[Array, "B T"],
+    *,
+    kernel: Kernel,
+    mask: Mask,
+    axes: tuple[str, ...],
+    size: int,
+) -> Float[Array, "B T N H"]:
+    """Per-device ring attention over mesh ``axes`` (call inside ``jax.shard_map``).
+
+    Args:
+      q: this device's queries ``[B, T, N, H]``.
+      k, v: this device's K/V shard ``[B, T, K, H]`` (its ring owner's block).
+      q_pos, k_pos, q_seg, k_seg: int32 ``[B, T]`` global positions and segment ids.
+      kernel: per-device kernel.
+      mask: mask predicate.
+      axes: mesh axes of the ring (a tuple: an 8-device ring over a 2x4 mesh uses both), the
+        linear device index over them, major to minor, is the ring order.
+      size: ring size P (product of the axis sizes).
+
+    Returns:
+      ``[B, T, N, H]`` in ``q.dtype``, differentiable in q, k, v (custom VJP).
+    """
+    return _ring(kernel, mask, tuple(axes), int(size), q, k, v, q_pos, k_pos, q_seg, k_seg)
+
+
+def _shift(tree, axes, size):
+    """Send every leaf to the next device of the ring (``i -> i + 1 mod P``)."""
+    if size == 1:
+        return tree
+    perm = [(i, (i + 1) % size) for i in range(size)]
+    return jax.tree.map(lambda x: lax.ppermute(x, axes, perm), tree)
+
+
+def _forward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg):
+    B, T, N, H = q.shape
+
+    def block(out, lse, kv):
+        kb, vb, kp, ks = kv
+        o_b, l_b = lax.cond(
+            mask.may_be_visible(q_pos, kp, q_seg, ks),
+            lambda: kernel.forward(q, kb, vb, q_pos, kp, q_seg, ks, mask=mask),
+            lambda: (jnp.zeros((B, T, N, H), _F32), jnp.full((B, T, N), -jnp.inf, _F32)),
+        )
+        return merge_partials(out, lse, o_b, l_b)
+
+    def step(carry, _):
+        out, lse, kv = carry
+        nxt = _shift(kv, axes, size)  # issued before the kernel: independent of it, so it overlaps
+        out, lse = block(out, lse, kv)
+        return (out, lse, nxt), None
+
+    init = (jnp.zeros((B, T, N, H), _F32), jnp.full((B, T, N), -jnp.inf, _F32), (k, v, k_pos, k_seg))
+    (out, lse, kv), _ = lax.scan(step, init, None, length=size - 1)
+    return block(out, lse, kv)  # last block: no transfer after it
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _ring(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg):
+    out, _ = _forward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    return out.astype(q.dtype)
+
+
+def _ring_fwd(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg):
+    out, lse = _forward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    return out.astype(q.dtype), (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse)
+
+
+def _ring_bwd(kernel, mask, axes, size, res, dout):
+    q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse = res
+
+    def block(dq, kv, dkv):
+        kb, vb, kp, ks = kv
+        dq_b, dk_b, dv_b = lax.cond(
+            mask.may_be_visible(q_pos, kp, q_seg, ks),
+            lambda: kernel.backward(q, kb, vb, q_pos, kp, q_seg, ks, out, lse, dout, mask=mask),
+            lambda: (jnp.zeros(q.shape, _F32), jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32)),
+        )
+        return dq + dq_b, (dkv[0] + dk_b, dkv[1] + dv_b)
+
+    def step(carry, _):
+        dq, kv, dkv = carry
+        nxt = _shift(kv, axes, size)  # prefetch the next K/V before the kernel
+        dq, dkv = block(dq, kv, dkv)
+        dkv = _shift(dkv, axes, size)  # the accumulator follows its K/V shard, one hop behind
+        return (dq, nxt, dkv), None
+
+    zeros_kv = (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32))
+    init = (jnp.zeros(q.shape, _F32), (k, v, k_pos, k_seg), zeros_kv)
+    (dq, kv, dkv), _ = lax.scan(step, init, None, length=size - 1)
+    dq, dkv = block(dq, kv, dkv)
+    # device i now holds the accumulator of device i + 1's K/V: one last hop brings it home
+    dk, dv = _shift(dkv, axes, size)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
+
+
+_ring.defvjp(_ring_fwd, _ring_bwd)
+
+
+class Ring(Strategy):
+    """Ring attention over all sequence axes (one ring of P = context degree devices).
+
+    Attributes:
+      kernel: per-device kernel.
+      mask: mask predicate.
+      axes: mesh axes the sequence is split over, major to minor (the ring order).
+      degree: ring size P.
+    """
+
+    kernel: Kernel
+    mask: Mask = eqx.field(static=True)
+    axes: tuple[str, ...] = eqx.field(static=True)
+    degree: int = eqx.field(static=True)
+
+    @classmethod
+    def from_plan(cls, kernel, mask, seq_axes, axis_sizes: Mapping[str, int], config) -> Ring:
+        return cls(kernel=kernel, mask=mask, axes=tuple(seq_axes), degree=math.prod(axis_sizes[a] for a in seq_axes))
+
+    def check(self, q_shape: Shape, kv_shape: Shape) -> None:
+        return None  # any head counts; sequence divisibility is checked by the caller
+
+    def __call__(
+        self,
+        q: Float[Array, "B T N H"],
+        k: Float[Array, "B T K H"],
+        v: Float[Array, "B T K H"],
+        q_pos: Int[Array, "B T"],
+        k_pos: Int[Array, "B T"],
+        q_seg: Int[Array, "B T"],
+        k_seg: Int[Array, "B T"],
+    ) -> Float[Array, "B T N H"]:
+        return ring_attention(
+            q, k, v, q_pos, k_pos, q_seg, k_seg, kernel=self.kernel, mask=self.mask, axes=self.axes, size=self.degree
+        )

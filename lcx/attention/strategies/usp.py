@@ -1,0 +1,90 @@
+"""Unified sequence parallelism (USP): Ulysses over one mesh axis, ring over another.
+
+Fang & Zhao 2024, "USP: A Unified Sequence Parallelism Approach for Long Context Generative AI",
+arXiv:2405.07719. The sequence is split over two mesh axes (``plan.attention.ulysses_axis`` of
+size U and ``plan.attention.ring_axis`` of size R, in either order in ``plan.activations.seq``).
+An all-to-all over the Ulysses axis turns sequence sharding into head sharding within each
+Ulysses group (each device then holds ``S / R`` tokens of ``N / U`` heads, positions and segment
+ids gathered alongside), ring attention over the ring axis covers the rest of the sequence, and a
+second all-to-all returns to sequence sharding. Heads need only be divisible by U, not by the
+whole degree U*R, and the ring carries 1/U of the K/V bytes per hop. Any further mesh axes (data,
+tensor) are untouched, so USP composes with data parallelism.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import equinox as eqx
+from jaxtyping import Array, Float, Int
+
+from lcx.attention.kernels import Kernel
+from lcx.attention.masks import Mask
+from lcx.attention.strategies.a2a import heads_to_seq, kv_replication, ulysses_in
+from lcx.attention.strategies.base import Shape, Strategy
+from lcx.attention.strategies.ring import ring_attention
+
+
+class USP(Strategy):
+    """Ulysses all-to-all over ``ulysses_axis`` composed with a ring over ``ring_axis``.
+
+    Attributes:
+      kernel: per-device kernel.
+      mask: mask predicate.
+      ulysses_axis, ulysses_degree: mesh axis of the all-to-all and its size U.
+      ring_axis, ring_degree: mesh axis of the ring and its size R.
+      allow_kv_replication: replicate kv heads when ``K < U`` and ``U % K == 0``.
+    """
+
+    kernel: Kernel
+    mask: Mask = eqx.field(static=True)
+    ulysses_axis: str = eqx.field(static=True)
+    ulysses_degree: int = eqx.field(static=True)
+    ring_axis: str = eqx.field(static=True)
+    ring_degree: int = eqx.field(static=True)
+    allow_kv_replication: bool = eqx.field(static=True, default=True)
+
+    @classmethod
+    def from_plan(cls, kernel, mask, seq_axes, axis_sizes: Mapping[str, int], config) -> USP:
+        u, r = config.ulysses_axis, config.ring_axis
+        if sorted(seq_axes) != sorted((u, r)) or u == r:
+            raise ValueError(
+                f"usp: the sequence must be split over exactly the two mesh axes ulysses_axis={u!r} and "
+                f"ring_axis={r!r} (either order); plan.activations.seq is {tuple(seq_axes)}"
+            )
+        return cls(
+            kernel=kernel,
+            mask=mask,
+            ulysses_axis=u,
+            ulysses_degree=axis_sizes[u],
+            ring_axis=r,
+            ring_degree=axis_sizes[r],
+            allow_kv_replication=config.allow_kv_replication,
+        )
+
+    def check(self, q_shape: Shape, kv_shape: Shape) -> None:
+        kv_replication(
+            q_shape[2], kv_shape[2], self.ulysses_degree, self.allow_kv_replication, who="usp", axes=(self.ulysses_axis,)
+        )
+
+    def __call__(
+        self,
+        q: Float[Array, "B T N H"],
+        k: Float[Array, "B T K H"],
+        v: Float[Array, "B T K H"],
+        q_pos: Int[Array, "B T"],
+        k_pos: Int[Array, "B T"],
+        q_seg: Int[Array, "B T"],
+        k_seg: Int[Array, "B T"],
+    ) -> Float[Array, "B T N H"]:
+        ua = (self.ulysses_axis,)
+        r = kv_replication(
+            q.shape[2], k.shape[2], self.ulysses_degree, self.allow_kv_replication, who="usp", axes=ua
+        )
+        if self.ulysses_degree > 1:
+            q, k, v, q_pos, k_pos, q_seg, k_seg = ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, ua, r)
+        out = ring_attention(
+            q, k, v, q_pos, k_pos, q_seg, k_seg,
+            kernel=self.kernel, mask=self.mask, axes=(self.ring_axis,), size=self.ring_degree,
+        )
+        return heads_to_seq(out, ua) if self.ulysses_degree > 1 else out
