@@ -26,8 +26,9 @@ def configure_devices(cfg: DictConfig) -> list:
 
     n = cfg.hardware.get("cpu_devices")
     if n:
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
         try:
+            if not os.environ.get("JAX_PLATFORMS"):
+                jax.config.update("jax_platforms", "cpu")  # no accelerator probe on the CPU preset
             jax.config.update("jax_num_cpu_devices", int(n))
         except RuntimeError:
             pass  # backend already initialised (second job of a multirun): checked below

@@ -76,7 +76,7 @@ def make_steps(model: eqx.Module, optimizer: optax.GradientTransformation, plan:
         (loss, (_, c)), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, batch)
         updates, opt_state = optimizer.update(grads, opt_state, p)
         p = optax.apply_updates(p, updates)
-        return p, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads), "tokens": c}
+        return p, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), "tokens": c}
 
     def evaluate(p, batch):
         _, (s, c) = loss_fn(p, batch)
