@@ -1,19 +1,32 @@
-"""Model FLOPs per training step, counted as MaxText counts them.
+"""FLOPs of a training step, counted from the real layer shapes, as MaxText counts them.
 
-Source: MaxText ``calculate_tflops_training_per_device`` (maxtext/MaxText/maxtext_utils.py):
-matmul FLOPs are ``2 * tokens * (weights touched)``; attention is ``4 * B * S^2 * N * H`` per
-layer (QK^T and PV), halved for a causal mask; training counts 3x the forward pass (forward,
-and backward = 2x forward); recomputation (remat) is NOT counted. MFU computed from these is
-*model* FLOPs utilisation.
+Source of the convention: MaxText ``calculate_tflops_training_per_device``
+(github.com/AI-Hypercomputer/maxtext, ``maxtext_utils.py``):
+
+- every weight matmul costs ``2 * tokens * weights`` FLOPs (one multiply and one add per weight
+  and token): q/k/v projections ``D (N + 2K) H`` (GQA: K kv heads), output projection ``N H D``,
+  SwiGLU ``3 D F`` (gate, up, down), and the output head ``D V`` (the input embedding is a gather
+  and costs nothing);
+- attention costs ``4 * B * S^2 * N * H`` per layer (``Q K^T`` and ``P V``, 2 FLOPs each), halved
+  for a causal mask (MaxText uses ``S^2 / 2``, not ``S (S + 1) / 2``);
+- training is 3x the forward pass (backward = 2x forward); rematerialisation is NOT counted.
+
+MFU computed from these numbers is *model* FLOPs utilisation; the recomputation a remat policy
+adds is reported separately (:func:`recompute_flops`) and enters the step-time estimate, not the
+MFU numerator. With these counts the published MaxText step times reproduce the published MFU to
+the last digit (tests/test_cost.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Protocol
 
 
-class _ModelDims(Protocol):
+class ModelDims(Protocol):
+    """The model sizes the ledger reads (``lcx.models.ModelConfig`` has them all)."""
+
     d_model: int
     n_layers: int
     n_heads: int
@@ -25,11 +38,11 @@ class _ModelDims(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class StepFlops:
-    """FLOPs of one training step for the whole global batch (not per device).
+    """Model FLOPs of one training step for the whole global batch (not per device).
 
     Attributes:
-      linear: matmul FLOPs of weights (q/k/v/o projections, SwiGLU MLP, output head), fwd+bwd.
-      attention: QK^T and PV FLOPs (mask-aware, see :func:`visible_pairs`), fwd+bwd.
+      linear: weight-matmul FLOPs (q/k/v/o projections, SwiGLU MLP, output head), fwd + bwd.
+      attention: ``Q K^T`` and ``P V`` FLOPs (mask-aware, see :func:`attention_pairs`), fwd + bwd.
     """
 
     linear: float
@@ -37,49 +50,174 @@ class StepFlops:
 
     @property
     def total(self) -> float:
+        """Model FLOPs per step (the MFU numerator)."""
         return self.linear + self.attention
+
+    @property
+    def attention_fraction(self) -> float:
+        """Share of attention in the model FLOPs (>= 95% at >= 1M tokens for the 8B models)."""
+        return self.attention / self.total if self.total else 0.0
+
+
+def linear_weights_per_token(cfg: ModelDims) -> int:
+    """Weights every token multiplies through in one forward pass: ``L * (D (N + 2K) H + N H D +
+    3 D F) + D V`` (blocks, then the output head). Norm gains are elementwise and not counted."""
+    D, N, K, H, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
+    return cfg.n_layers * (D * (N + 2 * K) * H + N * H * D + 3 * D * F) + D * cfg.vocab_size
 
 
 def visible_pairs(seq_len: int, *, causal: bool = True, window: int | None = None) -> int:
-    """Number of (query, key) pairs a mask keeps in one sequence of ``seq_len`` tokens.
+    """Exact number of (query, key) pairs a mask keeps in one sequence of ``seq_len`` tokens.
 
-    Causal without window: S(S+1)/2, which MaxText approximates as S^2/2. A causal sliding
-    window W keeps ``sum_i min(i + 1, W)``. Full attention keeps S^2 (with a window W,
-    ``sum_i (min(i, W-1) + min(S-1-i, W-1) + 1)``).
+    Causal: ``S (S + 1) / 2``. A causal sliding window W (``q - k < W``) keeps ``sum_i min(i + 1,
+    W)``; a bidirectional window keeps ``|q - k| < W``. Pure integer arithmetic, O(1).
     """
     S = seq_len
     if window is None or window >= S:
         return S * (S + 1) // 2 if causal else S * S
     W = window
-    one_side = W * (W + 1) // 2 + (S - W) * W  # sum_i min(i+1, W)
+    one_side = W * (W + 1) // 2 + (S - W) * W  # sum_i min(i + 1, W)
     return one_side if causal else 2 * one_side - S
 
 
-def training_flops(
-    cfg: _ModelDims, seq_len: int, global_batch: int, *, causal: bool = True, window: int | None = None
+def attention_pairs(
+    seq_len: int,
+    *,
+    causal: bool = True,
+    window: int | None = None,
+    documents: Sequence[int] | None = None,
+) -> float:
+    """(query, key) pairs per sequence that the attention FLOP count credits.
+
+    Without a window this is MaxText's count (``S^2 / 2`` causal, ``S^2`` full), so MFU is
+    comparable with MaxText's. A sliding window uses the exact count of
+    :func:`visible_pairs`. With ``documents`` (lengths of the packed documents in tokens, summing
+    to ``seq_len``) a document mask is credited per document: ``sum_d pairs(len_d)`` with the
+    same rules, since no pair crosses a document boundary.
+
+    Raises:
+      ValueError: document lengths that do not sum to ``seq_len`` or are not positive.
+    """
+    if documents is not None:
+        docs = [int(d) for d in documents]
+        if any(d < 1 for d in docs) or sum(docs) != seq_len:
+            raise ValueError(f"document lengths {docs[:8]}... must be positive and sum to seq_len={seq_len}")
+        return sum(attention_pairs(d, causal=causal, window=window) for d in docs)
+    if window is None or window >= seq_len:
+        return seq_len * seq_len / (2 if causal else 1)
+    return float(visible_pairs(seq_len, causal=causal, window=window))
+
+
+def forward_flops(
+    cfg: ModelDims,
+    seq_len: int,
+    batch: int,
+    *,
+    causal: bool = True,
+    window: int | None = None,
+    documents: Sequence[int] | None = None,
 ) -> StepFlops:
-    """Model FLOPs of one training step (forward + backward, 3x forward; MaxText convention).
-
-    Attention counts ``4 * H * N * pairs`` per sequence and layer with ``pairs = S^2 / 2`` for a
-    causal mask (MaxText halves; we use the same S^2/2, not S(S+1)/2, so MFU is comparable), and
-    the exact pair count for a sliding window. Document masks are data-dependent and not credited
-    (as in MaxText).
-
-    Args:
-      cfg: model dimensions (any object with the :class:`_ModelDims` attributes).
-      seq_len: tokens per sequence S.
-      global_batch: sequences per step B.
+    """Model FLOPs of ONE forward pass over ``batch`` sequences of ``seq_len`` tokens.
 
     Returns:
-      :class:`StepFlops` in FLOPs for the whole step.
+      :class:`StepFlops` (linear ``2 * tokens * weights``; attention ``4 * pairs * N * H * L``
+      per sequence).
     """
-    tokens = seq_len * global_batch
-    D, N, K, H, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
-    per_layer_weights = D * (N + 2 * K) * H + N * H * D + 3 * D * F
-    linear_fwd = 2 * tokens * (cfg.n_layers * per_layer_weights + D * cfg.vocab_size)
-    if window is None or window >= seq_len:
-        pairs = seq_len * seq_len / (2 if causal else 1)
-    else:
-        pairs = visible_pairs(seq_len, causal=causal, window=window)
-    attn_fwd = 4 * global_batch * pairs * N * H * cfg.n_layers
-    return StepFlops(linear=3.0 * linear_fwd, attention=3.0 * attn_fwd)
+    tokens = seq_len * batch
+    linear = 2.0 * tokens * linear_weights_per_token(cfg)
+    pairs = attention_pairs(seq_len, causal=causal, window=window, documents=documents)
+    attention = 4.0 * batch * pairs * cfg.n_heads * cfg.head_dim * cfg.n_layers
+    return StepFlops(linear=linear, attention=attention)
+
+
+def training_flops(
+    cfg: ModelDims,
+    seq_len: int,
+    global_batch: int,
+    *,
+    causal: bool = True,
+    window: int | None = None,
+    documents: Sequence[int] | None = None,
+) -> StepFlops:
+    """Model FLOPs of one training step: 3x :func:`forward_flops` (MaxText convention).
+
+    Args:
+      cfg: model dimensions (any object with the :class:`ModelDims` attributes).
+      seq_len: tokens per sequence S.
+      global_batch: sequences per step B.
+      causal: causal mask (halves the attention count).
+      window: sliding window in tokens, or None.
+      documents: packed document lengths (document mask), or None.
+
+    Returns:
+      :class:`StepFlops` in FLOPs for the whole step (divide by the device count for MaxText's
+      per-device TFLOPs).
+    """
+    f = forward_flops(cfg, seq_len, global_batch, causal=causal, window=window, documents=documents)
+    return StepFlops(linear=3.0 * f.linear, attention=3.0 * f.attention)
+
+
+RECOMPUTED_FORWARD_FRACTION: dict[str, tuple[float, float]] = {
+    "none": (0.0, 0.0),
+    "full": (1.0, 1.0),
+    "dots_with_no_batch_dims_saveable": (0.0, 1.0),
+    "dots_saveable": (0.0, 0.0),
+    "custom": (1.0, 1.0),
+}
+"""Remat policy -> (fraction of the linear forward, fraction of the attention forward) that the
+backward pass recomputes. ``full`` replays the whole block; ``dots_with_no_batch_dims_saveable``
+keeps the projection outputs but replays attention (its einsums have batch dimensions);
+``dots_saveable`` keeps every matmul output. MaxText's ``custom`` policy with the attention
+context kept (``context=device|offload``) recomputes the projections but not the attention
+kernel; with ``context=remat`` it replays attention too (see :mod:`lcx.cost.memory`)."""
+
+
+def recompute_flops(
+    cfg: ModelDims,
+    seq_len: int,
+    global_batch: int,
+    remat: str,
+    *,
+    keep_context: bool = False,
+    causal: bool = True,
+    window: int | None = None,
+    documents: Sequence[int] | None = None,
+) -> float:
+    """FLOPs the backward pass spends recomputing the forward under a remat policy (per step).
+
+    Not model FLOPs: MaxText's MFU ignores them; they lengthen the step.
+
+    Args:
+      remat: a key of :data:`RECOMPUTED_FORWARD_FRACTION`.
+      keep_context: ``custom`` policy only: the attention output is saved (``context=device`` or
+        ``offload``), so the attention kernel is not replayed.
+
+    Raises:
+      ValueError: unknown policy.
+    """
+    if remat not in RECOMPUTED_FORWARD_FRACTION:
+        raise ValueError(f"unknown remat policy {remat!r}; choose one of {sorted(RECOMPUTED_FORWARD_FRACTION)}")
+    lin, att = RECOMPUTED_FORWARD_FRACTION[remat]
+    if remat == "custom" and keep_context:
+        att = 0.0
+    f = forward_flops(cfg, seq_len, global_batch, causal=causal, window=window, documents=documents)
+    head = 2.0 * seq_len * global_batch * cfg.d_model * cfg.vocab_size  # the head is outside the scanned blocks
+    return lin * (f.linear - head) + att * f.attention
+
+
+def prefill_flops_per_layer(d_model: int, params_per_layer: int, n_tokens: int, *, causal: bool = True) -> tuple[float, float]:
+    """Forward FLOPs of one block on ``n_tokens`` tokens: (linear, quadratic).
+
+    Linear ``2 n P_layer`` (``25.5 n d^2`` for Llama 3 70B, whose ``P_layer = 12.75 d^2``);
+    quadratic ``4 n^2 d``, halved for causal (``2 n^2 d``), with ``d = N H`` the attention width.
+    Source: the long-context chapter quoted in FIELD_NOTES section 4.
+    """
+    lin = 2.0 * n_tokens * params_per_layer
+    quad = 4.0 * n_tokens * n_tokens * d_model / (2 if causal else 1)
+    return lin, quad
+
+
+def crossover_tokens(d_model: int, params_per_layer: int, *, causal: bool = True) -> float:
+    """Sequence length where attention FLOPs equal the linear FLOPs of a block, in tokens:
+    ``2 n P = 2 n^2 d`` gives ``n = P / d`` (causal) — ``12.75 d = 104,448`` for Llama 3 70B."""
+    return params_per_layer / d_model * (1 if causal else 0.5)

@@ -1,8 +1,14 @@
-"""Hardware presets: peak FLOP/s and memory per device (the ``hardware=`` Hydra group).
+"""Hardware presets (the ``hardware=`` Hydra group): peak FLOP/s, memory, interconnect, flags.
 
-On CPU the peak is not a datasheet number: it is measured once by a float32 matmul probe and
-cached in ``~/.cache/lcx/cpu_peak.json``. The simulated CPU devices share the host's cores, so
-the per-device peak is the host peak divided by the number of simulated devices.
+Every number in ``lcx/conf/hardware/*.yaml`` carries its public source in a comment. On CPU the
+peak is not a datasheet number: it is measured once by a float32 matmul probe and cached in
+``~/.cache/lcx/cpu_peak.json`` (``LCX_CACHE`` overrides the folder); the simulated CPU devices
+share the host's cores, so the per-device peak is the host peak divided by the device count.
+
+A preset also carries the XLA/libtpu flags a run on that hardware needs (asynchronous
+collective-permute and all-gather, compute/communication overlap, scoped VMEM);
+:func:`apply_hardware_flags` puts them into ``LIBTPU_INIT_ARGS`` / ``XLA_FLAGS`` before JAX
+starts.
 """
 
 from __future__ import annotations
@@ -12,23 +18,88 @@ import json
 import os
 import pathlib
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
 class Hardware:
-    """Attributes:
-    name: preset name.
-    peak_flops_per_device: peak FLOP/s of one device in the compute dtype (bf16 on TPU).
-    hbm_bytes: device memory in bytes (None if not meaningful).
+    """One accelerator type, per JAX device unless the name says chip.
+
+    Attributes:
+      name: preset name (``tpu_v5p``, ``tpu7``, ``cpu``).
+      peak_flops_per_device: peak FLOP/s of one JAX device in the compute dtype (bf16 on TPU).
+      hbm_bytes: device memory of one JAX device in bytes (None: not meaningful, e.g. CPU).
+      devices_per_chip: JAX devices per chip (1 on v5p megacore, 2 TensorCores on TPU7).
+      hbm_bandwidth_per_chip: HBM bytes/s per chip (None if unknown).
+      ici_bandwidth_per_chip: bidirectional inter-chip interconnect bytes/s per chip, all links.
+      ici_links_per_chip: ICI links per chip (6 in a 3D torus).
+      host_memory_per_chip: host RAM in bytes per chip (VM RAM / chips per VM); None: unlimited.
+      chips: chips in the slice, or None (use the device count).
+      libtpu_init_args: flags for ``LIBTPU_INIT_ARGS`` (TPU runtime).
+      xla_flags: flags for ``XLA_FLAGS``.
     """
 
     name: str
     peak_flops_per_device: float
     hbm_bytes: float | None = None
+    devices_per_chip: int = 1
+    hbm_bandwidth_per_chip: float | None = None
+    ici_bandwidth_per_chip: float | None = None
+    ici_links_per_chip: int = 6
+    host_memory_per_chip: float | None = None
+    chips: int | None = None
+    libtpu_init_args: tuple[str, ...] = ()
+    xla_flags: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.peak_flops_per_device <= 0:
+            raise ValueError(f"hardware.peak_flops_per_device must be positive FLOP/s, got {self.peak_flops_per_device}")
+        if self.devices_per_chip < 1 or self.ici_links_per_chip < 1:
+            raise ValueError(
+                f"hardware.devices_per_chip ({self.devices_per_chip}) and ici_links_per_chip "
+                f"({self.ici_links_per_chip}) must be >= 1"
+            )
+        object.__setattr__(self, "libtpu_init_args", tuple(self.libtpu_init_args))
+        object.__setattr__(self, "xla_flags", tuple(self.xla_flags))
+
+    @property
+    def link_bandwidth(self) -> float | None:
+        """One-way bytes/s of ONE ICI link: ``bidirectional per chip / 2 / links``. A ring hop
+        sends to one neighbour over one link."""
+        if self.ici_bandwidth_per_chip is None:
+            return None
+        return self.ici_bandwidth_per_chip / 2 / self.ici_links_per_chip
+
+    @property
+    def p2p_bandwidth_per_device(self) -> float | None:
+        """One-way bytes/s a device gets for a ring hop (one link, shared by the chip's devices)."""
+        lb = self.link_bandwidth
+        return None if lb is None else lb / self.devices_per_chip
+
+    @property
+    def collective_bandwidth_per_device(self) -> float | None:
+        """One-way bytes/s a device gets in a collective that uses every link (all-gather,
+        all-to-all, reduce-scatter over a torus): ``bidirectional per chip / 2 / devices``."""
+        if self.ici_bandwidth_per_chip is None:
+            return None
+        return self.ici_bandwidth_per_chip / 2 / self.devices_per_chip
+
+    @property
+    def host_memory_per_device(self) -> float | None:
+        return None if self.host_memory_per_chip is None else self.host_memory_per_chip / self.devices_per_chip
+
+    def n_devices(self, chips: int | None = None) -> int | None:
+        """Devices for ``chips`` chips (default: :attr:`chips`); None if neither is known."""
+        c = self.chips if chips is None else chips
+        return None if c is None else int(c) * self.devices_per_chip
 
 
 def cpu_peak_flops(n: int = 2048, repeats: int = 3) -> float:
-    """Host float32 matmul rate in FLOP/s (best of ``repeats`` runs of an n^3 matmul), cached."""
+    """Host float32 matmul rate in FLOP/s (best of ``repeats`` runs of an n^3 matmul), cached.
+
+    The probe runs once per machine (cache key: core count and n) on the first CPU device.
+    """
     cache = pathlib.Path(os.environ.get("LCX_CACHE", pathlib.Path.home() / ".cache" / "lcx")) / "cpu_peak.json"
     key = f"{os.cpu_count()}cpu-n{n}"
     try:
@@ -59,11 +130,92 @@ def cpu_peak_flops(n: int = 2048, repeats: int = 3) -> float:
     return rate
 
 
-def hardware_from_config(node, n_devices: int) -> Hardware:
-    """Build :class:`Hardware` from the Hydra ``hardware`` node; probes the CPU when its peak is null."""
-    peak = node.get("peak_flops_per_device")
+def _get(node: Any, key: str, default=None):
+    if isinstance(node, Mapping) or hasattr(node, "get"):
+        v = node.get(key, default)
+        return default if v is None else v
+    return getattr(node, key, default)
+
+
+def _flags(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        return tuple(v.split())
+    return tuple(str(x) for x in v)
+
+
+def hardware_from_config(node: Any, n_devices: int | None = None, *, probe: bool = True) -> Hardware:
+    """Build :class:`Hardware` from the Hydra ``hardware`` node.
+
+    Args:
+      node: the ``hardware`` config node (or a mapping) with the keys of the preset YAMLs.
+      n_devices: devices the run uses; divides the probed CPU peak among simulated devices.
+      probe: on ``cpu`` with ``peak_flops_per_device: null``, measure the host (cached). If
+        False, a placeholder of 1e9 FLOP/s per device is used (planner on a TPU preset never
+        needs it).
+
+    Raises:
+      ValueError: a non-CPU preset without ``peak_flops_per_device``.
+    """
+    name = str(_get(node, "name", "custom"))
+    peak = _get(node, "peak_flops_per_device")
     if peak is None:
-        if node.get("name") != "cpu":
-            raise ValueError(f"hardware preset {node.get('name')!r} needs peak_flops_per_device")
-        peak = cpu_peak_flops() / n_devices
-    return Hardware(name=str(node.get("name")), peak_flops_per_device=float(peak), hbm_bytes=node.get("hbm_bytes"))
+        if name != "cpu":
+            raise ValueError(f"hardware preset {name!r} needs peak_flops_per_device (FLOP/s per device)")
+        devs = n_devices or int(_get(node, "cpu_devices", 1) or 1)
+        peak = (cpu_peak_flops() if probe else 1e9 * devs) / devs
+    hbm = _get(node, "hbm_bytes")
+    chips = _get(node, "chips")
+    return Hardware(
+        name=name,
+        peak_flops_per_device=float(peak),
+        hbm_bytes=None if hbm is None else float(hbm),
+        devices_per_chip=int(_get(node, "devices_per_chip", 1)),
+        hbm_bandwidth_per_chip=_float_or_none(_get(node, "hbm_bandwidth_per_chip")),
+        ici_bandwidth_per_chip=_float_or_none(_get(node, "ici_bandwidth_per_chip")),
+        ici_links_per_chip=int(_get(node, "ici_links_per_chip", 6)),
+        host_memory_per_chip=_float_or_none(_get(node, "host_memory_per_chip")),
+        chips=None if chips is None else int(chips),
+        libtpu_init_args=_flags(_get(node, "libtpu_init_args")),
+        xla_flags=_flags(_get(node, "xla_flags")),
+    )
+
+
+def _float_or_none(v) -> float | None:
+    return None if v is None else float(v)
+
+
+def apply_hardware_flags(node: Any, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Put the preset's runtime flags into ``LIBTPU_INIT_ARGS`` and ``XLA_FLAGS``.
+
+    Call before JAX initialises its backend (before the first array op or ``jax.devices()``):
+    libtpu and XLA read these variables once, at start-up. Flags already present in the
+    environment win (a flag whose name is already set is not added again), so a user can
+    override any of them from the shell.
+
+    Args:
+      node: the Hydra ``hardware`` node (keys ``libtpu_init_args``, ``xla_flags``: lists of
+        ``--flag=value`` strings, or null).
+      environ: the environment to update (default ``os.environ``).
+
+    Returns:
+      The variables that were set, ``{name: new value}`` (empty if nothing changed).
+    """
+    env = os.environ if environ is None else environ
+    changed: dict[str, str] = {}
+    for var, key in (("LIBTPU_INIT_ARGS", "libtpu_init_args"), ("XLA_FLAGS", "xla_flags")):
+        flags = _flags(_get(node, key))
+        if not flags:
+            continue
+        value = _merge_flags(env.get(var, ""), flags)
+        if value != env.get(var, ""):
+            env[var] = value
+            changed[var] = value
+    return changed
+
+
+def _merge_flags(existing: str, flags: Sequence[str]) -> str:
+    have = {f.split("=", 1)[0] for f in existing.split()}
+    extra = [f for f in flags if f.split("=", 1)[0] not in have]
+    return " ".join([*existing.split(), *extra])

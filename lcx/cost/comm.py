@@ -1,0 +1,156 @@
+"""Communication per training step, per strategy, and the ring overlap condition.
+
+Bytes are what ONE device sends (= receives, for these symmetric collectives) in one training
+step, summed over layers. Ring all-gather / reduce-scatter / all-to-all over ``P`` devices move
+``(P - 1) / P`` of the gathered size per device (Thakur, Rabenseifner & Gropp 2005, "Optimization
+of collective communication operations in MPICH"); a ring hop moves one K/V block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from lcx.cost.flops import ModelDims
+from lcx.cost.memory import DTYPE_BYTES, ActivationPolicy, param_bytes_per_device
+from lcx.sharding import Plan
+from lcx.sharding import axes as ax
+
+
+@dataclasses.dataclass(frozen=True)
+class CommBytes:
+    """Bytes one device sends in one training step, by pattern.
+
+    Attributes:
+      all_gather: K/V all-gathers (allgather strategy).
+      param_gather: parameter all-gathers of sharded (FSDP / ZeRO-3) parameters, forward and
+        backward.
+      all_to_all: Ulysses all-to-alls (a2a, usp).
+      ring: K/V (and dK/dV) ring hops (ring, usp); overlappable with attention compute.
+      grad_reduction: gradient all-reduce / reduce-scatter over the replicated axes.
+      ring_hops: ring hops per step (forward + backward, all layers).
+      ring_hop_bytes: bytes of one forward K/V hop.
+    """
+
+    all_gather: float = 0.0
+    param_gather: float = 0.0
+    all_to_all: float = 0.0
+    ring: float = 0.0
+    grad_reduction: float = 0.0
+    ring_hops: int = 0
+    ring_hop_bytes: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.all_gather + self.param_gather + self.all_to_all + self.ring + self.grad_reduction
+
+
+def ring_overlap_min_block(
+    peak_flops: float,
+    link_bandwidth: float,
+    *,
+    n_heads: int = 1,
+    n_kv_heads: int | None = None,
+    bytes_per_element: int = 2,
+    causal: bool = False,
+) -> float:
+    """Smallest K/V block c (tokens per device) for which a ring hop hides behind compute.
+
+    One hop: the device computes its c queries against a c-token K/V block, ``4 c^2 N H`` FLOPs
+    (halved on average when causal and zigzag-balanced), while sending the next block,
+    ``2 c K H bytes`` bytes. Compute time >= transfer time gives
+    ``c >= (F / B) * (2 K bytes) / (4 N) = (F / B) * K bytes / (2 N)`` — ``c >= F / B`` for
+    multi-head attention in 16-bit, and the GQA factor ``K / N`` shrinks it (Liu et al. 2023,
+    arXiv:2310.01889, section 3; FIELD_NOTES section 4).
+
+    Args:
+      peak_flops: F, FLOP/s per device.
+      link_bandwidth: B, bytes/s per device over the ring link (one way).
+      n_heads: N query heads; n_kv_heads: K kv heads (default N: no GQA).
+      bytes_per_element: K/V element size (2 for bf16/fp16).
+      causal: credit only half the pairs of a hop (zigzag-balanced causal ring).
+
+    Returns:
+      c in tokens (a float; round up for a block size).
+    """
+    K = n_heads if n_kv_heads is None else n_kv_heads
+    c = peak_flops / link_bandwidth * K * bytes_per_element / (2 * n_heads)
+    return c * (2 if causal else 1)
+
+
+def comm_bytes(
+    cfg: ModelDims,
+    plan: Plan,
+    n_devices: int,
+    *,
+    seq_len: int,
+    global_batch: int,
+    policy: ActivationPolicy,
+    dtype: str = "bfloat16",
+    param_dtype: str = "float32",
+    tie_embeddings: bool = False,
+) -> CommBytes:
+    """Bytes one device sends per training step under ``plan`` (forward, backward, recompute).
+
+    Per attention layer, with ``T = S / P``, ``b`` local sequences, ``a`` activation bytes, K/V
+    at their own head count (never repeated, except Ulysses' replication up to U):
+
+    - allgather: forward gathers K and V, ``2 b S K H a (P-1)/P``; backward reduce-scatters dK,
+      dV (same size); a policy that replays attention gathers again.
+    - a2a: q, k, v in and the output back, ``b T (2N + 2Kr) H a (U-1)/U``; the backward moves the
+      same again; a replay adds a forward.
+    - ring: ``P - 1`` forward hops of ``2 b T K H a``; backward ``P - 1`` K/V hops plus ``P`` hops
+      of float32 dK/dV accumulators (``lcx.attention.strategies.ring``); a replay adds a forward.
+    - usp: the a2a terms over U, and a ring of ``R = P / U`` on blocks of ``U T`` tokens of
+      ``Kr / U`` heads.
+
+    Gradients are reduced over every mesh axis the parameters are not sharded over (a ring
+    all-reduce moves ``2 (n-1)/n`` of the local gradient bytes); parameters sharded over axes
+    (FSDP/ZeRO-3) are all-gathered for the forward and again for the backward and their
+    gradients reduce-scattered.
+    """
+    shape = plan.mesh_shape(n_devices)
+    P = plan.context_degree(n_devices)
+    data = math.prod(shape[m] for m in plan.batch_axes)
+    tp = math.prod(shape[m] for m in plan.activation_rules.get(ax.HEADS, ()))
+    b = max(1, global_batch // data)
+    T = seq_len // P
+    a = DTYPE_BYTES[dtype]
+    N, K, H, L = cfg.n_heads // tp, max(1, cfg.n_kv_heads // tp), cfg.head_dim, cfg.n_layers
+    replay = 1 if (policy.remat in ("full", "dots_with_no_batch_dims_saveable")
+                   or (policy.remat == "custom" and not policy.keeps_context)) else 0
+    att = plan.attention
+    ag = a2a = ring = 0.0
+    hops, hop_bytes = 0, 0.0
+    if P > 1:
+        if att.strategy == "allgather":
+            ag = 2 * b * seq_len * K * H * a * (P - 1) / P * L * (2 + replay)
+        elif att.strategy in ("a2a", "usp"):
+            U = P if att.strategy == "a2a" else shape[att.ulysses_axis]
+            Kr = max(K, U)
+            if U > 1:
+                a2a = b * T * (2 * N + 2 * Kr) * H * a * (U - 1) / U * L * (2 + replay)
+            if att.strategy == "usp":
+                R = P // U
+                blk = U * T
+                hop_bytes = 2 * b * blk * (Kr // U) * H * a
+                hops = L * ((R - 1) * (1 + replay) + (R - 1) + R)
+                ring = L * (hop_bytes * (R - 1) * (2 + replay) + R * hop_bytes * 4 / a)
+        if att.strategy == "ring":
+            hop_bytes = 2 * b * T * K * H * a
+            hops = L * ((P - 1) * (1 + replay) + (P - 1) + P)
+            ring = L * (hop_bytes * (P - 1) * (2 + replay) + P * hop_bytes * 4 / a)
+    # parameters: sharded axes -> all-gather (fwd + bwd) and reduce-scatter; replicated -> all-reduce
+    p_local = param_bytes_per_device(plan, n_devices, cfg, param_dtype, tie_embeddings=tie_embeddings)
+    sharded = {m for rule in plan.param_rules.values() for m in rule}
+    n_shard = math.prod(shape[m] for m in sharded) if sharded else 1
+    n_repl = n_devices // n_shard
+    grad = pg = 0.0
+    if n_shard > 1:
+        full = p_local * n_shard
+        pg += 2 * full * (n_shard - 1) / n_shard
+        grad += full * (n_shard - 1) / n_shard
+    if n_repl > 1:
+        grad += 2 * p_local * (n_repl - 1) / n_repl
+    return CommBytes(all_gather=ag, param_gather=pg, all_to_all=a2a, ring=ring, grad_reduction=grad, ring_hops=hops,
+                     ring_hop_bytes=hop_bytes)

@@ -1,0 +1,236 @@
+"""The cost ledger of one training step: FLOPs, memory, communication, time, MFU.
+
+:func:`estimate` combines :mod:`lcx.cost.flops`, :mod:`lcx.cost.memory` and
+:mod:`lcx.cost.comm` with a :class:`~lcx.cost.hardware.Hardware` preset into an
+:class:`Estimate`. Times are roofline estimates (compute at peak FLOP/s, links at their
+datasheet bandwidth); the predicted MFU is therefore an upper bound that ranks plans, not a
+promise (docs/cost_ledger.md compares it with MaxText's measurements).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from lcx.cost.comm import CommBytes, comm_bytes, ring_overlap_min_block
+from lcx.cost.flops import ModelDims, StepFlops, recompute_flops, training_flops
+from lcx.cost.hardware import Hardware
+from lcx.cost.memory import ActivationPolicy, MemoryBreakdown, memory_breakdown
+from lcx.sharding import Plan
+
+
+def causal_imbalance(layout: str, degree: int) -> float:
+    """Max/mean causal attention work over ``degree`` devices, counted in half-blocks.
+
+    The sequence is cut into ``2P`` chunks; causal work of chunk pair (i, j <= i) is one unit
+    off the diagonal and half a unit on it. Contiguous: device r holds chunks 2r, 2r+1 and does
+    ``4r + 2`` half-units (2, 6, 10, 14 for P=4), max/mean ``(2P - 1) / P`` (1.75 at P=4, 1.875
+    at P=8). Zigzag: device r holds chunks r and 2P-1-r, exactly ``2P`` half-units each: 1.0.
+    (FIELD_NOTES section 4; exact at the token level up to the diagonal, see
+    :func:`lcx.sharding.causal_work_per_device`.)
+    """
+    if degree <= 1 or layout == "zigzag":
+        return 1.0
+    if layout != "contiguous":
+        raise ValueError(f"unknown layout {layout!r}")
+    work = causal_half_block_work(layout, degree)
+    return max(work) / (sum(work) / degree)
+
+
+def causal_half_block_work(layout: str, degree: int) -> list[int]:
+    """Causal work per device in half-block units (see :func:`causal_imbalance`). O(P)."""
+    P = degree
+    if layout == "contiguous":
+        owned = [(2 * r, 2 * r + 1) for r in range(P)]
+    elif layout == "zigzag":
+        owned = [(r, 2 * P - 1 - r) for r in range(P)]
+    else:
+        raise ValueError(f"unknown layout {layout!r}")
+    # chunk i attends to chunks j < i fully (2 half-units each) and to itself half (1 unit)
+    return [sum(2 * i + 1 for i in chunks) for chunks in owned]
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """One plan, one activation policy: what a training step costs per device.
+
+    Attributes:
+      flops: model FLOPs of the step (whole batch).
+      recompute_flops: FLOPs the remat policy adds (whole batch; not in MFU).
+      memory: per-device memory breakdown.
+      comm: per-device communication bytes.
+      compute_time: seconds of compute per step per device at peak (with causal imbalance).
+      comm_time: seconds the communication takes if nothing overlaps.
+      exposed_comm_time: seconds of communication not hidden behind compute.
+      ring_block: K/V tokens per ring hop (0 if no ring).
+      ring_min_block: tokens per hop needed to hide the hop (:func:`ring_overlap_min_block`).
+      fits: per-device total <= HBM and host bytes <= host memory.
+      n_devices: devices of the step.
+      peak_flops_per_device: FLOP/s used for times and MFU.
+      hbm_bytes, host_bytes_per_device: capacities (None: unlimited).
+    """
+
+    flops: StepFlops
+    recompute_flops: float
+    memory: MemoryBreakdown
+    comm: CommBytes
+    compute_time: float
+    comm_time: float
+    exposed_comm_time: float
+    ring_block: int
+    ring_min_block: float
+    n_devices: int
+    peak_flops_per_device: float
+    hbm_bytes: float | None
+    host_bytes_per_device: float | None
+    tokens_per_step: int
+
+    @property
+    def step_time(self) -> float:
+        """Predicted seconds per step: compute plus the communication that does not overlap."""
+        return self.compute_time + self.exposed_comm_time
+
+    @property
+    def overlap(self) -> bool | None:
+        """Ring overlap condition ``c >= c_min`` (None when the plan has no ring)."""
+        return None if self.ring_block == 0 else self.ring_block >= self.ring_min_block
+
+    @property
+    def fits_hbm(self) -> bool:
+        return self.hbm_bytes is None or self.memory.total <= self.hbm_bytes
+
+    @property
+    def fits_host(self) -> bool:
+        return self.host_bytes_per_device is None or self.memory.host <= self.host_bytes_per_device
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_hbm and self.fits_host
+
+    @property
+    def mfu(self) -> float:
+        """Predicted model FLOPs utilisation (roofline upper bound)."""
+        return mfu(self.flops.total, self.step_time, self.peak_flops_per_device, self.n_devices)
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return self.tokens_per_step / self.step_time if self.step_time > 0 else math.inf
+
+
+def mfu(model_flops_per_step: float, step_time_s: float, peak_flops_per_device: float, n_devices: int) -> float:
+    """Model FLOPs utilisation: ``model FLOPs / (step time * peak FLOP/s * devices)``.
+
+    Model FLOPs only (MaxText ``calculate_tflops_training_per_device``): recomputation is not
+    credited. Returns 0 for a non-positive step time.
+    """
+    if step_time_s <= 0:
+        return 0.0
+    return model_flops_per_step / (step_time_s * peak_flops_per_device * n_devices)
+
+
+def step_metrics(cfg: ModelDims, seq_len: int, global_batch: int, step_time_s: float, hw: Hardware,
+                 n_devices: int, *, window: int | None = None) -> dict[str, float]:
+    """The trainer's throughput metrics for a measured step time.
+
+    Returns:
+      ``{"tokens_per_sec": tokens/s, "mfu": fraction, "model_flops_per_step": FLOPs}``.
+    """
+    f = training_flops(cfg, seq_len, global_batch, window=window)
+    tokens = seq_len * global_batch
+    return {
+        "tokens_per_sec": tokens / step_time_s if step_time_s > 0 else 0.0,
+        "mfu": mfu(f.total, step_time_s, hw.peak_flops_per_device, n_devices),
+        "model_flops_per_step": f.total,
+    }
+
+
+def estimate(
+    cfg: ModelDims,
+    plan: Plan,
+    hw: Hardware,
+    n_devices: int,
+    *,
+    seq_len: int,
+    global_batch: int,
+    policy: ActivationPolicy,
+    dtype: str = "bfloat16",
+    param_dtype: str = "float32",
+    window: int | None = None,
+    tie_embeddings: bool = False,
+) -> Estimate:
+    """Cost of one training step of ``cfg`` under ``plan`` on ``n_devices`` devices of ``hw``.
+
+    Compute: (model + recompute FLOPs) / devices at peak, the attention part stretched by the
+    causal imbalance of the layout (contiguous ring/all-gather: ``(2P-1)/P``). Communication: the
+    bytes of :func:`~lcx.cost.comm.comm_bytes` over the collective bandwidth (all-gather,
+    all-to-all, gradients) or the ring link (ring hops). Overlap: ring hops hide behind the
+    attention compute (issued before each kernel), parameter all-gathers and gradient reductions
+    behind the linear compute (asynchronous collectives); the K/V all-gather and the Ulysses
+    all-to-alls sit on the critical path and count in full.
+
+    Raises:
+      PlanError: the plan does not fit ``n_devices``.
+    """
+    flops = training_flops(cfg, seq_len, global_batch, window=window)
+    rec = recompute_flops(cfg, seq_len, global_batch, policy.remat, keep_context=policy.keeps_context, window=window)
+    mem = memory_breakdown(cfg, plan, n_devices, seq_len=seq_len, global_batch=global_batch, policy=policy,
+                           dtype=dtype, param_dtype=param_dtype,
+                           tie_embeddings=tie_embeddings)
+    com = comm_bytes(cfg, plan, n_devices, seq_len=seq_len, global_batch=global_batch, policy=policy, dtype=dtype,
+                     param_dtype=param_dtype, tie_embeddings=tie_embeddings)
+    P = plan.context_degree(n_devices)
+    a = plan.attention
+    # Ulysses computes all S tokens of its heads (balanced); a ring (or USP's ring of P/U ranks,
+    # each holding U consecutive chunks after the all-to-all) inherits the layout's imbalance
+    if a.strategy in ("allgather", "ring"):
+        imb = causal_imbalance(a.layout, P)
+    elif a.strategy == "usp":
+        imb = causal_imbalance(a.layout, P // plan.mesh_shape(n_devices)[a.ulysses_axis])
+    else:
+        imb = 1.0
+    lin_rec = _linear_recompute(cfg, seq_len, global_batch, policy)
+    att_total = flops.attention + (rec - lin_rec)
+    lin_total = flops.linear + lin_rec
+    peak = hw.peak_flops_per_device
+    t_att = att_total / n_devices * imb / peak
+    t_lin = lin_total / n_devices / peak
+    coll_bw = hw.collective_bandwidth_per_device or math.inf
+    p2p_bw = hw.p2p_bandwidth_per_device or math.inf
+    t_ring = com.ring / p2p_bw
+    t_params = com.param_gather / coll_bw
+    t_kv_gather = com.all_gather / coll_bw
+    t_a2a = com.all_to_all / coll_bw
+    t_grad = com.grad_reduction / coll_bw
+    comm_time = t_ring + t_params + t_kv_gather + t_a2a + t_grad
+    exposed = max(0.0, t_ring - t_att) + max(0.0, t_params + t_grad - t_lin) + t_kv_gather + t_a2a
+    if a.strategy == "ring":
+        block = seq_len // P
+    elif a.strategy == "usp":
+        block = (seq_len // P) * plan.mesh_shape(n_devices)[a.ulysses_axis]
+    else:
+        block = 0
+    if block and P > 1 and (a.strategy == "ring" or P // plan.mesh_shape(n_devices)[a.ulysses_axis] > 1):
+        U = plan.mesh_shape(n_devices).get(a.ulysses_axis, 1) if a.strategy == "usp" else 1
+        kv = max(cfg.n_kv_heads, U) // U
+        cmin = ring_overlap_min_block(peak, p2p_bw, n_heads=cfg.n_heads // U, n_kv_heads=kv,
+                                      bytes_per_element=2 if dtype != "float32" else 4,
+                                      causal=a.layout == "zigzag")
+    else:
+        block, cmin = 0, 0.0
+    host = hw.host_memory_per_device
+    return Estimate(
+        flops=flops, recompute_flops=rec, memory=mem, comm=com, compute_time=t_att + t_lin, comm_time=comm_time,
+        exposed_comm_time=exposed, ring_block=block, ring_min_block=cmin, n_devices=n_devices,
+        peak_flops_per_device=peak, hbm_bytes=hw.hbm_bytes, host_bytes_per_device=host,
+        tokens_per_step=seq_len * global_batch,
+    )
+
+
+def _linear_recompute(cfg, seq_len, global_batch, policy) -> float:
+    from lcx.cost.flops import RECOMPUTED_FORWARD_FRACTION, forward_flops
+
+    lin, _ = RECOMPUTED_FORWARD_FRACTION[policy.remat]
+    f = forward_flops(cfg, seq_len, global_batch)
+    head = 2.0 * seq_len * global_batch * cfg.d_model * cfg.vocab_size
+    return lin * (f.linear - head)
+

@@ -1,0 +1,370 @@
+"""Per-device memory: parameters, gradients, optimizer state, saved activations, working memory.
+
+Everything here is pure arithmetic on a model config and a :class:`~lcx.sharding.Plan`: the
+parameter shapes mirror ``lcx.models.llama`` field for field (a test checks them against the
+abstract model), and each array's per-device shard comes from the plan's parameter rules through
+:func:`lcx.sharding.describe.layout_arrays`. No array of the sequence length is ever built, so a
+14M-token plan costs microseconds.
+
+Activation accounting follows the block of ``lcx.models.llama`` (pre-norm GQA attention + SwiGLU
+MLP, scanned over layers) and the MaxText remat vocabulary (``remat_policy``, and per-tensor
+``decoder_layer_input`` / ``context`` placement ``device | offload | remat``, MaxText
+``base.yml``). Host offload moves saved tensors to host memory; they leave HBM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from lcx.cost.flops import ModelDims
+from lcx.sharding import Plan
+from lcx.sharding import axes as ax
+from lcx.sharding.describe import ArrayInfo, layout_arrays
+
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
+
+REMAT_POLICIES: tuple[str, ...] = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full", "custom")
+"""Remat policies the ledger prices: the four of ``lcx.models`` plus MaxText's ``custom`` (only
+the tensors named in :class:`ActivationPolicy` are kept, each on device or offloaded)."""
+
+PLACEMENTS: tuple[str, ...] = ("device", "offload", "remat")
+
+
+def _bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+# ---------------------------------------------------------------------------------------------- arrays
+def param_arrays(cfg: ModelDims, param_dtype: str = "float32", *, tie_embeddings: bool = False) -> list[ArrayInfo]:
+    """Every parameter kind of the Llama model with its logical axes and global shape.
+
+    Mirrors ``lcx.models.llama`` (Embedding, stacked Blocks with a leading ``layers`` axis,
+    final RMSNorm, untied head), so :func:`lcx.sharding.describe.describe` can lay them out
+    without building a model.
+    """
+    D, N, K, H, F, V, L = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim,
+                           cfg.vocab_size, cfg.n_layers)
+    b = _bytes(param_dtype)
+    E, Hd, Hs, Kv, M, Vo, Ly = ax.EMBED, ax.HEAD_DIM, ax.HEADS, ax.KV_HEADS, ax.MLP, ax.VOCAB, ax.LAYERS
+    out = [
+        ArrayInfo("embed", "param", (Vo, E), (V, D), b),
+        ArrayInfo("attn_norm", "param", (Ly, E), (L, D), b),
+        ArrayInfo("wq", "param", (Ly, E, Hs, Hd), (L, D, N, H), b),
+        ArrayInfo("wk", "param", (Ly, E, Kv, Hd), (L, D, K, H), b),
+        ArrayInfo("wv", "param", (Ly, E, Kv, Hd), (L, D, K, H), b),
+        ArrayInfo("wo", "param", (Ly, Hs, Hd, E), (L, N, H, D), b),
+        ArrayInfo("mlp_norm", "param", (Ly, E), (L, D), b),
+        ArrayInfo("w_gate", "param", (Ly, E, M), (L, D, F), b),
+        ArrayInfo("w_up", "param", (Ly, E, M), (L, D, F), b),
+        ArrayInfo("w_down", "param", (Ly, M, E), (L, F, D), b),
+        ArrayInfo("final_norm", "param", (E,), (D,), b),
+    ]
+    if not tie_embeddings:
+        out.append(ArrayInfo("head", "param", (E, Vo), (D, V), b))
+    return out
+
+
+def activation_arrays(cfg: ModelDims, seq_len: int, global_batch: int, dtype: str = "bfloat16") -> list[ArrayInfo]:
+    """Activation kinds of one layer (global shapes): tokens ``[batch, seq]`` int32, residual
+    ``[batch, seq, embed]``, q ``[batch, seq, heads, head_dim]``, k/v ``[batch, seq, kv_heads,
+    head_dim]``, MLP hidden ``[batch, seq, mlp]``, logits ``[batch, seq, vocab]`` float32."""
+    B, S = global_batch, seq_len
+    a = _bytes(dtype)
+    Bt, Sq = ax.BATCH, ax.SEQ
+    return [
+        ArrayInfo("tokens", "activation", (Bt, Sq), (B, S), 4),
+        ArrayInfo("residual", "activation", (Bt, Sq, ax.EMBED), (B, S, cfg.d_model), a),
+        ArrayInfo("q", "activation", (Bt, Sq, ax.HEADS, ax.HEAD_DIM), (B, S, cfg.n_heads, cfg.head_dim), a),
+        ArrayInfo("k/v", "activation", (Bt, Sq, ax.KV_HEADS, ax.HEAD_DIM), (B, S, cfg.n_kv_heads, cfg.head_dim), a),
+        ArrayInfo("mlp hidden", "activation", (Bt, Sq, ax.MLP), (B, S, cfg.mlp_dim), a),
+        ArrayInfo("logits", "activation", (Bt, Sq, ax.VOCAB), (B, S, cfg.vocab_size), 4),
+    ]
+
+
+def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_element: int = 2) -> int:
+    """KV-cache bytes per token: ``2 (K and V) * L * n_kv * d_head * bytes``.
+
+    327,680 bytes (0.3125 MiB) for Llama 3 70B in 16-bit (FIELD_NOTES section 4).
+    """
+    return 2 * n_layers * n_kv_heads * head_dim * bytes_per_element
+
+
+# ---------------------------------------------------------------------------------------------- policy
+@dataclasses.dataclass(frozen=True)
+class ActivationPolicy:
+    """What the backward pass finds saved, and where.
+
+    Attributes:
+      remat: one of :data:`REMAT_POLICIES`.
+      decoder_layer_input: placement of each block's input ``[b, T, D]`` (``device`` or
+        ``offload``; MaxText ``decoder_layer_input``). Every policy but ``none`` keeps it.
+      context: ``custom`` only: placement of the attention output ``[b, T, N, H]`` (MaxText
+        ``context``): ``device``/``offload`` keep it (attention is not replayed), ``remat``
+        replays it.
+      offload_optimizer: optimizer state in host memory (MaxText ``optimizer_memory_host_offload``).
+      offload_params: parameters in host memory (MaxText ``parameter_memory_host_offload``).
+      vocab_tiling: chunks the output head and loss are computed in (MaxText
+        ``num_vocab_tiling``); ``lcx.models`` computes the logits whole (1).
+    """
+
+    remat: str = "full"
+    decoder_layer_input: str = "device"
+    context: str = "remat"
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    vocab_tiling: int = 1
+
+    def __post_init__(self):
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"unknown remat policy {self.remat!r}; choose one of {REMAT_POLICIES}")
+        if self.decoder_layer_input not in ("device", "offload"):
+            raise ValueError(f"decoder_layer_input must be 'device' or 'offload', got {self.decoder_layer_input!r}")
+        if self.context not in PLACEMENTS:
+            raise ValueError(f"context must be one of {PLACEMENTS}, got {self.context!r}")
+
+    @property
+    def keeps_context(self) -> bool:
+        return self.remat == "custom" and self.context != "remat"
+
+    @property
+    def label(self) -> str:
+        parts = [self.remat]
+        if self.decoder_layer_input == "offload":
+            parts.append("in>host")
+        if self.remat == "custom":
+            parts.append(f"ctx={self.context}")
+        if self.offload_optimizer:
+            parts.append("opt>host")
+        if self.offload_params:
+            parts.append("par>host")
+        if self.vocab_tiling > 1:
+            parts.append(f"vt{self.vocab_tiling}")
+        return ",".join(parts)
+
+
+def saved_bytes_per_token_per_layer(cfg: ModelDims, policy: ActivationPolicy, dtype: str = "bfloat16") -> tuple[int, int]:
+    """Bytes one token leaves saved for the backward pass in one block: (on device, on host).
+
+    Counted from the block of ``lcx.models.llama`` with activations in ``dtype`` (a bytes):
+
+    - ``none``: block input, two norm outputs, q/k/v before and after RoPE, the attention
+      output, the flash residuals (float32 output and logsumexp), the residual after attention,
+      gate, up, silu(gate) and their product: ``a (4D + 2(N+2K)H - 2KH... )`` as coded below;
+    - ``dots_saveable`` / ``dots_with_no_batch_dims_saveable``: the block input and the outputs
+      of the projection matmuls (``(N+2K)H + 2D + 2F``; attention's einsums have batch
+      dimensions, so only ``dots_saveable`` adds the attention output ``NH``);
+    - ``full``: the block input only (``D``);
+    - ``custom``: the block input and, unless ``context=remat``, the attention output.
+    """
+    D, N, K, H, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
+    a = _bytes(dtype)
+    r = policy.remat
+    layer_in = D * a
+    if r == "none":
+        # x, norm1(x), q/k/v (pre-RoPE), q/k after RoPE, attention out, x + attn, norm2, gate, up,
+        # silu(gate), h; flash residuals in float32: out [N H] and lse [N]
+        other = a * (D + (N + 2 * K) * H + (N + K) * H + N * H + 2 * D + 4 * F) + 4 * (N * H + N)
+        return layer_in + other, 0
+    if r in ("dots_saveable", "dots_with_no_batch_dims_saveable"):
+        other = a * ((N + 2 * K) * H + 2 * D + 2 * F + (N * H if r == "dots_saveable" else 0))
+        return (layer_in if policy.decoder_layer_input == "device" else 0) + other, (
+            layer_in if policy.decoder_layer_input == "offload" else 0
+        )
+    dev = layer_in if policy.decoder_layer_input == "device" else 0
+    host = layer_in - dev
+    if r == "custom" and policy.context != "remat":
+        ctx = N * H * a
+        dev, host = (dev + ctx, host) if policy.context == "device" else (dev, host + ctx)
+    return dev, host
+
+
+def layer_working_bytes_per_token(cfg: ModelDims, dtype: str = "bfloat16") -> int:
+    """Transient bytes per token while one block runs its backward: the recomputed forward of
+    that block (the ``none`` saved set of one layer) plus the float32 gradient of the residual
+    stream flowing through it (``2 x 4 D``: incoming and outgoing)."""
+    full = saved_bytes_per_token_per_layer(cfg, ActivationPolicy("none"), dtype)[0]
+    return full + 8 * cfg.d_model
+
+
+# ---------------------------------------------------------------------------------------------- attention
+def attention_working_bytes(
+    cfg: ModelDims,
+    *,
+    strategy: str,
+    kernel: str,
+    seq_len: int,
+    local_batch: int,
+    context_degree: int,
+    ulysses_degree: int = 1,
+    tensor_degree: int = 1,
+    block_q: int = 512,
+    block_kv: int = 512,
+    dtype: str = "bfloat16",
+) -> int:
+    """Peak transient bytes of ONE attention layer's backward on one device.
+
+    Per strategy (``lcx.attention.strategies``), with ``T = S / P`` local tokens, ``b`` local
+    sequences, ``a`` activation bytes, ``Nl = N / tp``, ``Kl = K / tp``:
+
+    - ``allgather``: the gathered K/V ``2 b S Kl H a`` (+ positions and segment ids, int32) and
+      their float32 gradients over the full length before the reduce-scatter, ``2 b S Kl H 4``;
+    - ``a2a`` (Ulysses, degree U): q/k/v/out of ``N/U`` heads over all S tokens (kv heads
+      replicated up to U), with float32 gradients;
+    - ``ring``: the K/V block being used and the one in flight (``2 x 2 b T Kl H a``), their
+      float32 dK/dV accumulators (also two), and the float32 dQ;
+    - ``usp``: the A2A over U, then a ring of ``P / U`` over blocks of ``U T`` tokens of
+      ``Kr / U`` heads.
+
+    Kernel: ``xla`` adds its float32 tiles (~5 of ``[b, K, G, block_q, block_kv]`` in backward:
+    logits, probabilities, mask, dP, dS); ``splash`` keeps tiles in VMEM (0 HBM). Both keep the
+    float32 output and logsumexp for the backward (flash-attention residuals).
+
+    Raises:
+      ValueError: unknown strategy or kernel.
+    """
+    S, b, P = seq_len, local_batch, context_degree
+    N, K, H = cfg.n_heads // tensor_degree, max(1, cfg.n_kv_heads // tensor_degree), cfg.head_dim
+    a = _bytes(dtype)
+    T = S // P
+    f32 = 4
+    if strategy == "allgather":
+        work = 2 * b * S * K * H * (a + f32) + 2 * b * S * 4
+        q_len, kv_heads = T, K
+    elif strategy == "a2a":
+        U = P
+        Kr = max(K, U)
+        nh, kh = N // U, Kr // U
+        work = b * S * H * (nh + 2 * kh) * (a + f32) + 4 * b * S * 4
+        q_len, kv_heads, N = S, kh, nh
+    elif strategy == "ring":
+        work = 2 * 2 * b * T * K * H * (a + f32) + b * T * N * H * f32
+        q_len, kv_heads = T, K
+    elif strategy == "usp":
+        U = ulysses_degree
+        Kr = max(K, U)
+        nh, kh = N // U, Kr // U
+        L = T * U
+        work = 2 * 2 * b * L * kh * H * (a + f32) + b * L * nh * H * f32 + b * L * H * (nh + 2 * kh) * a
+        q_len, kv_heads, N = L, kh, nh
+    else:
+        raise ValueError(f"unknown strategy {strategy!r}")
+    residuals = b * q_len * N * (H + 1) * f32
+    if kernel == "xla":
+        bq, bk = min(block_q, q_len), min(block_kv, q_len if strategy != "allgather" else S)
+        tiles = 5 * b * N * bq * bk * f32
+    elif kernel == "splash":
+        tiles = 0
+    else:
+        raise ValueError(f"unknown kernel {kernel!r}")
+    return int(work + residuals + tiles)
+
+
+# ---------------------------------------------------------------------------------------------- totals
+@dataclasses.dataclass(frozen=True)
+class MemoryBreakdown:
+    """Per-device memory of one training step, by component, in bytes.
+
+    Attributes:
+      params, grads, optimizer: state under the plan's parameter sharding (0 on device when
+        offloaded; see ``host``).
+      activations: saved activations of all layers kept on device.
+      layer_working: transient of the block being differentiated (recomputed forward + grads).
+      attention: transient of one attention layer's backward (:func:`attention_working_bytes`).
+      logits: float32 logits and their gradient, ``2 b T V 4`` (divided by vocab tiling).
+      host: bytes per device in host memory (offloaded activations, optimizer, parameters).
+    """
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    layer_working: int
+    attention: int
+    logits: int
+    host: int
+
+    @property
+    def state(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> int:
+        """Peak HBM per device: state + saved activations + the largest transients together."""
+        return self.state + self.activations + self.layer_working + self.attention + self.logits
+
+    def as_dict(self) -> dict[str, int]:
+        d = dataclasses.asdict(self)
+        d["total"] = self.total
+        return d
+
+
+def param_bytes_per_device(plan: Plan, n_devices: int, cfg: ModelDims, param_dtype: str = "float32",
+                           *, tie_embeddings: bool = False) -> int:
+    """Bytes of parameters per device under the plan's parameter rules (ceil-divided shards)."""
+    return sum(r.bytes_per_device for r in layout_arrays(plan, n_devices, param_arrays(cfg, param_dtype, tie_embeddings=tie_embeddings)))
+
+
+def memory_breakdown(
+    cfg: ModelDims,
+    plan: Plan,
+    n_devices: int,
+    *,
+    seq_len: int,
+    global_batch: int,
+    policy: ActivationPolicy,
+    dtype: str = "bfloat16",
+    param_dtype: str = "float32",
+    optimizer_states: int = 2,
+    tie_embeddings: bool = False,
+) -> MemoryBreakdown:
+    """Per-device memory of a training step for ``cfg`` under ``plan`` on ``n_devices``.
+
+    Args:
+      cfg: model dimensions.
+      plan: the sharding plan (mesh sizes resolved for ``n_devices``).
+      seq_len: tokens per sequence S.
+      global_batch: sequences per step B.
+      policy: remat / offload choices.
+      dtype: activation (compute) dtype.
+      param_dtype: parameter, gradient and optimizer-state dtype.
+      optimizer_states: optimizer tensors per parameter (AdamW: mu and nu = 2; optax keeps them
+        in the parameter dtype).
+
+    Raises:
+      PlanError: the plan's mesh does not fit ``n_devices``.
+    """
+    shape = plan.mesh_shape(n_devices)
+    P = plan.context_degree(n_devices)
+    data = math.prod(shape[m] for m in plan.batch_axes)
+    tp = math.prod(shape[m] for m in plan.activation_rules.get(ax.HEADS, ()))
+    b = max(1, global_batch // data)
+    T = seq_len // P
+    tokens = b * T
+    p = param_bytes_per_device(plan, n_devices, cfg, param_dtype, tie_embeddings=tie_embeddings)
+    dev_tok, host_tok = saved_bytes_per_token_per_layer(cfg, policy, dtype)
+    acts = cfg.n_layers * tokens * dev_tok
+    host = cfg.n_layers * tokens * host_tok
+    opt = optimizer_states * p
+    params_dev = 0 if policy.offload_params else p
+    opt_dev = 0 if policy.offload_optimizer else opt
+    host += (p if policy.offload_params else 0) + (opt if policy.offload_optimizer else 0)
+    a = plan.attention
+    U = shape.get(a.ulysses_axis, 1) if a.strategy == "usp" else 1
+    att = attention_working_bytes(
+        cfg, strategy=a.strategy, kernel=a.kernel, seq_len=seq_len, local_batch=b, context_degree=P,
+        ulysses_degree=U, tensor_degree=tp, block_q=a.block_q, block_kv=a.block_kv, dtype=dtype,
+    )
+    logits = 2 * tokens * cfg.vocab_size * 4 // max(1, policy.vocab_tiling)
+    return MemoryBreakdown(
+        params=params_dev,
+        grads=p,
+        optimizer=opt_dev,
+        activations=acts,
+        layer_working=tokens * layer_working_bytes_per_token(cfg, dtype),
+        attention=att,
+        logits=logits,
+        host=host,
+    )

@@ -1,0 +1,308 @@
+"""Plan search: the smallest context-parallel degree that fits, then the fastest strategy at it.
+
+MaxText's advice for long context (FIELD_NOTES section 2) made a procedure: enumerate every
+valid (data x context) mesh, strategy (all-gather, ring, Ulysses A2A, USP splits), parameter
+sharding (replicated or ZeRO-3 over all devices) and activation policy (remat, host offload);
+price each with :func:`lcx.cost.ledger.estimate`; keep those whose per-device memory fits; take
+the smallest context degree among them, and at that degree the shortest predicted step.
+Pure arithmetic: nothing is compiled, no device is touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from lcx.cost.hardware import Hardware
+from lcx.cost.ledger import Estimate, estimate
+from lcx.cost.memory import ActivationPolicy
+from lcx.sharding import Plan, PlanError
+from lcx.sharding.plan import AttentionConfig
+
+LCX_REMAT: tuple[str, ...] = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+"""Remat policies ``lcx.models`` implements today (``model.remat``)."""
+
+
+def default_policies(host_offload: bool = True) -> list[ActivationPolicy]:
+    """Activation policies the planner tries, cheapest recompute first.
+
+    With ``host_offload`` (hardware with known host memory) also MaxText's offload recipes:
+    the block input and the attention context to host, then optimizer and parameters as well.
+    """
+    out = [
+        ActivationPolicy("none"),
+        ActivationPolicy("dots_with_no_batch_dims_saveable"),
+        ActivationPolicy("custom", context="device"),
+        ActivationPolicy("full"),
+    ]
+    if host_offload:
+        out += [
+            ActivationPolicy("custom", decoder_layer_input="offload", context="offload"),
+            ActivationPolicy("full", decoder_layer_input="offload"),
+            ActivationPolicy("custom", decoder_layer_input="offload", context="offload",
+                             offload_optimizer=True, offload_params=True),
+            ActivationPolicy("full", decoder_layer_input="offload", offload_optimizer=True, offload_params=True),
+        ]
+    # MaxText computes the output head and loss in vocabulary tiles (num_vocab_tiling=16 in its
+    # long-context recipes): the float32 logits of a long local sequence are otherwise the largest
+    # transient of the step
+    out += [dataclasses.replace(p, vocab_tiling=16) for p in out]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One priced configuration.
+
+    Attributes:
+      plan: the sharding plan (mesh sizes explicit).
+      policy: activation policy.
+      est: its :class:`~lcx.cost.ledger.Estimate`.
+      param_sharding: ``replicated`` or ``zero3`` (parameters split over every mesh axis).
+    """
+
+    plan: Plan
+    policy: ActivationPolicy
+    est: Estimate
+    param_sharding: str
+
+    @property
+    def context_degree(self) -> int:
+        return self.est.n_devices // _data(self.plan)
+
+    @property
+    def runnable_in_lcx(self) -> bool:
+        """``lcx.train`` runs it today: an ``lcx.models`` remat policy and no host offload."""
+        p = self.policy
+        return (p.remat in LCX_REMAT and p.decoder_layer_input == "device" and not p.offload_optimizer
+                and not p.offload_params and p.vocab_tiling == 1)
+
+    @property
+    def mesh_label(self) -> str:
+        return "x".join(f"{n}={s}" for n, s in self.plan.mesh)
+
+    def as_dict(self) -> dict[str, Any]:
+        e = self.est
+        return {
+            "plan": self.plan.to_config(),
+            "strategy": self.plan.attention.strategy,
+            "mesh": dict(self.plan.mesh),
+            "context_degree": self.context_degree,
+            "param_sharding": self.param_sharding,
+            "policy": dataclasses.asdict(self.policy),
+            "policy_label": self.policy.label,
+            "runnable_in_lcx": self.runnable_in_lcx,
+            "memory_bytes_per_device": e.memory.as_dict(),
+            "comm_bytes_per_device": dataclasses.asdict(e.comm),
+            "model_flops_per_step": e.flops.total,
+            "attention_flops_per_step": e.flops.attention,
+            "recompute_flops_per_step": e.recompute_flops,
+            "compute_time_s": e.compute_time,
+            "comm_time_s": e.comm_time,
+            "exposed_comm_time_s": e.exposed_comm_time,
+            "step_time_s": e.step_time,
+            "ring_block_tokens": e.ring_block,
+            "ring_min_block_tokens": e.ring_min_block,
+            "overlap": e.overlap,
+            "fits": e.fits,
+            "fits_hbm": e.fits_hbm,
+            "fits_host": e.fits_host,
+            "predicted_mfu": e.mfu,
+            "tokens_per_sec": e.tokens_per_sec,
+        }
+
+
+def _data(plan: Plan) -> int:
+    return dict(plan.mesh).get("data", 1)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_plans(cfg, n_devices: int, seq_len: int, global_batch: int, *, attention: AttentionConfig | None = None,
+                    kernel: str | None = None) -> list[tuple[Plan, str]]:
+    """Every valid (plan, param sharding) for this model, length, batch and device count.
+
+    Meshes ``{data: d, context: P}`` (``d`` divides the batch, ``d P = n``) for all-gather,
+    ring and A2A, and ``{data: d, ulysses: U, ring: P/U}`` for USP with ``1 < U < P``; each with
+    parameters replicated or ZeRO-3 sharded along ``embed`` over every mesh axis. Plans that
+    :meth:`~lcx.sharding.Plan.validate` refuses (heads, divisibility, layout) are dropped.
+    """
+    base = attention or AttentionConfig()
+    kern = kernel or base.kernel
+    out: list[tuple[Plan, str]] = []
+    for d in _divisors(n_devices):
+        if global_batch % d:
+            continue
+        P = n_devices // d
+        meshes: list[tuple[tuple[tuple[str, int], ...], Any, str, dict]] = []
+        for strat in ("allgather", "ring", "a2a"):
+            meshes.append(((("data", d), ("context", P)), "context", strat, {}))
+        for U in _divisors(P):
+            if 1 < U < P:
+                meshes.append(((("data", d), ("ulysses", U), ("ring", P // U)), ("ulysses", "ring"), "usp",
+                               {"ulysses_axis": "ulysses", "ring_axis": "ring"}))
+        for mesh, seq_rule, strat, extra in meshes:
+            names = tuple(n for n, _ in mesh)
+            for sharding in ("zero3", "replicated"):
+                params = (("embed", names if len(names) > 1 else names[0]),) if sharding == "zero3" else ()
+                name = f"{strat}" + (f"{dict(mesh)['ulysses']}x{dict(mesh)['ring']}" if strat == "usp" else "")
+                # zigzag balances causal work; when S is not a multiple of 2P, fall back to the
+                # contiguous layout (priced with its causal imbalance) rather than drop the plan
+                for layout in ("zigzag", "contiguous"):
+                    att = dataclasses.replace(base, strategy=strat, kernel=kern, layout=layout, **extra)
+                    try:
+                        plan = Plan(mesh=mesh, params=params, activations=(("batch", "data"), ("seq", seq_rule)),
+                                    attention=att, name=name if layout == "zigzag" else f"{name}(contig)")
+                        plan.validate(n_devices, dims=cfg.dims() if hasattr(cfg, "dims") else None,
+                                      seq_len=seq_len, global_batch=global_batch)
+                    except PlanError:
+                        continue
+                    out.append((plan, sharding))
+                    break
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Recommendation:
+    """The planner's answer.
+
+    Attributes:
+      best: the recommended candidate (None: nothing fits).
+      best_runnable: the best candidate ``lcx.train`` can run today (may equal ``best``).
+      candidates: every priced candidate.
+      reasons: sentences explaining the choice.
+    """
+
+    best: Candidate | None
+    best_runnable: Candidate | None
+    candidates: tuple[Candidate, ...]
+    reasons: tuple[str, ...]
+
+
+def search(cfg, hw: Hardware, n_devices: int, *, seq_len: int, global_batch: int, dtype: str = "bfloat16",
+           param_dtype: str = "float32", attention: AttentionConfig | None = None,
+           policies: Sequence[ActivationPolicy] | None = None,
+           window: int | None = None) -> Recommendation:
+    """Price every candidate and recommend one (see the module docstring for the rule)."""
+    pols = list(policies) if policies is not None else default_policies(hw.host_memory_per_chip is not None)
+    cands: list[Candidate] = []
+    for plan, sharding in candidate_plans(cfg, n_devices, seq_len, global_batch, attention=attention):
+        for pol in pols:
+            est = estimate(cfg, plan, hw, n_devices, seq_len=seq_len, global_batch=global_batch, policy=pol,
+                           dtype=dtype, param_dtype=param_dtype, window=window,
+                           tie_embeddings=bool(getattr(cfg, "tie_embeddings", False)))
+            cands.append(Candidate(plan, pol, est, sharding))
+    fitting = [c for c in cands if c.est.fits]
+    reasons: list[str] = []
+    if not fitting:
+        smallest = min(cands, key=lambda c: c.est.memory.total) if cands else None
+        if smallest is not None:
+            reasons.append(
+                f"nothing fits: the smallest footprint is {_gib(smallest.est.memory.total)} per device "
+                f"({smallest.plan.name}, {smallest.mesh_label}, {smallest.policy.label}) against "
+                f"{_gib(hw.hbm_bytes)} of HBM; use more chips, a shorter sequence or a smaller model")
+        return Recommendation(None, None, tuple(cands), tuple(reasons))
+    p_min = min(c.context_degree for c in fitting)
+    at = sorted((c for c in fitting if c.context_degree == p_min), key=_rank)
+    best = at[0]
+    runnable = sorted((c for c in fitting if c.runnable_in_lcx), key=lambda c: (c.context_degree, *_rank(c)))
+    degrees = sorted({c.context_degree for c in cands})
+    smaller = [P for P in degrees if P < p_min]
+    reasons.append(
+        f"smallest context degree that fits: {p_min}"
+        + (f" (degrees {smaller} do not fit in {_gib(hw.hbm_bytes)} per device with any strategy or policy)"
+           if smaller else " (the only degree this batch and device count allow)" if len(degrees) == 1 else "")
+    )
+    e = best.est
+    reasons.append(
+        f"fastest at degree {p_min}: {best.plan.name} on {best.mesh_label}, params {best.param_sharding}, "
+        f"{best.policy.label}: predicted {e.step_time:,.1f} s/step ({e.compute_time:,.1f} s compute, "
+        f"{e.exposed_comm_time:,.2f} s exposed communication), {_gib(e.memory.total)} per device, "
+        f"roofline MFU {100 * e.mfu:.1f}%")
+    if e.overlap is not None:
+        reasons.append(
+            f"ring overlap {'holds' if e.overlap else 'FAILS'}: {e.ring_block:,} tokens per hop vs c_min = "
+            f"{e.ring_min_block:,.0f} (F/B with the GQA factor"
+            + (", causal zigzag: half the pairs per hop)" if best.plan.attention.layout == "zigzag" else ")"))
+    if best.plan.attention.layout == "contiguous" and best.plan.attention.strategy != "a2a" and p_min > 1:
+        lo = seq_len // (2 * p_min) * (2 * p_min)
+        reasons.append(
+            f"{seq_len:,} tokens is not a multiple of 2P = {2 * p_min}, so the zigzag layout is impossible and the "
+            f"contiguous layout costs a causal imbalance of up to (2P-1)/P; use train.seq_len={lo:,} or "
+            f"{lo + 2 * p_min:,} to balance the work")
+    others = {}
+    for c in at[1:]:
+        others.setdefault(c.plan.name, c)
+    for name, c in list(others.items())[:4]:
+        reasons.append(f"  vs {name} ({c.policy.label}): {c.est.step_time:,.1f} s/step, {_gib(c.est.memory.total)}")
+    rb = runnable[0] if runnable else None
+    if rb is not None and rb is not best:
+        reasons.append(
+            f"best plan lcx.train runs today (no host offload, lcx remat policies): {rb.plan.name} on "
+            f"{rb.mesh_label}, {rb.policy.label}: {rb.est.step_time:,.1f} s/step, {_gib(rb.est.memory.total)}")
+    return Recommendation(best, rb, tuple(cands), tuple(reasons))
+
+
+def _rank(c: Candidate) -> tuple:
+    # host transfers are not priced, so among equal step times prefer fewer offloads, then less HBM
+    p = c.policy
+    offloads = (p.decoder_layer_input == "offload") + (p.context == "offload") + p.offload_optimizer + p.offload_params
+    return (round(c.est.step_time, 6), offloads, p.vocab_tiling, c.est.memory.total)
+
+
+def _gib(n: float | None) -> str:
+    return "unlimited" if n is None else f"{n / 2**30:,.2f} GiB"
+
+
+def table(rec: Recommendation, *, per_group: bool = True) -> str:
+    """The candidates as a text table: per (strategy, mesh, param sharding) the fastest fitting
+    policy (or the smallest footprint if none fits), sorted by context degree then step time."""
+    groups: dict[tuple, Candidate] = {}
+    for c in rec.candidates:
+        key = (c.plan.name, c.mesh_label, c.param_sharding)
+        cur = groups.get(key)
+        if cur is None or _better(c, cur):
+            groups[key] = c
+    rows = sorted(groups.values() if per_group else rec.candidates,
+                  key=lambda c: (c.context_degree, not c.est.fits, c.est.step_time))
+    hdr = ("strategy", "mesh", "params", "policy", "P", "state", "acts", "work", "total", "host", "compute s",
+           "exp.comm s", "overlap", "fits", "MFU")
+    body = []
+    for c in rows:
+        e, m = c.est, c.est.memory
+        body.append((
+            c.plan.name + ("*" if c is rec.best else ""), c.mesh_label, c.param_sharding, c.policy.label,
+            str(c.context_degree), _g(m.state), _g(m.activations), _g(m.layer_working + m.attention + m.logits),
+            _g(m.total), _g(m.host), f"{e.compute_time:,.2f}", f"{e.exposed_comm_time:,.2f}",
+            {None: "-", True: "yes", False: "NO"}[e.overlap], "yes" if e.fits else "NO", f"{100 * e.mfu:.1f}%",
+        ))
+    w = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(hdr)]
+    lines = ["  ".join(h.ljust(x) for h, x in zip(hdr, w)), "  ".join("-" * x for x in w)]
+    lines += ["  ".join(v.ljust(x) for v, x in zip(b, w)) for b in body]
+    lines.append("memory in GiB per device: state = params + grads + optimizer on device; acts = saved "
+                 "activations; work = block backward + attention + logits transients; host = offloaded. "
+                 "* = recommended. MFU: roofline (model FLOPs / peak), an upper bound.")
+    return "\n".join(lines)
+
+
+def _better(c: Candidate, cur: Candidate) -> bool:
+    if c.est.fits != cur.est.fits:
+        return c.est.fits
+    if c.est.fits:
+        return _rank(c) < _rank(cur)
+    return c.est.memory.total < cur.est.memory.total
+
+
+def _g(n: float) -> str:
+    return f"{n / 2**30:,.2f}"
+
+
+def recommended_degree(rec: Recommendation) -> int | None:
+    return None if rec.best is None else rec.best.context_degree
+
+
+__all__ = ["Candidate", "Recommendation", "candidate_plans", "default_policies", "search", "table",
+           "recommended_degree"]
