@@ -61,7 +61,7 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         that does not fit the device count.
     """
     from lcx.cost import ActivationPolicy, estimate, hardware_from_config, search, table
-    from lcx.cost.memory import activation_arrays
+    from lcx.cost.memory import activation_arrays, kv_cache_bytes_per_token
     from lcx.models import ModelConfig
     from lcx.sharding import PlanError
     from lcx.sharding.config import plan_from_config
@@ -94,6 +94,9 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         f"devices, {S:,} tokens x {B} sequences per step")
     say(f"  peak {hw.peak_flops_per_device / 1e12:,.1f} TFLOP/s per device, HBM "
         f"{'unlimited' if hw.hbm_bytes is None else f'{hw.hbm_bytes / 2**30:,.1f} GiB'} per device")
+    kv = kv_cache_bytes_per_token(model_cfg.n_layers, model_cfg.n_kv_heads, model_cfg.head_dim, 2)
+    say(f"  KV per token (16-bit, all layers): {kv:,} bytes = {kv / 2**20:.4g} MiB; {kv * S / 2**30:,.1f} GiB for "
+        f"the whole sequence")
     say("")
 
     given = plan_from_config(cfg.plan)
@@ -131,7 +134,7 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
 
     report: dict[str, Any] = {
         "model": model_cfg.to_dict(), "hardware": dataclasses.asdict(hw), "chips": int(chips), "n_devices": n,
-        "seq_len": S, "global_batch": B, "given": given_report,
+        "seq_len": S, "global_batch": B, "kv_bytes_per_token": kv, "given": given_report,
     }
     if cfg.get("planner", {}).get("search", True):
         rec = search(model_cfg, hw, n, seq_len=S, global_batch=B, dtype=dtype, param_dtype=pdtype,

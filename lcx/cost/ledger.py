@@ -20,12 +20,12 @@ from lcx.sharding import Plan
 
 
 def causal_imbalance(layout: str, degree: int) -> float:
-    """Max/mean causal attention work over ``degree`` devices, counted in half-blocks.
+    """Max/mean causal attention work over ``degree`` devices, counted in chunk-pair cells.
 
-    The sequence is cut into ``2P`` chunks; causal work of chunk pair (i, j <= i) is one unit
-    off the diagonal and half a unit on it. Contiguous: device r holds chunks 2r, 2r+1 and does
-    ``4r + 2`` half-units (2, 6, 10, 14 for P=4), max/mean ``(2P - 1) / P`` (1.75 at P=4, 1.875
-    at P=8). Zigzag: device r holds chunks r and 2P-1-r, exactly ``2P`` half-units each: 1.0.
+    The sequence is cut into ``2P`` chunks; the causal work of chunk pair (i, j <= i) is one cell
+    off the diagonal and half a cell on it ((2P)^2 / 2 in all). Contiguous: device r holds chunks
+    2r, 2r+1 and does ``4r + 2`` cells (2, 6, 10, 14 for P=4), max/mean ``(2P - 1) / P`` (1.75 at P=4, 1.875
+    at P=8). Zigzag: device r holds chunks r and 2P-1-r, exactly ``2P`` cells each: 1.0.
     (FIELD_NOTES section 4; exact at the token level up to the diagonal, see
     :func:`lcx.sharding.causal_work_per_device`.)
     """
@@ -38,7 +38,8 @@ def causal_imbalance(layout: str, degree: int) -> float:
 
 
 def causal_half_block_work(layout: str, degree: int) -> list[int]:
-    """Causal work per device in half-block units (see :func:`causal_imbalance`). O(P)."""
+    """Causal work per device in cells of the ``2P x 2P`` grid of chunk pairs, a diagonal cell
+    counting half (see :func:`causal_imbalance`). O(P)."""
     P = degree
     if layout == "contiguous":
         owned = [(2 * r, 2 * r + 1) for r in range(P)]
@@ -46,8 +47,9 @@ def causal_half_block_work(layout: str, degree: int) -> list[int]:
         owned = [(r, 2 * P - 1 - r) for r in range(P)]
     else:
         raise ValueError(f"unknown layout {layout!r}")
-    # chunk i attends to chunks j < i fully (2 half-units each) and to itself half (1 unit)
-    return [sum(2 * i + 1 for i in chunks) for chunks in owned]
+    # chunk i attends to the i chunks before it fully and to itself half: i + 1/2 cells; a device
+    # owns two chunks, so its total i + j + 1 is an integer
+    return [sum(2 * i + 1 for i in chunks) // 2 for chunks in owned]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,256 @@
+"""The cost ledger against published numbers (FIELD_NOTES section 4; MaxText tpu-recipes).
+
+Pure arithmetic: no test here compiles anything (the compiled-memory comparison is
+experiments/ledger_vs_compiled.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+
+import pytest
+from omegaconf import OmegaConf
+
+from lcx import cost
+from lcx.models.config import preset
+from lcx.sharding import causal_work_per_device
+from lcx.sharding.config import preset as plan_preset
+
+CONF = pathlib.Path(__file__).resolve().parent.parent / "lcx" / "conf"
+GiB = 2**30
+
+
+def hw(name: str):
+    return cost.hardware_from_config(OmegaConf.load(CONF / "hardware" / f"{name}.yaml"), probe=False)
+
+
+# ------------------------------------------------------------------ FIELD_NOTES section 4 (Llama 3 70B)
+def test_llama3_70b_parameters_per_layer_and_crossover():
+    cfg = preset("llama3_70b")
+    assert cfg.params_per_layer == 855_638_016 == 12.75 * cfg.d_model**2
+    assert cost.crossover_tokens(cfg.d_model, cfg.params_per_layer) == 104_448
+
+
+def test_llama3_70b_prefill_flops():
+    cfg = preset("llama3_70b")
+    d, P, L = cfg.d_model, cfg.params_per_layer, cfg.n_layers
+    lin, quad = cost.prefill_flops_per_layer(d, P, 8192)
+    assert lin == 25.5 * 8192 * d**2 and quad == 2 * 8192**2 * d
+    assert f"{L * lin:.2e}" == "1.12e+15" and f"{L * quad:.2e}" == "8.80e+13"
+    assert round(100 * quad / lin, 1) == 7.8  # quadratic term relative to the linear one
+    lin, quad = cost.prefill_flops_per_layer(d, P, 10**6)
+    assert f"{L * lin:.2e}" == "1.37e+17" and f"{L * quad:.2e}" == "1.31e+18"
+    assert round(L * quad / 990e12) == 1324  # seconds on one 990 TFLOP/s H100
+    # the ledger's linear count of the blocks is the same 2 n P_layer per layer
+    assert cost.linear_weights_per_token(cfg) == L * P + d * cfg.vocab_size
+
+
+def test_kv_cache_bytes():
+    cfg = preset("llama3_70b")
+    per_tok = cost.kv_cache_bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 2)
+    assert per_tok == 327_680 and per_tok / 2**20 == 0.3125
+    assert per_tok * 4096 / GiB == 1.25
+    assert per_tok * 131_072 / GiB == 40
+    assert round(per_tok * 10**6 / GiB) == 305
+    mha = cost.kv_cache_bytes_per_token(cfg.n_layers, cfg.n_heads, cfg.head_dim, 2)
+    assert mha / 2**20 == 2.5 and round(mha * 10**6 / 2**40, 2) == 2.38
+
+
+@pytest.mark.parametrize(
+    "bandwidth, gqa, expected", [(450e9, False, 2200), (50e9, False, 19800), (450e9, True, 275), (50e9, True, 2475)]
+)
+def test_ring_overlap_thresholds(bandwidth, gqa, expected):
+    cfg = preset("llama3_70b")
+    kv = cfg.n_kv_heads if gqa else cfg.n_heads
+    c = cost.ring_overlap_min_block(990e12, bandwidth, n_heads=cfg.n_heads, n_kv_heads=kv, bytes_per_element=2)
+    assert round(c) == expected
+
+
+def test_causal_imbalance():
+    assert cost.causal_half_block_work("contiguous", 4) == [2, 6, 10, 14]
+    assert cost.causal_imbalance("contiguous", 4) == 1.75
+    assert cost.causal_imbalance("contiguous", 8) == 1.875
+    assert cost.causal_half_block_work("zigzag", 4) == [8] * 4  # exactly 2P each
+    assert cost.causal_imbalance("zigzag", 8) == 1.0
+    # token-exact counts (lcx.sharding) approach the half-block ratio as blocks grow
+    for P in (4, 8):
+        w = causal_work_per_device("contiguous", 2 * P * 512, P)
+        assert abs(w.max() / w.mean() - cost.causal_imbalance("contiguous", P)) < 1e-3
+        z = causal_work_per_device("zigzag", 2 * P * 512, P)
+        assert z.max() == z.min()
+
+
+# ------------------------------------------------------------------ MaxText MFU from published step times
+@pytest.mark.parametrize(
+    "hardware, seq_len, batch, devices, step_time, tflops, mfu_pct",
+    [
+        # tpu-recipes training/v5p/Llama3.1-8B-LongContext-Maxtext/cluster_toolkit/README.md
+        ("tpu_v5p", 4_194_304, 2, 64, 1373.73, 319.0, 69.50),
+        ("tpu_v5p", 14_680_064, 1, 64, 15623.09, 170.2, 37.07),
+        # tpu-recipes training/ironwood/Llama3.1-8B-LongContext-Maxtext/cluster_toolkit/README.md
+        ("tpu7", 14_680_064, 1, 128, 2361.05, 563.0, 48.81),
+    ],
+)
+def test_maxtext_mfu_from_step_times(hardware, seq_len, batch, devices, step_time, tflops, mfu_pct):
+    cfg = preset("llama3_1_8b_longctx")
+    h = hw(hardware)
+    f = cost.training_flops(cfg, seq_len, batch)
+    assert round(f.total / devices / step_time / 1e12, 1) == tflops
+    assert round(100 * cost.mfu(f.total, step_time, h.peak_flops_per_device, devices), 2) == mfu_pct
+    assert f.attention_fraction >= 0.95
+    m = cost.step_metrics(cfg, seq_len, batch, step_time, h, devices)
+    assert m["tokens_per_sec"] == seq_len * batch / step_time and m["mfu"] == f.total / step_time / devices / h.peak_flops_per_device
+
+
+def test_flops_components_from_layer_shapes():
+    cfg = preset("tiny")
+    D, N, K, H, F, V, L = 128, 8, 2, 16, 384, 256, 4
+    f = cost.forward_flops(cfg, 64, 3)
+    assert f.linear == 2 * 64 * 3 * (L * (D * (N + 2 * K) * H + N * H * D + 3 * D * F) + D * V)
+    assert f.attention == 4 * 3 * (64 * 64 / 2) * N * H * L
+    t = cost.training_flops(cfg, 64, 3)
+    assert t.linear == 3 * f.linear and t.attention == 3 * f.attention
+    # sliding window and documents reduce the attention count
+    assert cost.attention_pairs(64, window=8) == cost.visible_pairs(64, window=8) == 8 * 9 // 2 + 56 * 8
+    assert cost.attention_pairs(64, documents=[32, 32]) == 2 * 32 * 32 / 2
+    with pytest.raises(ValueError):
+        cost.attention_pairs(64, documents=[10, 10])
+    # remat: full replays the blocks' forward (not the head); none replays nothing
+    assert cost.recompute_flops(cfg, 64, 3, "none") == 0
+    assert cost.recompute_flops(cfg, 64, 3, "full") == f.linear - 2 * 64 * 3 * D * V + f.attention
+    assert cost.recompute_flops(cfg, 64, 3, "custom", keep_context=True) == f.linear - 2 * 64 * 3 * D * V
+
+
+# ------------------------------------------------------------------ memory and communication
+def test_param_bytes_follow_plan_sharding():
+    cfg = preset("llama3_1_8b")
+    total = cfg.n_params * 4
+    assert sum(a.shape and math.prod(a.shape) * a.itemsize for a in cost.param_arrays(cfg)) == total
+    dp = plan_preset("dp")
+    fsdp = plan_preset("fsdp")
+    from lcx.cost.memory import param_bytes_per_device
+
+    assert param_bytes_per_device(dp, 8, cfg) == total
+    # every weight has an embed axis except the norms' layer axis... all are split 8 ways
+    assert param_bytes_per_device(fsdp, 8, cfg) == total // 8
+
+
+def test_param_arrays_match_the_abstract_model():
+    import equinox as eqx
+    import jax
+
+    from lcx.models import init_model, logical_axes
+
+    cfg = preset("tiny")
+    abstract = eqx.filter_eval_shape(init_model, cfg, key=jax.random.key(0))
+    leaves = [l for l in jax.tree_util.tree_leaves(abstract) if hasattr(l, "shape")]
+    axes = jax.tree_util.tree_leaves(logical_axes(abstract), is_leaf=lambda x: isinstance(x, tuple))
+    got = sorted((tuple(l.shape), tuple(a)) for l, a in zip(leaves, axes))
+    want = sorted((a.shape, a.axes) for a in cost.param_arrays(cfg))
+    assert got == want
+
+
+def test_memory_breakdown_policies_and_offload():
+    cfg = preset("llama3_1_8b_longctx")
+    plan = plan_preset("ring").with_mesh(data=1, context=64).with_rule("embed", ("data", "context"), kind="params")
+    kw = dict(seq_len=4_194_304, global_batch=1)
+    full = cost.memory_breakdown(cfg, plan, 64, policy=cost.ActivationPolicy("full"), **kw)
+    T = 4_194_304 // 64
+    assert full.activations == cfg.n_layers * T * cfg.d_model * 2  # block inputs in bf16
+    off = cost.memory_breakdown(cfg, plan, 64, policy=cost.ActivationPolicy("full", decoder_layer_input="offload"), **kw)
+    assert off.activations == 0 and off.host == full.activations
+    none = cost.memory_breakdown(cfg, plan, 64, policy=cost.ActivationPolicy("none"), **kw)
+    assert none.activations > full.activations
+    opt = cost.memory_breakdown(cfg, plan, 64, policy=cost.ActivationPolicy("full", offload_optimizer=True), **kw)
+    assert opt.optimizer == 0 and opt.host == 2 * full.params
+    assert full.params == full.grads == full.optimizer // 2 == cfg.n_params * 4 // 64
+
+
+def test_attention_working_memory_ordering():
+    cfg = preset("llama3_1_8b_longctx")
+    kw = dict(kernel="splash", seq_len=1 << 20, local_batch=1, context_degree=16)
+    ag = cost.attention_working_bytes(cfg, strategy="allgather", **kw)
+    ring = cost.attention_working_bytes(cfg, strategy="ring", **kw)
+    a2a = cost.attention_working_bytes(cfg, strategy="a2a", **kw)
+    assert ring < ag and ring < a2a  # ring is O(S/P), all-gather and Ulysses hold O(S) per device
+
+
+def test_comm_bytes_per_strategy():
+    cfg = preset("llama3_1_8b_longctx")
+    S, P, L, K, H = 1 << 20, 16, 32, 4, 256
+    pol = cost.ActivationPolicy("custom", context="device")  # attention not replayed
+    ring = plan_preset("ring").with_mesh(data=1, context=P)
+    c = cost.comm_bytes(cfg, ring, P, seq_len=S, global_batch=1, policy=pol)
+    hop = 2 * (S // P) * K * H * 2
+    assert c.ring_hop_bytes == hop
+    assert c.ring == L * (hop * (P - 1) * 2 + P * hop * 2)  # fwd + bwd K/V hops, bwd f32 dK/dV hops
+    ag = plan_preset("allgather").with_mesh(data=1, context=P)
+    c = cost.comm_bytes(cfg, ag, P, seq_len=S, global_batch=1, policy=pol)
+    assert c.all_gather == 2 * S * K * H * 2 * (P - 1) / P * L * 2
+    # replicated parameters: one gradient all-reduce over all devices
+    assert c.grad_reduction == 2 * cfg.n_params * 4 * (P - 1) / P
+
+
+# ------------------------------------------------------------------ hardware presets and flags
+def test_hardware_presets():
+    v5p, t7 = hw("tpu_v5p"), hw("tpu7")
+    assert v5p.peak_flops_per_device == 459e12 and t7.peak_flops_per_device == 1153.5e12
+    assert t7.devices_per_chip == 2 and t7.hbm_bytes == 96 * GiB and v5p.hbm_bytes == 95 * GiB
+    assert v5p.link_bandwidth == 100e9 and t7.collective_bandwidth_per_device == 300e9
+    for h in (v5p, t7):
+        names = {f.split("=")[0] for f in h.libtpu_init_args}
+        assert {"--xla_enable_async_collective_permute", "--xla_enable_async_all_gather",
+                "--xla_tpu_overlap_compute_collective_tc", "--xla_tpu_scoped_vmem_limit_kib"} <= names
+    for name in ("tpu_v5p", "tpu7", "cpu"):
+        assert "chips" in OmegaConf.load(CONF / "hardware" / f"{name}.yaml")
+
+
+def test_apply_hardware_flags_keeps_user_flags():
+    env = {"LIBTPU_INIT_ARGS": "--xla_tpu_scoped_vmem_limit_kib=1234"}
+    node = OmegaConf.load(CONF / "hardware" / "tpu7.yaml")
+    changed = cost.apply_hardware_flags(node, env)
+    assert "--xla_tpu_scoped_vmem_limit_kib=1234" in env["LIBTPU_INIT_ARGS"]
+    assert "98304" not in env["LIBTPU_INIT_ARGS"] and "--xla_enable_async_all_gather=true" in env["LIBTPU_INIT_ARGS"]
+    assert set(changed) == {"LIBTPU_INIT_ARGS"}
+    assert cost.apply_hardware_flags(OmegaConf.load(CONF / "hardware" / "cpu.yaml"), {}) == {}
+    assert os.environ.get("LIBTPU_INIT_ARGS", "") .find("98304") == -1  # os.environ untouched
+
+
+# ------------------------------------------------------------------ planner
+def test_planner_14m_tpu7_recommends_ring_at_128():
+    cfg = preset("llama3_1_8b_longctx")
+    rec = cost.search(cfg, hw("tpu7"), 128, seq_len=14_680_064, global_batch=1)
+    assert rec.best is not None and rec.best.context_degree == 128
+    assert rec.best.plan.attention.strategy == "ring" and rec.best.est.overlap
+    assert all(not c.est.fits for c in rec.candidates if c.plan.attention.strategy == "allgather")
+    assert "ring" in cost.table(rec)
+
+
+def test_planner_smallest_degree_with_batch():
+    # 4 sequences of 1M on 64 v5p chips: data parallelism absorbs devices while memory allows
+    cfg = preset("llama3_1_8b_longctx")
+    rec = cost.search(cfg, hw("tpu_v5p"), 64, seq_len=1 << 20, global_batch=4)
+    degrees = {c.context_degree for c in rec.candidates}
+    assert degrees == {16, 32, 64}
+    fit = [c.context_degree for c in rec.candidates if c.est.fits]
+    assert rec.best.context_degree == min(fit)
+
+
+def test_plan_entry_point(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from lcx.plan import run
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        c = compose("plan_config", overrides=["model=llama3_70b", "hardware=tpu_v5p", "hardware.chips=64",
+                                              "train.seq_len=131072"])
+        report = run(c, tmp_path)
+        assert (tmp_path / "plan.json").exists() and report["n_devices"] == 64
+        c = compose("plan_config", overrides=["experiment=longctx_14m_tpu7"])
+        report = run(c, tmp_path)
+        assert report["given"]["estimate"]["fits"] and report["seq_len"] == 14_680_064
+    # 70B KV per token
+    cfg = preset("llama3_70b")
+    assert cost.kv_cache_bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim) == 327_680
