@@ -17,6 +17,7 @@ from lcx.models.llama import (
     init_model as init_model,
     remat_policy as remat_policy,
     rope as rope,
+    rope_frequencies as rope_frequencies,
 )
 from lcx.models.sharding import (
     init_sharded as init_sharded,

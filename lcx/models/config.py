@@ -35,6 +35,11 @@ class ModelConfig:
       head_dim: H, width of one head.
       mlp_dim: F, hidden width of the SwiGLU MLP.
       rope_theta: RoPE base wavelength (RoFormer, arXiv:2104.09864); 500000 in Llama 3.
+      rope_scaling_factor: Llama 3.1 RoPE frequency scaling for long context (8 in Llama 3.1,
+        Meta's llama-models ``apply_scaling``): wavelengths longer than ``rope_original_max_len``
+        are stretched by this factor, those shorter than a quarter of it are kept, and the band
+        between is interpolated. None: plain RoPE.
+      rope_original_max_len: context length in tokens the unscaled model was trained at (8192).
       norm_eps: RMSNorm epsilon.
       tie_embeddings: if True the output head is the transposed token embedding.
       remat: one of :data:`REMAT_POLICIES`.
@@ -59,6 +64,8 @@ class ModelConfig:
     head_dim: int = 16
     mlp_dim: int = 384
     rope_theta: float = 10_000.0
+    rope_scaling_factor: float | None = None
+    rope_original_max_len: int = 8192
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     remat: str = "none"
@@ -71,7 +78,10 @@ class ModelConfig:
         # YAML may give 500000 for a float field; store floats so equal configs hash equal
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         object.__setattr__(self, "norm_eps", float(self.norm_eps))
-        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
+        if self.rope_scaling_factor is not None:
+            object.__setattr__(self, "rope_scaling_factor", float(self.rope_scaling_factor))
+        ints = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim")
+        for f in ints + ("rope_original_max_len",):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"model.{f} must be a positive integer, got {v!r}")
@@ -83,6 +93,13 @@ class ModelConfig:
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError(
                 f"model.rope_theta ({self.rope_theta}) and model.norm_eps ({self.norm_eps}) must be positive"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"model.head_dim={self.head_dim} must be even (RoPE rotates pairs of features)")
+        if self.rope_scaling_factor is not None and self.rope_scaling_factor < 1:
+            raise ValueError(
+                f"model.rope_scaling_factor={self.rope_scaling_factor} must be >= 1 (it stretches "
+                "wavelengths) or null for plain RoPE"
             )
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"model.remat={self.remat!r} is unknown; choose one of {REMAT_POLICIES}")
@@ -171,6 +188,7 @@ _LLAMA3_8B = dict(
     head_dim=128,
     mlp_dim=14_336,
     rope_theta=500_000.0,
+    rope_scaling_factor=8.0,
     norm_eps=1e-5,
     tie_embeddings=False,
     remat="full",
@@ -192,10 +210,17 @@ PRESETS: dict[str, ModelConfig] = {
     ),
     # Llama 3.1 8B (arXiv:2407.21783, Table 3)
     "llama3_1_8b": ModelConfig(name="llama3_1_8b", **_LLAMA3_8B),
-    # Llama 3 70B (arXiv:2407.21783, Table 3)
+    # Llama 3 70B (arXiv:2407.21783, Table 3); Llama 3 (not 3.1): no RoPE scaling
     "llama3_70b": ModelConfig(
         name="llama3_70b",
-        **{**_LLAMA3_8B, "d_model": 8192, "n_layers": 80, "n_heads": 64, "mlp_dim": 28_672},
+        **{
+            **_LLAMA3_8B,
+            "d_model": 8192,
+            "n_layers": 80,
+            "n_heads": 64,
+            "mlp_dim": 28_672,
+            "rope_scaling_factor": None,
+        },
     ),
     # MaxText's long-context 8B variant: half as many heads, twice as wide (16 x 256 = D);
     # same parameter count as the 8B, different head counts for Ulysses (A2A) to split
