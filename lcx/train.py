@@ -46,6 +46,9 @@ def configure_devices(cfg: DictConfig) -> list:
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
+    from lcx.cost import apply_hardware_flags
+
+    apply_hardware_flags(cfg.hardware)  # XLA/libtpu flags must be set before the backend starts
     devices = configure_devices(cfg)
     from lcx.training.loop import train
 
