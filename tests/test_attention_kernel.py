@@ -1,0 +1,270 @@
+"""The per-device kernel, local flash attention, mask block predicate and logsumexp merge.
+
+Everything here is single-device float32 against lcx.attention.reference_attention (dense), or
+against exact expected values where they exist.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lcx.attention import (
+    KernelNotAvailableError,
+    Mask,
+    XlaKernel,
+    flash_attention,
+    make_kernel,
+    merge_partials,
+    reference_attention,
+)
+from lcx.attention.kernels import block_size
+
+# XLA:CPU optimisation level 0 halves compile time at these tiny shapes; semantics unchanged.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+OUT_TOL = 5e-5
+GRAD_TOL = 2e-4
+
+MASKS = {
+    "causal": Mask(),
+    "causal_doc": Mask(document=True),
+    "window": Mask(window=7),
+    "full": Mask(causal=False),
+    "full_doc_window": Mask(causal=False, document=True, window=5),
+}
+
+
+def _inputs(B, T, S, N, K, H, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(ks[0], (B, T, N, H), jnp.float32)
+    k = jax.random.normal(ks[1], (B, S, K, H), jnp.float32)
+    v = jax.random.normal(ks[2], (B, S, K, H), jnp.float32)
+    do = jax.random.normal(ks[3], (B, T, N, H), jnp.float32)
+    return q, k, v, do
+
+
+def _dense_lse(q, k, qp, kp, qs, ks, mask):
+    """Dense logsumexp of scaled visible logits, [B, T, N]; -inf where nothing is visible."""
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    s = jnp.einsum("BTKGH,BSKH->BKGTS", q.reshape(B, T, K, N // K, H), k) / jnp.sqrt(jnp.float32(H))
+    s = jnp.where(mask.visible(qp, kp, qs, ks)[:, None, None], s, -jnp.inf)
+    lse = jax.scipy.special.logsumexp(s, axis=-1)  # [B, K, G, T]
+    return jnp.moveaxis(lse, 3, 1).reshape(B, T, N)
+
+
+def _value_and_vjp(f, ct, *args):
+    out, vjp = jax.vjp(f, *args)
+    return out, vjp(ct)
+
+
+def _cross_positions(B, T, S, seed=1):
+    """Query and key positions/segments that differ (cross attention over a shifted window),
+    with a few queries that see no key at all under a causal mask."""
+    rng = np.random.default_rng(seed)
+    kp = np.broadcast_to(np.arange(S), (B, S)).astype(np.int32)
+    qp = np.sort(rng.integers(-3, S + 3, size=(B, T)), axis=1).astype(np.int32)
+    ks = (kp >= S // 2).astype(np.int32)
+    qs = (rng.random((B, T)) < 0.5).astype(np.int32)
+    return tuple(jnp.asarray(x) for x in (qp, kp, qs, ks))
+
+
+HEADS = {"mha": (4, 4), "gqa2": (4, 2), "mqa": (4, 1)}
+# Each case compiles a kernel forward+backward and a reference VJP (~3 s on 2 cores), so instead
+# of the 5 x 3 product: every mask once, every head layout at least twice, causal with all three.
+KERNEL_CASES = [
+    ("causal", "mha"),
+    ("causal", "gqa2"),
+    ("causal", "mqa"),
+    ("causal_doc", "gqa2"),
+    ("window", "mqa"),
+    ("full", "gqa2"),
+    ("full_doc_window", "mha"),
+]
+
+
+@pytest.mark.parametrize("mask_name,heads_name", KERNEL_CASES)
+def test_kernel_forward_backward_matches_reference(mask_name, heads_name):
+    """Kernel forward (out, lse) and backward (dq, dk, dv) against the dense reference, with
+    T != S, blocks that do not divide the lengths (they shrink), and differing q/k positions."""
+    mask = MASKS[mask_name]
+    N, K = HEADS[heads_name]
+    B, T, S, H = 2, 24, 40, 8
+    q, k, v, do = _inputs(B, T, S, N, K, H)
+    qp, kp, qs, ks = _cross_positions(B, T, S)
+    kern = XlaKernel(block_q=7, block_kv=16)  # -> 6 and 10 token blocks: 4 x 4 tiles
+    out, lse = jax.jit(lambda *a: kern.forward(*a, mask=mask), compiler_options=FAST_COMPILE)(q, k, v, qp, kp, qs, ks)
+    ref = lambda q, k, v: reference_attention(
+        q, k, v, mask=mask, positions=qp, segment_ids=qs, kv_positions=kp, kv_segment_ids=ks
+    )
+    ref_out, ref_grads = jax.jit(lambda q, k, v, do: _value_and_vjp(ref, do, q, k, v), compiler_options=FAST_COMPILE)(
+        q, k, v, do
+    )
+    np.testing.assert_allclose(out, ref_out, atol=OUT_TOL, rtol=0)
+    ref_lse = _dense_lse(q, k, qp, kp, qs, ks, mask)
+    assert bool(jnp.all(jnp.isneginf(lse) == jnp.isneginf(ref_lse)))
+    fin = jnp.isfinite(ref_lse)
+    np.testing.assert_allclose(jnp.where(fin, lse, 0), jnp.where(fin, ref_lse, 0), atol=OUT_TOL, rtol=0)
+    grads = jax.jit(lambda *a: kern.backward(*a, mask=mask), compiler_options=FAST_COMPILE)(
+        q, k, v, qp, kp, qs, ks, out, lse, do
+    )
+    for g, r in zip(grads, ref_grads):
+        assert g.dtype == jnp.float32
+        np.testing.assert_allclose(g, r, atol=GRAD_TOL, rtol=0)
+
+
+def test_kernel_backward_is_additive_over_key_blocks():
+    """The backward of a K/V block takes the GLOBAL out/lse, so summing the per-block gradients
+    over disjoint key blocks gives the full gradient (what the ring backward relies on)."""
+    mask = Mask(document=True)
+    B, T, S, N, K, H = 1, 16, 32, 4, 2, 8
+    q, k, v, do = _inputs(B, T, S, N, K, H, seed=3)
+    qp, kp, qs, ks = _cross_positions(B, T, S, seed=4)
+    kern = XlaKernel(block_q=8, block_kv=8)
+
+    @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
+    def run(q, k, v, qp, kp, qs, ks, do):
+        out, lse = kern.forward(q, k, v, qp, kp, qs, ks, mask=mask)
+        full = kern.backward(q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
+        h = S // 2
+        parts = [
+            kern.backward(q, k[:, sl], v[:, sl], qp, kp[:, sl], qs, ks[:, sl], out, lse, do, mask=mask)
+            for sl in (slice(0, h), slice(h, S))
+        ]
+        return full, parts
+
+    full, parts = run(q, k, v, qp, kp, qs, ks, do)
+    np.testing.assert_allclose(parts[0][0] + parts[1][0], full[0], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(jnp.concatenate([parts[0][1], parts[1][1]], 1), full[1], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(jnp.concatenate([parts[0][2], parts[1][2]], 1), full[2], atol=1e-6, rtol=0)
+
+
+def test_no_visible_key_gives_zero_and_finite_grads():
+    """Rows with no visible key: out exactly 0, lse -inf, flash_attention gradients finite and 0
+    for those rows (no NaN anywhere)."""
+    mask = Mask(document=True)
+    B, T, N, K, H = 1, 16, 4, 2, 8
+    q, k, v, do = _inputs(B, T, T, N, K, H, seed=5)
+    pos = jnp.arange(T, dtype=jnp.int32)[None]
+    kp = pos + 4  # causal: queries 0..3 see nothing
+    seg = jnp.zeros((B, T), jnp.int32).at[:, 10].set(7)  # query 10 is alone in document 7
+    kseg = jnp.zeros((B, T), jnp.int32)
+    kern = XlaKernel(block_q=4, block_kv=4)
+    out, lse = jax.jit(lambda *a: kern.forward(*a, mask=mask))(q, k, v, pos, kp, seg, kseg)
+    empty = np.array([0, 1, 2, 3, 10])
+    assert bool(jnp.all(out[:, empty] == 0)) and bool(jnp.all(jnp.isneginf(lse[:, empty])))
+    assert bool(jnp.all(jnp.isfinite(lse[:, 4:10])))
+
+    def loss(q, k, v):
+        o = flash_attention(q, k, v, pos, kp, seg, kseg, mask=mask, kernel=kern)
+        return jnp.sum(o * do)
+
+    gq, gk, gv = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    for g in (gq, gk, gv):
+        assert bool(jnp.all(jnp.isfinite(g)))
+    assert bool(jnp.all(gq[:, empty] == 0))
+    rq, rk, rv = jax.jit(jax.grad(
+        lambda q, k, v: jnp.sum(
+            reference_attention(q, k, v, mask=mask, positions=pos, segment_ids=seg, kv_positions=kp, kv_segment_ids=kseg)
+            * do
+        ),
+        argnums=(0, 1, 2),
+    ))(q, k, v)
+    for g, r in zip((gq, gk, gv), (rq, rk, rv)):
+        np.testing.assert_allclose(g, r, atol=GRAD_TOL, rtol=0)
+
+
+def test_flash_attention_bf16_returns_input_dtypes():
+    mask = Mask()
+    q, k, v, do = _inputs(1, 16, 16, 4, 1, 8, seed=6)
+    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    pos = jnp.arange(16, dtype=jnp.int32)[None]
+    seg = jnp.zeros((1, 16), jnp.int32)
+    out, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, pos, pos, seg, seg, mask=mask), q, k, v)
+    assert out.dtype == jnp.bfloat16
+    assert [g.dtype for g in vjp(out)] == [jnp.bfloat16] * 3
+
+
+def test_scale_is_one_over_sqrt_head_dim():
+    """One key visible per query with two keys of known logits: checks the 1/sqrt(H) scale
+    exactly (softmax weights of logits 0 and 1*16/sqrt(16) = 4)."""
+    H = 16
+    q = jnp.ones((1, 1, 1, H), jnp.float32)
+    k = jnp.stack([jnp.zeros(H), jnp.ones(H) / H], 0)[None, :, None]  # q.k = 0 and 1
+    v = jnp.stack([jnp.zeros(H), jnp.ones(H)], 0)[None, :, None]
+    out, lse = XlaKernel(block_q=1, block_kv=1).forward(
+        q, k, v, jnp.array([[5]], jnp.int32), jnp.array([[0, 1]], jnp.int32),
+        jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 2), jnp.int32), mask=Mask(),
+    )
+    s = 1.0 / np.sqrt(H)  # q.k = 1 for the second key
+    w = np.exp(s) / (1 + np.exp(s))
+    np.testing.assert_allclose(out[0, 0, 0], np.full(H, w), rtol=1e-6)
+    np.testing.assert_allclose(lse[0, 0, 0], np.log(1 + np.exp(s)), rtol=1e-6)
+
+
+def test_block_size_clamps_and_divides():
+    assert block_size(64, 512) == 64
+    assert block_size(40, 16) == 10
+    assert block_size(24, 7) == 6
+    assert block_size(13, 4) == 1
+
+
+@pytest.mark.parametrize("mask_name", list(MASKS))
+def test_may_be_visible_is_a_necessary_condition(mask_name):
+    """False from the block predicate must mean the dense mask hides every pair (skipping is
+    exact), and it does say False for blocks that are obviously hidden."""
+    mask = MASKS[mask_name]
+    rng = np.random.default_rng(0)
+    n = 300  # random blocks, vmapped: [n, batch 2, block]
+    qp = jnp.asarray(rng.integers(0, 64, (n, 2, 6)), jnp.int32)
+    kp = jnp.asarray(rng.integers(0, 64, (n, 2, 5)), jnp.int32)
+    qs = jnp.asarray(rng.integers(0, 3, (n, 2, 6)), jnp.int32)
+    ks = jnp.asarray(rng.integers(0, 3, (n, 2, 5)), jnp.int32)
+    may = np.asarray(jax.vmap(mask.may_be_visible)(qp, kp, qs, ks))
+    any_visible = np.asarray(mask.visible(qp, kp, qs, ks).any(axis=(1, 2, 3)))
+    assert not np.any(~may & any_visible)
+    n_false = int((~may).sum())
+    z = jnp.zeros((1, 4), jnp.int32)
+    lo, hi = jnp.arange(4, dtype=jnp.int32)[None], jnp.arange(40, 44, dtype=jnp.int32)[None]
+    if mask.causal:  # keys all after queries
+        assert not bool(mask.may_be_visible(lo, hi, z, z))
+    if mask.window is not None:  # keys far behind queries
+        assert not bool(mask.may_be_visible(hi, lo, z, z))
+    if mask.document:  # disjoint documents
+        assert not bool(mask.may_be_visible(hi, lo, z, z + 1))
+    if mask.is_full:
+        assert n_false == 0
+
+
+def test_merge_partials_equals_whole_and_handles_empty_rows():
+    mask = Mask(document=True)
+    B, T, S, N, K, H = 1, 8, 16, 2, 1, 4
+    q, k, v, _ = _inputs(B, T, S, N, K, H, seed=7)
+    qp, kp, qs, ks = _cross_positions(B, T, S, seed=8)
+    kern = XlaKernel(block_q=4, block_kv=4)
+
+    @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
+    def run(q, k, v, qp, kp, qs, ks):
+        whole = kern.forward(q, k, v, qp, kp, qs, ks, mask=mask)
+        a = kern.forward(q, k[:, :8], v[:, :8], qp, kp[:, :8], qs, ks[:, :8], mask=mask)
+        b = kern.forward(q, k[:, 8:], v[:, 8:], qp, kp[:, 8:], qs, ks[:, 8:], mask=mask)
+        return whole, merge_partials(*a, *b)
+
+    whole, (out, lse) = run(q, k, v, qp, kp, qs, ks)
+    np.testing.assert_allclose(out, whole[0], atol=1e-6, rtol=0)
+    assert bool(jnp.all(jnp.isneginf(lse) == jnp.isneginf(whole[1])))
+    e = jnp.full((1, 2, 1), -jnp.inf)
+    o, l = merge_partials(jnp.zeros((1, 2, 1, 3)), e, jnp.zeros((1, 2, 1, 3)), e)
+    assert bool(jnp.all(o == 0)) and bool(jnp.all(jnp.isneginf(l)))
+
+
+def test_splash_kernel_refuses_loudly():
+    with pytest.raises(KernelNotAvailableError, match="splash"):
+        make_kernel("splash", 128, 128)
+    with pytest.raises(NotImplementedError):
+        make_kernel("splash", 128, 128)
+    with pytest.raises(ValueError, match="unknown attention kernel"):
+        make_kernel("cudnn")
