@@ -15,9 +15,13 @@ from omegaconf import DictConfig
 
 
 def configure_devices(cfg: DictConfig) -> list:
-    """Set up devices before the JAX backend starts: on ``hardware=cpu``, ``hardware.cpu_devices``
-    simulated CPU devices. Under a Hydra multirun (one process) the first job fixes the count;
-    later jobs use the first ``cpu_devices`` of them.
+    """Set up devices before the JAX backend starts and return the devices to build the mesh on.
+
+    On ``hardware=cpu``, each process gets ``hardware.cpu_devices`` simulated CPU devices. With
+    ``distributed.coordinator_address`` set (or ``distributed.auto``), JAX's own multi-process
+    runtime (``jax.distributed.initialize``) joins the processes first; ``jax.devices()`` then
+    lists every process's devices and the mesh spans all of them. Under a Hydra multirun (one
+    process) the first job fixes the device count; later jobs use the first ``cpu_devices``.
 
     Raises:
       ValueError: fewer devices exist than the configuration asks for.
@@ -32,14 +36,26 @@ def configure_devices(cfg: DictConfig) -> list:
             jax.config.update("jax_num_cpu_devices", int(n))
         except RuntimeError:
             pass  # backend already initialised (second job of a multirun): checked below
-        devices = jax.devices()
+    dist = cfg.get("distributed") or {}
+    if dist.get("auto"):
+        jax.distributed.initialize()
+    elif dist.get("coordinator_address"):
+        jax.distributed.initialize(
+            coordinator_address=str(dist.coordinator_address),
+            num_processes=int(dist.num_processes),
+            process_id=int(dist.process_id),
+        )
+    devices = jax.devices()
+    if jax.process_count() > 1:
+        return devices
+    if n:
         if len(devices) < int(n):
             raise ValueError(
                 f"hardware.cpu_devices={n} but JAX has only {len(devices)} devices (the count is fixed by "
                 "the first job of a multirun); run the largest count first or in its own process"
             )
         return devices[: int(n)]
-    return jax.devices()
+    return devices
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
