@@ -133,3 +133,24 @@ def test_invalid_plan_exits_fast_without_compiling(tmp_path):
     assert "4095 is not divisible by 8" in r.stderr and "train.seq_len=4088 or 4096" in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "metrics.jsonl").exists()
     assert time.time() - t0 < 60
+
+
+def test_all_strategies_train_to_the_same_losses(tmp_path, devices):
+    """Issue 4's acceptance check at CI size: same seed, float32, every strategy gives the same
+    losses at every step (within 1e-4)."""
+    from lcx.training.loop import train
+
+    runs = {}
+    for plan in ("allgather", "a2a", "ring", "usp"):
+        cfg = _config(
+            f"plan={plan}",
+            "train.steps=3",
+            "train.seq_len=256",
+            "train.global_batch=2",
+            "train.eval_every=0",
+        )
+        with jax.numpy_dtype_promotion("standard"):
+            runs[plan] = train(cfg, tmp_path / plan, devices)["losses"]
+    for plan, losses in runs.items():
+        np.testing.assert_allclose(losses, runs["allgather"], rtol=0, atol=1e-4, err_msg=plan)
+    assert runs["allgather"][-1] < runs["allgather"][0]
