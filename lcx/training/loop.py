@@ -1,4 +1,5 @@
-"""The training loop: validate the plan, build data, model and optimizer, train, log, evaluate.
+"""The training loop: validate the plan, build data, model and optimizer, train, log, evaluate,
+checkpoint (:mod:`lcx.training.checkpoint`) and resume.
 
 Everything that can be wrong with the configuration (plan vs devices, model and batch; data
 paths; sequence length) is checked before anything compiles.
@@ -6,9 +7,15 @@ paths; sequence length) is checked before anything compiles.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import os
 import pathlib
+import signal
+import sys
+import threading
 import time
 from typing import Any
 
@@ -22,9 +29,22 @@ from lcx.data import make_data
 from lcx.models import ModelConfig, init_model, model_shardings
 from lcx.sharding import MeshPlan, bind
 from lcx.sharding.config import plan_from_config
+from lcx.training.checkpoint import (
+    Checkpoints,
+    abstract_train_state,
+    check_compatible,
+    checkpoint_config,
+    is_arraylike,
+    finite_or_none,
+    key_from_json,
+    key_to_json,
+    nonfinite_leaves,
+)
 from lcx.training.optim import make_optimizer
 from lcx.training.runinfo import run_info
 from lcx.training.step import init_opt_state, make_steps, put_batch
+
+log = logging.getLogger(__name__)
 
 
 def setup(cfg: DictConfig, devices=None) -> dict[str, Any]:
@@ -45,20 +65,55 @@ def setup(cfg: DictConfig, devices=None) -> dict[str, Any]:
     return {"plan": bind(plan, devices), "model_cfg": model_cfg, "devices": devices}
 
 
+def make_optimizer_from_config(t: DictConfig):
+    """AdamW + warmup-cosine schedule from the ``train`` config node: ``(optimizer, schedule)``."""
+    return make_optimizer(
+        lr=float(t.lr),
+        steps=int(t.steps),
+        warmup_steps=int(t.warmup_steps) if t.warmup_steps is not None else max(1, int(t.steps) // 10),
+        min_lr_ratio=float(t.min_lr_ratio),
+        weight_decay=float(t.weight_decay),
+        b1=float(t.b1),
+        b2=float(t.b2),
+        grad_clip=float(t.grad_clip),
+    )
+
+
 def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[str, Any]:
     """Train as configured; write ``metrics.jsonl`` and ``run_info.json`` in ``run_dir``.
 
+    With ``checkpoint.dir`` set, resumes from the newest readable checkpoint there (if any),
+    saves every ``checkpoint.every`` steps and at the end, and on SIGTERM/SIGINT saves the
+    current step before exiting. A resumed run continues ``metrics.jsonl`` (lines of steps
+    after the restored one, written before a crash, are dropped) and reproduces the losses of
+    an uninterrupted run exactly: parameters, optimizer state (hence the learning-rate
+    schedule), data position, RNG key and step counter all come from the checkpoint.
+
     Returns:
-      Summary dict: ``losses`` (per step), ``val_loss`` (last), ``final_loss``, ``params``
-      (final parameters, for tests), ``run_dir``.
+      Summary dict: ``losses`` (per step run by this call), ``final_loss``, ``val_loss`` (last),
+      ``params`` (final parameters, for tests), ``static``, ``run_dir``, ``compile_s``,
+      ``start_step`` (steps already done when this call began: 0, or the restored step).
+
+    Raises:
+      PlanError / ValueError: an invalid configuration, before anything compiles.
+      CheckpointMismatchError: the checkpoint was written for another model config (names the
+        field).
+      NoUsableCheckpointError: checkpoints exist but none can be read.
+      FloatingPointError: a non-finite loss (names the step and the non-finite tensors); no
+        checkpoint of that state is written.
+      SystemExit: after SIGTERM/SIGINT, with code 128 + signal number, once the final
+        checkpoint is on disk.
     """
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     t = cfg.train
+    total_steps = int(t.steps)
+    ckpt_cfg = checkpoint_config(cfg.get("checkpoint"))
     ctx = setup(cfg, devices)
     mp: MeshPlan = ctx["plan"]
     model_cfg = ctx["model_cfg"]
     devices = ctx["devices"]
+    resolved = OmegaConf.to_container(cfg, resolve=True)
     data = make_data(
         cfg.data,
         seq_len=int(t.seq_len),
@@ -70,61 +125,117 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
     hw = hardware_from_config(cfg.hardware, len(devices))
     flops = training_flops(model_cfg, int(t.seq_len), int(t.global_batch), window=model_cfg.sliding_window)
 
+    key = jax.random.key(int(t.seed))
+    abstract = eqx.filter_eval_shape(init_model, model_cfg, key=key)
+    p_shard = model_shardings(abstract, mp)
+    abstract_params, static = eqx.partition(abstract, is_arraylike)
+    optimizer, schedule = make_optimizer_from_config(t)
+
+    # The training RNG stream. The step draws no randomness today (no dropout); the key is
+    # carried through checkpoints so that a stochastic step would resume exactly too.
+    rng = jax.random.fold_in(key, 1)
+    start = 0
+    ckpts = Checkpoints(ckpt_cfg.dir, keep=ckpt_cfg.keep, async_save=ckpt_cfg.async_save) if ckpt_cfg.enabled else None
+    restored = None
+    if ckpts is not None:
+        restored = ckpts.restore_latest(
+            lambda: abstract_train_state(abstract_params, p_shard, optimizer, mp.replicated()),
+            check=lambda meta, where: check_compatible(meta, resolved["model"], where=where),
+        )
+    if restored is not None:
+        params, opt_state = restored.state["params"], restored.state["opt_state"]
+        data.train.restore(restored.meta["data"])
+        rng = key_from_json(restored.meta["rng"])
+        start = int(restored.meta["step"])
+        log.info("resumed from %s at step %d", ckpts.directory / str(start), start)
+    else:
+        params = jax.jit(lambda k: eqx.filter(init_model(model_cfg, key=k), eqx.is_array), out_shardings=p_shard)(key)
+        opt_state = None
+    steps = make_steps(eqx.combine(params, static), optimizer, mp, p_shard)
+    if opt_state is None:
+        opt_state = init_opt_state(optimizer, params, steps.opt_shardings)
+
     info = run_info(devices)
-    info["config"] = OmegaConf.to_container(cfg, resolve=True)
+    info["config"] = resolved
     info["plan"] = repr(mp.plan)
     info["mesh"] = dict(mp.mesh.shape)
     info["peak_flops_per_device"] = hw.peak_flops_per_device
     info["model_flops_per_step"] = flops.total
+    info["checkpoint_dir"] = str(ckpt_cfg.dir) if ckpt_cfg.enabled else None
+    info["resumed_from_step"] = start if restored is not None else None
     (run_dir / "run_info.json").write_text(json.dumps(info, indent=2, default=str))
+    metrics_path = run_dir / "metrics.jsonl"
+    _truncate_metrics(metrics_path, start)
 
-    key = jax.random.key(int(t.seed))
-    abstract = eqx.filter_eval_shape(init_model, model_cfg, key=key)
-    p_shard = model_shardings(abstract, mp)
-    _, static = eqx.partition(abstract, eqx.is_array)
-    params = jax.jit(lambda k: eqx.filter(init_model(model_cfg, key=k), eqx.is_array), out_shardings=p_shard)(key)
-    optimizer, schedule = make_optimizer(
-        lr=float(t.lr),
-        steps=int(t.steps),
-        warmup_steps=int(t.warmup_steps) if t.warmup_steps is not None else max(1, int(t.steps) // 10),
-        min_lr_ratio=float(t.min_lr_ratio),
-        weight_decay=float(t.weight_decay),
-        b1=float(t.b1),
-        b2=float(t.b2),
-        grad_clip=float(t.grad_clip),
-    )
-    steps = make_steps(eqx.combine(params, static), optimizer, mp, p_shard)
-    opt_state = init_opt_state(optimizer, params, steps.opt_shardings)
+    def meta(step: int, loss: float | None, val: float | None) -> dict[str, Any]:
+        return {
+            "step": step,
+            "data": data.train.state(),
+            "rng": key_to_json(rng),
+            "loss": finite_or_none(loss),
+            "val_loss": finite_or_none(val),
+            "plan": repr(mp.plan),
+            "mesh": {k: int(v) for k, v in mp.mesh.shape.items()},
+            "config": resolved,
+        }
 
-    first = put_batch(next(data.train), steps.batch_sharding)
+    losses: list[float] = []
+    val_loss = restored.meta.get("val_loss") if restored is not None else None
+    compile_s = None
+    if start >= total_steps:
+        log.warning("checkpoint is at step %d >= train.steps=%d: nothing to train", start, total_steps)
+        if ckpts is not None:
+            ckpts.close()
+        last = restored.meta.get("loss") if restored is not None else None
+        return {
+            "losses": losses,
+            "final_loss": last,
+            "val_loss": val_loss,
+            "params": params,
+            "static": static,
+            "run_dir": str(run_dir),
+            "compile_s": compile_s,
+            "start_step": start,
+        }
+
+    batch = put_batch(next(data.train), steps.batch_sharding)
     t0 = time.perf_counter()
-    train_c = steps.train.lower(params, opt_state, first).compile()
+    train_c = steps.train.lower(params, opt_state, batch).compile()
     compile_s = time.perf_counter() - t0
     mem = train_c.memory_analysis()
     temp_bytes = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
 
     tokens_per_step = int(t.seq_len) * int(t.global_batch)
     peak_total = hw.peak_flops_per_device * len(devices)
-    metrics_path = run_dir / "metrics.jsonl"
-    losses: list[float] = []
-    val_loss = None
     log_every = max(1, int(t.log_every))
     eval_every = int(t.eval_every)
-    with metrics_path.open("w") as mf, tqdm(total=int(t.steps), desc=f"train[{mp.plan.name}]", unit="step") as bar:
-        batch = first
-        for step in range(1, int(t.steps) + 1):
+    saved_step = start if restored is not None else None
+    with contextlib.ExitStack() as stack:
+        if ckpts is not None:
+            stack.callback(ckpts.close)  # an exception still lets an in-flight (good) save finish
+        stop = stack.enter_context(_StopSignals(enabled=ckpts is not None))
+        mf = stack.enter_context(metrics_path.open("a"))
+        bar = stack.enter_context(
+            tqdm(total=total_steps, initial=start, desc=f"train[{mp.plan.name}]", unit="step")
+        )
+        for step in range(start + 1, total_steps + 1):
             ts = time.perf_counter()
-            params, opt_state, m = train_c(params, opt_state, batch)
+            params, opt_state, m = train_c(params, opt_state, batch)  # dispatched asynchronously
+            # Host work overlaps the step on the devices: fetch the next batch while it runs.
+            if step < total_steps:
+                batch = put_batch(next(data.train), steps.batch_sharding)
             loss = float(m["loss"])  # blocks: the step time below is the whole step
             dt = time.perf_counter() - ts
             if not math.isfinite(loss):
+                bad = nonfinite_leaves({"params": params, "opt_state": opt_state})
                 raise FloatingPointError(
-                    f"non-finite loss {loss} at step {step}; grad_norm={float(m['grad_norm'])}. "
-                    "Lower train.lr or check the data"
+                    f"non-finite loss {loss} at step {step} (grad_norm={float(m['grad_norm'])}); "
+                    + (f"non-finite tensors after the update: {', '.join(bad[:8])}" + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+                       if bad else "parameters and optimizer state are still finite (the forward pass overflowed)")
+                    + (f". Not checkpointed; the last checkpoint is step {saved_step} in {ckpts.directory}" if ckpts is not None and saved_step is not None else "")
+                    + ". Lower train.lr, raise warmup or check the data"
                 )
             losses.append(loss)
-            if step < int(t.steps):
-                batch = put_batch(next(data.train), steps.batch_sharding)
             rec = {
                 "step": step,
                 "loss": loss,
@@ -135,13 +246,15 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
                 "grad_norm": float(m["grad_norm"]),
                 "valid_tokens": float(m["tokens"]),
             }
-            if step == 1:
+            if step == start + 1:
                 rec["compile_s"] = compile_s
                 rec["temp_bytes_per_device"] = temp_bytes
-            if eval_every > 0 and (step % eval_every == 0 or step == int(t.steps)):
+                if restored is not None:
+                    rec["resumed_from"] = start
+            if eval_every > 0 and (step % eval_every == 0 or step == total_steps):
                 val_loss = evaluate(steps, params, data.val_batches(int(t.eval_batches)))
                 rec["val_loss"] = val_loss
-            if step % log_every == 0 or "val_loss" in rec or step == int(t.steps):
+            if step % log_every == 0 or "val_loss" in rec or step == total_steps:
                 mf.write(json.dumps(rec) + "\n")
                 mf.flush()
             post = {"loss": f"{loss:.3f}", "tok/s": f"{rec['tokens_per_sec']:.0f}"}
@@ -149,6 +262,19 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
                 post["val"] = f"{val_loss:.3f}"
             bar.set_postfix(post)
             bar.update(1)
+            if ckpts is not None and (ckpt_cfg.due(step) or step == total_steps or stop.signum):
+                # the data position must be the one after this step's batch, not the prefetched one
+                state = meta(step, loss, val_loss)
+                state["data"] = _rewind(data.train, 1 if step < total_steps else 0)
+                ckpts.save(step, params, opt_state, state)
+                saved_step = step
+            if stop.signum:
+                ckpts.wait()
+                name = signal.Signals(stop.signum).name
+                msg = f"{name}: checkpoint of step {step} saved in {ckpts.directory}; exiting"
+                log.warning(msg)
+                print(msg, file=sys.stderr, flush=True)
+                raise SystemExit(128 + stop.signum)
     return {
         "losses": losses,
         "final_loss": losses[-1],
@@ -157,7 +283,71 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
         "static": static,
         "run_dir": str(run_dir),
         "compile_s": compile_s,
+        "start_step": start,
     }
+
+
+def _rewind(batches, n: int) -> dict[str, int]:
+    """``batches.state()`` as it was ``n`` batches ago (the iterator only moves forward)."""
+    st = batches.state()
+    row = st["epoch"] * batches.rows_per_epoch + st["row"] - n * batches.global_batch
+    return dict(st, epoch=row // batches.rows_per_epoch, row=row % batches.rows_per_epoch)
+
+
+def _truncate_metrics(path: pathlib.Path, step: int) -> None:
+    """Keep the lines of ``metrics.jsonl`` for steps ``<= step`` (a resumed run re-does the steps
+    after its checkpoint; their first, lost attempt must not appear twice). Atomic rename, so a
+    crash here leaves the old file or the new one, never half of one."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):
+            break  # a line cut short by a crash: everything after it is untrustworthy
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, path)
+
+
+class _StopSignals:
+    """While active, SIGTERM and SIGINT only set ``signum``; the loop saves and exits at the end
+    of the current step (only with checkpointing on: without it, the default actions stay). A second signal restores the default action and re-raises it, so a
+    stuck save can still be interrupted. Outside the main thread (where Python forbids signal
+    handlers) this does nothing."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+        print(
+            f"{signal.Signals(signum).name} received: saving a checkpoint after this step "
+            "(send it again to exit without saving)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __enter__(self):
+        if self.enabled and threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        return False
 
 
 def evaluate(steps, params, batches) -> float:

@@ -1,0 +1,470 @@
+"""Checkpoints that survive faults and change plans (orbax).
+
+A checkpoint is one orbax step directory ``<checkpoint.dir>/<step>/`` with two items:
+
+- ``state`` (``StandardSave``): ``{"params": ..., "opt_state": ...}``, every array written by
+  the devices that hold it, with its logical shape; nothing about the writer's mesh is needed
+  to read it back.
+- ``meta`` (``JsonSave``): the step, the data iterator position (:meth:`lcx.data.Batches.state`),
+  the RNG key data, the last loss, and the resolved configuration of the run.
+
+Saves are asynchronous: :meth:`Checkpoints.save` returns once the arrays are copied to host
+memory, and a background thread writes them into a temporary directory that orbax renames to
+``<step>`` only when every file is written. A process killed at any moment (mid-save
+included) therefore leaves only complete step directories plus, at worst, a temporary one,
+which the next :class:`Checkpoints` deletes.
+
+Restoring builds its targets from abstract arrays (``jax.ShapeDtypeStruct``) that carry the
+*new* run's shardings, so a checkpoint written under one plan (ring over 8 devices) is read
+directly into another (USP 2x4, FSDP, one device): each device reads only its own shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import math
+import os
+import pathlib
+import shutil
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+# Sub-directory of checkpoint.dir that unreadable checkpoints are moved into. Its name is not a
+# step number, so orbax never mistakes it (or anything inside it) for a checkpoint.
+CORRUPT_DIR = "corrupt"
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint cannot serve this run: it was written for a different model configuration."""
+
+
+class NoUsableCheckpointError(RuntimeError):
+    """Checkpoints exist but none of them can be read."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """The ``checkpoint:`` section of the training config.
+
+    Attributes:
+      dir: absolute checkpoint directory, or None (checkpointing off).
+      every: steps between periodic saves; 0 saves only at the end and on SIGTERM/SIGINT.
+      keep: number of most recent checkpoints kept (older ones are deleted), ``>= 1``.
+      async_save: write in a background thread while training continues.
+    """
+
+    dir: pathlib.Path | None
+    every: int = 100
+    keep: int = 3
+    async_save: bool = True
+
+    def __post_init__(self):
+        if self.every < 0:
+            raise ValueError(f"checkpoint.every must be >= 0 (0: only at the end), got {self.every}")
+        if self.keep < 1:
+            raise ValueError(f"checkpoint.keep must be >= 1, got {self.keep}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.dir is not None
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` (1-based count of completed steps) is a periodic save step."""
+        return self.every > 0 and step % self.every == 0
+
+
+def launch_dir() -> pathlib.Path:
+    """The directory the run was launched from: Hydra's ``runtime.cwd`` when Hydra runs the job
+    (it may have changed the working directory), else the current directory."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return pathlib.Path(HydraConfig.get().runtime.cwd)
+    except ImportError:  # pragma: no cover - hydra is a dependency
+        pass
+    return pathlib.Path.cwd()
+
+
+def checkpoint_config(node: Any) -> CheckpointConfig:
+    """:class:`CheckpointConfig` from the ``checkpoint`` config node (None or missing: off).
+
+    Relative directories resolve against :func:`launch_dir`, so ``checkpoint.dir=ckpt`` means
+    the same place whatever Hydra does with the working directory.
+
+    Raises:
+      ValueError: ``every < 0`` or ``keep < 1``.
+    """
+    if node is None:
+        return CheckpointConfig(dir=None)
+    get = node.get if hasattr(node, "get") else lambda k, d=None: getattr(node, k, d)
+    d = get("dir", None)
+    path = None
+    if d not in (None, ""):
+        path = pathlib.Path(os.path.expanduser(str(d)))
+        if not path.is_absolute():
+            path = launch_dir() / path
+    return CheckpointConfig(
+        dir=path,
+        every=int(get("every", 100)),
+        keep=int(get("keep", 3)),
+        async_save=bool(get("async_save", True)),
+    )
+
+
+# -- abstract targets -----------------------------------------------------------------------------
+
+
+def abstract_like(tree: Any, shardings: Any) -> Any:
+    """``jax.ShapeDtypeStruct`` leaves with the shapes and dtypes of ``tree`` and the given
+    shardings: the restore target that makes orbax place each shard on the new plan's devices.
+
+    Args:
+      tree: pytree of arrays or ``ShapeDtypeStruct`` (e.g. from ``jax.eval_shape``).
+      shardings: pytree of ``Sharding`` with the structure of ``tree``.
+    """
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def is_arraylike(x: Any) -> bool:
+    """Arrays and ``jax.ShapeDtypeStruct`` (what ``eqx.filter_eval_shape`` leaves hold)."""
+    return isinstance(x, jax.ShapeDtypeStruct) or isinstance(x, jax.Array)
+
+
+def opt_state_shardings(optimizer: optax.GradientTransformation, abstract_params: Any, param_shardings: Any,
+                        replicated: jax.sharding.Sharding) -> Any:
+    """Shardings of ``optimizer``'s state: each per-parameter state like its parameter, the rest
+    (optax's scalar ``count``) replicated. The same rule as :func:`lcx.training.step.make_steps`,
+    which needs concrete parameters; a restore target must exist before any parameter does."""
+    abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+    return optax.tree_map_params(
+        optimizer,
+        lambda _, s: s,
+        abstract_opt,
+        param_shardings,
+        transform_non_params=lambda _: replicated,
+        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+    )
+
+
+def abstract_train_state(abstract_params: Any, param_shardings: Any, optimizer: optax.GradientTransformation,
+                         replicated: jax.sharding.Sharding) -> dict[str, Any]:
+    """Restore target ``{"params", "opt_state"}`` for a model under a plan.
+
+    Args:
+      abstract_params: ``eqx.filter(abstract_model, is_arraylike)``: pytree of
+        ``ShapeDtypeStruct`` (None where the model has no array).
+      param_shardings: matching pytree of ``NamedSharding`` (:func:`lcx.models.model_shardings`).
+      optimizer: the optax transformation whose state was saved.
+      replicated: the plan's replicated sharding (``MeshPlan.replicated()``), for optax's
+        scalar ``count``.
+    """
+    abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+    return {
+        "params": abstract_like(abstract_params, param_shardings),
+        "opt_state": abstract_like(
+            abstract_opt, opt_state_shardings(optimizer, abstract_params, param_shardings, replicated)
+        ),
+    }
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+
+def nonfinite_leaves(tree: Any) -> list[str]:
+    """Paths (``jax.tree_util.keystr``) of the floating-point leaves of ``tree`` that hold a NaN
+    or an infinity; empty if all are finite. One small reduction per leaf, run on the devices."""
+    leaves = [
+        (jax.tree_util.keystr(p), x)
+        for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)
+    ]
+    if not leaves:
+        return []
+    flags = jax.device_get(_all_finite([x for _, x in leaves]))
+    return [name for (name, _), ok in zip(leaves, flags) if not bool(ok)]
+
+
+@jax.jit
+def _all_finite(xs):
+    return [jnp.all(jnp.isfinite(x)) for x in xs]
+
+
+def check_compatible(meta: Mapping[str, Any], model: Mapping[str, Any], *, where: str) -> None:
+    """Refuse a checkpoint written for a different model configuration.
+
+    Args:
+      meta: the checkpoint's ``meta`` item (its ``config.model`` is compared).
+      model: this run's resolved ``model`` config.
+      where: the checkpoint's path, for the message.
+
+    Raises:
+      CheckpointMismatchError: some ``model.<field>`` differs; the message names the field, both
+        values and the fix.
+    """
+    saved = dict((meta.get("config") or {}).get("model") or {})
+    # `remat` trades memory for compute; it changes no parameter, so it may differ.
+    ignore = {"remat"}
+    diff = sorted(k for k in set(saved) | set(model) if k not in ignore and saved.get(k) != model.get(k))
+    if diff:
+        k = diff[0]
+        more = f" (and {', '.join('model.' + d for d in diff[1:])})" if len(diff) > 1 else ""
+        raise CheckpointMismatchError(
+            f"checkpoint {where} was written for model.{k}={saved.get(k)!r} but this run has "
+            f"model.{k}={model.get(k)!r}{more}; resume with the checkpoint's model config "
+            f"(e.g. model.{k}={saved.get(k)}) or point checkpoint.dir at a new directory"
+        )
+
+
+# -- the manager ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Restored:
+    """A restored checkpoint: ``step`` (completed optimizer steps), ``state``
+    (``{"params", "opt_state"}`` placed by the restore target's shardings), ``meta`` (dict)."""
+
+    step: int
+    state: dict[str, Any]
+    meta: dict[str, Any]
+
+
+class Checkpoints:
+    """Save and restore training state in one directory with an orbax ``CheckpointManager``.
+
+    Args:
+      directory: where step directories live (created if missing).
+      keep: most recent checkpoints kept, ``>= 1``.
+      async_save: write in a background thread (:meth:`save` returns after the device-to-host
+        copy, so the caller may donate or overwrite its arrays at once).
+
+    Leftover temporary directories of interrupted saves are deleted on construction.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, keep: int = 3, async_save: bool = True):
+        self.directory = pathlib.Path(directory).absolute()
+        absl_log = logging.getLogger("absl")
+        if absl_log.level == logging.NOTSET:
+            # orbax reports every save phase at INFO through absl: dozens of lines per save in a
+            # Hydra run (root logger at INFO). Keep its warnings; a user-set level is respected.
+            absl_log.setLevel(logging.WARNING)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._keep = int(keep)
+        self._async = bool(async_save)
+        self._manager = self._open()
+
+    def _open(self) -> ocp.CheckpointManager:
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=self._keep,
+            create=True,
+            cleanup_tmp_directories=True,  # remnants of saves a SIGKILL interrupted
+            enable_async_checkpointing=self._async,
+        )
+        return ocp.CheckpointManager(self.directory, item_names=("state", "meta"), options=options)
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def steps(self) -> list[int]:
+        """Steps of the complete (finalized) checkpoints, ascending."""
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        s = self.steps()
+        return s[-1] if s else None
+
+    # -- saving -----------------------------------------------------------------------------
+
+    def save(self, step: int, params: Any, opt_state: Any, meta: Mapping[str, Any]) -> bool:
+        """Start saving the state after ``step`` completed steps; returns False if that step is
+        already saved. Waits for the previous save first (at most one is in flight).
+
+        Raises:
+          FloatingPointError: a parameter or optimizer-state tensor is not finite (the message
+            lists them): a poisoned checkpoint is never written.
+        """
+        if step in self._manager.all_steps():
+            return False
+        bad = nonfinite_leaves({"params": params, "opt_state": opt_state})
+        if bad:
+            raise FloatingPointError(
+                f"refusing to checkpoint step {step}: non-finite values in {', '.join(bad[:8])}"
+                + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+                + "; the last good checkpoint is kept. Lower train.lr or check the data"
+            )
+        meta = dict(meta, step=int(step))
+        return self._manager.save(
+            int(step),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+                meta=ocp.args.JsonSave(meta),
+            ),
+            force=True,
+        )
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finish the save in flight and release orbax's threads."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    # -- restoring --------------------------------------------------------------------------
+
+    def read_meta(self, step: int) -> dict[str, Any]:
+        """The ``meta`` item of checkpoint ``step`` (JSON), without touching any array.
+
+        Raises:
+          Exception: whatever orbax raises for a missing or unreadable item.
+        """
+        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        meta = out["meta"]
+        if not isinstance(meta, dict) or "step" not in meta:
+            raise ValueError(f"meta item has no 'step': {str(meta)[:200]}")
+        return meta
+
+    def restore(self, step: int, target: Mapping[str, Any]) -> Restored:
+        """Read checkpoint ``step`` into ``target``'s shapes, dtypes and shardings.
+
+        Args:
+          step: a step from :meth:`steps`.
+          target: ``{"params", "opt_state"}`` of ``jax.ShapeDtypeStruct`` with the shardings
+            wanted now (:func:`abstract_train_state`); may be a different plan than the writer's.
+
+        Raises:
+          Exception: orbax's error for a missing, partial or corrupt checkpoint, or for shapes
+            that do not match ``target``.
+        """
+        out = self._manager.restore(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(dict(target)), meta=ocp.args.JsonRestore()),
+        )
+        return Restored(step=int(step), state=dict(out["state"]), meta=dict(out["meta"]))
+
+    def restore_latest(
+        self,
+        target: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+        *,
+        check: Callable[[dict[str, Any], str], None] | None = None,
+    ) -> Restored | None:
+        """The newest checkpoint that reads back completely, or None if there is none.
+
+        Newest first: an unreadable checkpoint (partial, corrupt, truncated files, bad JSON) is
+        reported with ``logging.warning``, moved to ``<dir>/corrupt/`` (so that later saves of
+        the same step and orbax's garbage collection are not confused by it), and the previous
+        one is tried.
+
+        Args:
+          target: the restore target, or a function that builds it (called once, only if a
+            checkpoint exists).
+          check: called as ``check(meta, path)`` before any array is read; raise to refuse the
+            checkpoint (e.g. :func:`check_compatible`). Its errors propagate: a refused
+            checkpoint is not corrupt, and silently starting over would hide the mistake.
+
+        Raises:
+          NoUsableCheckpointError: checkpoints exist but none reads back.
+          Whatever ``check`` raises.
+        """
+        steps = self.steps()
+        if not steps:
+            return None
+        tgt = None
+        failures = []
+        for step in reversed(steps):
+            where = str(self.directory / str(step))
+            try:
+                meta = self.read_meta(step)
+            except Exception as e:  # noqa: BLE001 - any read failure means "unusable"
+                failures.append(self._set_aside(step, e))
+                continue
+            if check is not None:
+                check(meta, where)
+            if tgt is None:
+                tgt = target() if callable(target) else target
+            try:
+                restored = self.restore(step, tgt)
+                _check_restored(restored.state, tgt)
+            except Exception as e:  # noqa: BLE001
+                failures.append(self._set_aside(step, e))
+                continue
+            if failures:
+                log.warning("resuming from checkpoint %s after skipping unreadable ones: %s", where, "; ".join(failures))
+            return restored
+        raise NoUsableCheckpointError(
+            f"no checkpoint in {self.directory} could be read ({'; '.join(failures)}); the unreadable ones were "
+            f"moved to {self.directory / CORRUPT_DIR}. Start afresh with another checkpoint.dir, or repair them"
+        )
+
+    def _set_aside(self, step: int, error: BaseException) -> str:
+        src = self.directory / str(step)
+        msg = f"step {step}: {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+        if jax.process_index() == 0 and src.exists():
+            stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S%f")
+            dst = self.directory / CORRUPT_DIR / f"step{step}-{stamp}"
+            dst.parent.mkdir(exist_ok=True)
+            shutil.move(str(src), str(dst))
+            msg += f" (moved to {dst})"
+        log.warning("checkpoint %s is unreadable and was skipped: %s", src, msg)
+        # orbax caches the step list: re-read it so the set-aside step is forgotten
+        self._manager.reload()
+        return msg
+
+
+def _check_restored(state: Mapping[str, Any], target: Mapping[str, Any]) -> None:
+    """Orbax fills missing shards of a damaged array with zeros in some versions; refuse a
+    restored tree whose structure, shapes or dtypes differ from the target's."""
+    a, ta = jax.tree.flatten(state)
+    b, tb = jax.tree.flatten(target)
+    if ta != tb:
+        raise ValueError(f"restored tree structure differs from the target: {ta} vs {tb}")
+    for x, t in zip(a, b):
+        if x.shape != t.shape or x.dtype != t.dtype:
+            raise ValueError(f"restored array {x.shape} {x.dtype} differs from target {t.shape} {t.dtype}")
+
+
+# -- metadata helpers -----------------------------------------------------------------------------
+
+
+def key_to_json(key: jax.Array) -> dict[str, Any]:
+    """A typed PRNG key as JSON: its implementation name and raw ``uint32`` key data."""
+    data = np.asarray(jax.random.key_data(key))
+    return {"impl": str(jax.random.key_impl(key)), "data": data.astype(np.uint32).tolist()}
+
+
+def key_from_json(d: Mapping[str, Any]) -> jax.Array:
+    """Inverse of :func:`key_to_json` (bit-exact)."""
+    return jax.random.wrap_key_data(np.asarray(d["data"], dtype=np.uint32), impl=d["impl"])
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """JSON cannot hold NaN/inf portably: store None instead."""
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+__all__ = [
+    "CheckpointConfig",
+    "CheckpointMismatchError",
+    "Checkpoints",
+    "NoUsableCheckpointError",
+    "Restored",
+    "abstract_like",
+    "abstract_train_state",
+    "check_compatible",
+    "is_arraylike",
+    "opt_state_shardings",
+    "checkpoint_config",
+    "key_from_json",
+    "key_to_json",
+    "nonfinite_leaves",
+]
