@@ -237,6 +237,16 @@ def test_may_be_visible_is_a_necessary_condition(mask_name):
         assert not bool(mask.may_be_visible(hi, lo, z, z + 1))
     if mask.is_full:
         assert n_false == 0
+    # blocks whose ONLY visible pair sits on the edge of a criterion must not be skipped
+    ar = jnp.arange(4, dtype=jnp.int32)[None]
+    edge_cases = [(ar, ar + 3, z, z)]  # causal edge: only (q=3, k=3)
+    if mask.window is not None:
+        edge_cases.append((ar + 20, ar + 20 - mask.window - 2, z, z))  # only q=20, k=20-window+1
+    if mask.document:
+        edge_cases.append((z, z, jnp.array([[0, 0, 0, 1]], jnp.int32), jnp.array([[1, 2, 2, 2]], jnp.int32)))
+    for qp, kp, qs, ks in edge_cases:
+        assert int(mask.visible(qp, kp, qs, ks).sum()) >= 1
+        assert bool(mask.may_be_visible(qp, kp, qs, ks))
 
 
 def test_merge_partials_equals_whole_and_handles_empty_rows():

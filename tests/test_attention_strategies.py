@@ -182,21 +182,24 @@ def test_strategy_matches_reference(strategy, mask_name, heads, degree):
 
 # --------------------------------------------------------------------------------------------
 # Heads sharded over a tensor axis as well (kv heads follow the query heads' sharding).
-TENSOR_CASES = {
+TENSOR_CASES = {  # name: (mesh, seq rule, heads rule, head layout)
     # a2a: 4 query / 1 kv head per tensor shard, Ulysses degree 4 -> each kv head replicated 4x
-    "a2a": ((("tensor", 2), ("context", 4)), "context", "gqa4"),
-    "ring": ((("tensor", 2), ("context", 4)), "context", "gqa4"),
-    "usp": ((("tensor", 2), ("ulysses", 2), ("ring", 2)), ("ring", "ulysses"), "mha"),
+    "a2a": ((("tensor", 2), ("context", 4)), "context", "tensor", "gqa4"),
+    "ring": ((("tensor", 2), ("context", 4)), "context", "tensor", "gqa4"),
+    "usp": ((("tensor", 2), ("ulysses", 2), ("ring", 2)), ("ring", "ulysses"), "tensor", "mha"),
+    # heads NOT sharded: every array is replicated over the tensor axis, whose gradient
+    # cotangents shard_map must then sum exactly once
+    "allgather-replicated": ((("tensor", 2), ("context", 4)), "context", None, "gqa4"),
 }
 
 
-@pytest.mark.parametrize("strategy", list(TENSOR_CASES))
-def test_heads_sharded_over_tensor_axis(strategy):
-    mesh, seq, heads = TENSOR_CASES[strategy]
+@pytest.mark.parametrize("case", list(TENSOR_CASES))
+def test_heads_sharded_over_tensor_axis(case):
+    mesh, seq, heads_rule, heads = TENSOR_CASES[case]
     plan = Plan(
         mesh=mesh,
-        activations={"seq": seq, "heads": "tensor"},
-        attention=AttentionConfig(strategy=strategy, block_q=BLOCK_Q, block_kv=BLOCK_KV),
+        activations={"seq": seq, "heads": heads_rule},
+        attention=AttentionConfig(strategy=case.split("-")[0], block_q=BLOCK_Q, block_kv=BLOCK_KV),
     )
     check_against_reference(bind(plan, jax.devices()), "causal_doc", heads)
 

@@ -1,5 +1,22 @@
 """Context-parallel attention: masks, per-device kernels, strategies (allgather, a2a, ring, usp).
 
+Support matrix (``plan.attention.strategy``; every mask -- causal, document, sliding window,
+full, and combinations -- in every strategy, both layouts, forward and backward):
+
+============  ===================================  ===========================================
+strategy      heads                                per-device memory / communication
+============  ===================================  ===========================================
+allgather     any N, K                             O(S) K/V; all-gather K/V (K heads, not N)
+a2a           U | N; U | K or K | U (kv heads      O(S N / U); 2 all-to-alls each way
+              replicated U/K times if allowed)
+ring          any N, K                             O(S / P); P-1 K/V hops (fwd), custom VJP
+usp           U | N; U | K or K | U                O(S / P); all-to-all over U, ring over R
+============  ===================================  ===========================================
+
+U: Ulysses degree, P: context degree, S: sequence length, N/K: query/kv heads per device (after
+any tensor sharding of heads). Sequence length must be divisible by P (by 2P for zigzag, checked
+by the plan). Refusals are ValueErrors raised before compiling.
+
 Public API:
 
 - :func:`attention`: context-parallel attention on global arrays, strategy chosen by the plan.

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 
 import jax
-
 from jaxtyping import Array, Float, Int
 
 from lcx.attention.kernels import Kernel, XlaKernel
@@ -70,4 +69,3 @@ def _flash_bwd(kernel, mask, res, dout):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
-

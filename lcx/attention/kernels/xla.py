@@ -42,14 +42,13 @@ def _prescale(x: Array) -> Array:
     return x * jnp.asarray(1.0 / (x.shape[-1] ** 0.5), x.dtype)
 
 
-def _blocks(x: Array, n: int) -> Array:
-    """[B, L, ...] -> [n, B, L / n, ...]: split the sequence axis into n blocks (leading)."""
-    B, L = x.shape[:2]
-    return jnp.moveaxis(x.reshape(B, n, L // n, *x.shape[2:]), 1, 0)
+def _slice(arrays, i, size: int):
+    """Block ``i`` (``size`` tokens) of each ``[B, L, ...]`` array along the sequence axis."""
+    return tuple(lax.dynamic_slice_in_dim(x, i * size, size, axis=1) for x in arrays)
 
 
 def _unblocks(x: Array) -> Array:
-    """Inverse of :func:`_blocks`."""
+    """[n, B, L / n, ...] (per-block loop outputs) -> [B, L, ...]."""
     x = jnp.moveaxis(x, 0, 1)
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
@@ -84,16 +83,17 @@ class XlaKernel(Kernel):
         B, T, N, H = q.shape
         S, K = k.shape[1], k.shape[2]
         G = _groups(N, K)
-        nq, nk = T // block_size(T, self.block_q), S // block_size(S, self.block_kv)
-        qb = _blocks(_prescale(q.astype(_F32)).reshape(B, T, K, G, H), nq)
-        kvb = (_blocks(k, nk), _blocks(v, nk), _blocks(k_pos, nk), _blocks(k_seg, nk))
+        bq, bk = block_size(T, self.block_q), block_size(S, self.block_kv)
+        nq, nk = T // bq, S // bk
 
-        def q_block(args):
-            qi, qp, qs = args  # [B, bq, K, G, H], [B, bq], [B, bq]
-            bq = qi.shape[1]
+        def q_block(i):
+            qi, qp, qs = _slice((q, q_pos, q_seg), i, bq)
+            qi = _prescale(qi.astype(_F32)).reshape(B, bq, K, G, H)
 
-            def kv_step(carry, kv):
-                ki, vi, kp, ks = kv
+            def kv_step(carry, j):
+                # slice blocks inside the loop (not a pre-blocked transposed copy of K/V): for the
+                # all-gather strategy K/V are the whole sequence and a copy would double them
+                ki, vi, kp, ks = _slice((k, v, k_pos, k_seg), j, bk)
 
                 def compute(carry):
                     m, l, acc = carry  # [B, K, G, bq], same, [B, K, G, bq, H]
@@ -117,13 +117,13 @@ class XlaKernel(Kernel):
                 jnp.zeros((B, K, G, bq), _F32),
                 jnp.zeros((B, K, G, bq, H), _F32),
             )
-            (m, l, acc), _ = lax.scan(kv_step, init, kvb)
+            (m, l, acc), _ = lax.scan(kv_step, init, jnp.arange(nk))
             seen = l > 0
             lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
             out = acc / jnp.where(seen, l, 1.0)[..., None]
             return jnp.moveaxis(out, 3, 1), jnp.moveaxis(lse, 3, 1)  # [B,bq,K,G,H], [B,bq,K,G]
 
-        out, lse = lax.map(q_block, (qb, _blocks(q_pos, nq), _blocks(q_seg, nq)))
+        out, lse = lax.map(q_block, jnp.arange(nq))
         return _unblocks(out).reshape(B, T, N, H), _unblocks(lse).reshape(B, T, N)
 
     def backward(
@@ -144,28 +144,21 @@ class XlaKernel(Kernel):
         B, T, N, H = q.shape
         S, K = k.shape[1], k.shape[2]
         G = _groups(N, K)
-        nq, nk = T // block_size(T, self.block_q), S // block_size(S, self.block_kv)
-        do = dout.astype(_F32)
-        delta = jnp.sum(do * out.astype(_F32), axis=-1)  # [B, T, N]
+        bq, bk = block_size(T, self.block_q), block_size(S, self.block_kv)
+        nq, nk = T // bq, S // bk
+        delta = jnp.sum(dout.astype(_F32) * out.astype(_F32), axis=-1)  # [B, T, N]
         # a row with no visible key anywhere has lse = -inf and every logit masked: p = 0 there
         lse_safe = jnp.where(jnp.isfinite(lse), lse, 0.0).astype(_F32)
-        qargs = (
-            _blocks(_prescale(q.astype(_F32)).reshape(B, T, K, G, H), nq),
-            _blocks(do.reshape(B, T, K, G, H), nq),
-            _blocks(lse_safe.reshape(B, T, K, G), nq),
-            _blocks(delta.reshape(B, T, K, G), nq),
-            _blocks(q_pos, nq),
-            _blocks(q_seg, nq),
-        )
-        bq = T // nq
 
-        def kv_block(dq, kv):
-            ki, vi, kp, ks = kv
+        def kv_block(dq, j):
+            ki, vi, kp, ks = _slice((k, v, k_pos, k_seg), j, bk)
             ki, vi = ki.astype(_F32), vi.astype(_F32)
-            bk = ki.shape[1]
 
-            def q_step(carry, qa):
-                qi, doi, lsei, deltai, qp, qs = qa
+            def q_step(carry, i):
+                qi, doi, lsei, deltai, qp, qs = _slice((q, dout, lse_safe, delta, q_pos, q_seg), i, bq)
+                qi = _prescale(qi.astype(_F32)).reshape(B, bq, K, G, H)
+                doi = doi.astype(_F32).reshape(B, bq, K, G, H)
+                lsei, deltai = lsei.reshape(B, bq, K, G), deltai.reshape(B, bq, K, G)
 
                 def compute():
                     s = jnp.einsum("BTKGH,BSKH->BKGTS", qi, ki)
@@ -190,11 +183,11 @@ class XlaKernel(Kernel):
                 return (carry[0] + dk_c, carry[1] + dv_c), dq_c
 
             zero_kv = jnp.zeros((B, bk, K, H), _F32)
-            (dk, dv), dq_parts = lax.scan(q_step, (zero_kv, zero_kv), qargs)
+            (dk, dv), dq_parts = lax.scan(q_step, (zero_kv, zero_kv), jnp.arange(nq))
             return dq + dq_parts, (dk, dv)
 
         dq0 = jnp.zeros((nq, B, bq, K, G, H), _F32)
-        dq, (dk, dv) = lax.scan(kv_block, dq0, (_blocks(k, nk), _blocks(v, nk), _blocks(k_pos, nk), _blocks(k_seg, nk)))
+        dq, (dk, dv) = lax.scan(kv_block, dq0, jnp.arange(nk))
         dq = _prescale(_unblocks(dq).reshape(B, T, N, H))
         return dq, _unblocks(dk), _unblocks(dv)
 
