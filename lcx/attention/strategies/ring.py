@@ -16,7 +16,10 @@ Memory per device is O(S/P) in training as well as inference.
 
 Steps whose K/V block the mask hides entirely (decided from min/max of the block's positions and
 segment ids, :meth:`Mask.may_be_visible`) skip the kernel with ``lax.cond``: with a contiguous
-layout and a causal mask, device ``i`` computes only ``i + 1`` of its ``P`` steps.
+layout and a causal mask, device ``i`` computes only ``i + 1`` of its ``P`` steps. With the
+zigzag layout every step has work (that is the point of it: each device does the same amount),
+and the kernel skips the hidden tiles inside each step instead, provided its blocks do not
+straddle the two zigzag chunks of a shard: keep ``plan.attention.block_q <= S / (2P)``.
 """
 
 from __future__ import annotations
