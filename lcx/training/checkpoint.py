@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 # Sub-directory of checkpoint.dir that unreadable checkpoints are moved into. Its name is not a
 # step number, so orbax never mistakes it (or anything inside it) for a checkpoint.
 CORRUPT_DIR = "corrupt"
+# What orbax appends to a step directory's name while the step is being written.
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 
 class CheckpointMismatchError(ValueError):
@@ -178,6 +180,69 @@ def abstract_train_state(abstract_params: Any, param_shardings: Any, optimizer: 
     }
 
 
+def train_state_target(config: Mapping[str, Any], mp: Any) -> tuple[dict[str, Any], Any]:
+    """Restore target for a run's resolved ``config`` (as stored in a checkpoint's ``meta``)
+    under the bound plan ``mp`` (:class:`lcx.sharding.MeshPlan`), which may differ from the
+    plan that wrote the checkpoint.
+
+    Returns:
+      ``(target, static)``: ``{"params", "opt_state"}`` of ``ShapeDtypeStruct`` with ``mp``'s
+      shardings, and the model's static part (``eqx.combine(params, static)`` is the model).
+    """
+    import equinox as eqx  # noqa: PLC0415 - keep this module's import light for the loop
+
+    from lcx.models import ModelConfig, init_model, model_shardings
+    from lcx.training.optim import make_optimizer
+
+    model_cfg = ModelConfig.from_dict(dict(config["model"]))
+    t = config["train"]
+    steps = int(t["steps"])
+    optimizer, _ = make_optimizer(
+        lr=float(t["lr"]),
+        steps=steps,
+        warmup_steps=int(t["warmup_steps"]) if t.get("warmup_steps") is not None else max(1, steps // 10),
+        min_lr_ratio=float(t["min_lr_ratio"]),
+        weight_decay=float(t["weight_decay"]),
+        b1=float(t["b1"]),
+        b2=float(t["b2"]),
+        grad_clip=float(t["grad_clip"]),
+    )
+    abstract = eqx.filter_eval_shape(init_model, model_cfg, key=jax.random.key(0))
+    abstract_params, static = eqx.partition(abstract, is_arraylike)
+    target = abstract_train_state(abstract_params, model_shardings(abstract, mp), optimizer, mp.replicated())
+    return target, static
+
+
+def load_model(directory: str | os.PathLike, mp: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """The model of a checkpoint, placed on the bound plan ``mp`` (any plan, any device count).
+
+    Args:
+      directory: a ``checkpoint.dir``.
+      mp: :class:`lcx.sharding.MeshPlan` to place the parameters by.
+      step: checkpoint step; default the newest.
+
+    Returns:
+      ``(model, meta)``.
+
+    Raises:
+      FileNotFoundError: no checkpoint in ``directory`` (or no such ``step``).
+    """
+    ckpts = Checkpoints(directory, read_only=True)
+    try:
+        steps = ckpts.steps()
+        if not steps or (step is not None and step not in steps):
+            raise FileNotFoundError(f"no checkpoint{'' if step is None else f' for step {step}'} in {directory}; "
+                                    f"steps there: {steps}")
+        step = steps[-1] if step is None else step
+        target, static = train_state_target(ckpts.read_meta(step)["config"], mp)
+        r = ckpts.restore(step, target)
+    finally:
+        ckpts.close()
+    import equinox as eqx  # noqa: PLC0415
+
+    return eqx.combine(r.state["params"], static), r.meta
+
+
 # -- checks ---------------------------------------------------------------------------------------
 
 
@@ -247,29 +312,50 @@ class Checkpoints:
       keep: most recent checkpoints kept, ``>= 1``.
       async_save: write in a background thread (:meth:`save` returns after the device-to-host
         copy, so the caller may donate or overwrite its arrays at once).
+      read_only: only read: nothing is created, deleted or moved (safe on the directory of a
+        run that is still writing to it).
 
-    Leftover temporary directories of interrupted saves are deleted on construction.
+    Unless ``read_only``, leftover temporary directories of interrupted saves are deleted on
+    construction: only the run that owns the directory may open it writable.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, keep: int = 3, async_save: bool = True):
+    def __init__(self, directory: str | os.PathLike, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
         self.directory = pathlib.Path(directory).absolute()
         absl_log = logging.getLogger("absl")
         if absl_log.level == logging.NOTSET:
             # orbax reports every save phase at INFO through absl: dozens of lines per save in a
             # Hydra run (root logger at INFO). Keep its warnings; a user-set level is respected.
             absl_log.setLevel(logging.WARNING)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.read_only = bool(read_only)
+        if not self.read_only:
+            self.directory.mkdir(parents=True, exist_ok=True)
         self._keep = int(keep)
         self._async = bool(async_save)
+        if not self.read_only:
+            self._remove_interrupted_saves()
         self._manager = self._open()
 
+    def _remove_interrupted_saves(self) -> None:
+        # orbax writes a step into `<step>.orbax-checkpoint-tmp*` and renames it when complete; a
+        # leftover one is a save that a kill interrupted. orbax's own cleanup runs in the
+        # background; doing it here, first, means no later listing can ever see one.
+        if jax.process_index() != 0:
+            return
+        for p in sorted(self.directory.iterdir()):
+            if TMP_SUFFIX in p.name:
+                log.warning("removing %s: a save interrupted before it completed", p)
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
     def _open(self) -> ocp.CheckpointManager:
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=self._keep,
-            create=True,
-            cleanup_tmp_directories=True,  # remnants of saves a SIGKILL interrupted
-            enable_async_checkpointing=self._async,
-        )
+        if self.read_only:
+            options = ocp.CheckpointManagerOptions(read_only=True, create=False, enable_async_checkpointing=False)
+        else:
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=self._keep,
+                create=True,
+                cleanup_tmp_directories=True,  # remnants of saves a SIGKILL interrupted
+                enable_async_checkpointing=self._async,
+            )
         return ocp.CheckpointManager(self.directory, item_names=("state", "meta"), options=options)
 
     # -- queries ----------------------------------------------------------------------------
@@ -409,7 +495,7 @@ class Checkpoints:
     def _set_aside(self, step: int, error: BaseException) -> str:
         src = self.directory / str(step)
         msg = f"step {step}: {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
-        if jax.process_index() == 0 and src.exists():
+        if not self.read_only and jax.process_index() == 0 and src.exists():
             stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S%f")
             dst = self.directory / CORRUPT_DIR / f"step{step}-{stamp}"
             dst.parent.mkdir(exist_ok=True)
@@ -466,5 +552,7 @@ __all__ = [
     "checkpoint_config",
     "key_from_json",
     "key_to_json",
+    "load_model",
+    "train_state_target",
     "nonfinite_leaves",
 ]

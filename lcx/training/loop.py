@@ -226,15 +226,11 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
                 batch = put_batch(next(data.train), steps.batch_sharding)
             loss = float(m["loss"])  # blocks: the step time below is the whole step
             dt = time.perf_counter() - ts
-            if not math.isfinite(loss):
-                bad = nonfinite_leaves({"params": params, "opt_state": opt_state})
-                raise FloatingPointError(
-                    f"non-finite loss {loss} at step {step} (grad_norm={float(m['grad_norm'])}); "
-                    + (f"non-finite tensors after the update: {', '.join(bad[:8])}" + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
-                       if bad else "parameters and optimizer state are still finite (the forward pass overflowed)")
-                    + (f". Not checkpointed; the last checkpoint is step {saved_step} in {ckpts.directory}" if ckpts is not None and saved_step is not None else "")
-                    + ". Lower train.lr, raise warmup or check the data"
-                )
+            grad_norm = float(m["grad_norm"])
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                # A non-finite gradient poisons the update even when the loss is still finite;
+                # both scalars are on the host already, so this check costs nothing per step.
+                raise FloatingPointError(_nonfinite_report(step, loss, grad_norm, params, opt_state, ckpts, saved_step))
             losses.append(loss)
             rec = {
                 "step": step,
@@ -243,7 +239,7 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
                 "mfu": flops.total / dt / peak_total,
                 "step_time_s": dt,
                 "lr": float(schedule(step - 1)),
-                "grad_norm": float(m["grad_norm"]),
+                "grad_norm": grad_norm,
                 "valid_tokens": float(m["tokens"]),
             }
             if step == start + 1:
@@ -285,6 +281,25 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
         "compile_s": compile_s,
         "start_step": start,
     }
+
+
+def _nonfinite_report(step, loss, grad_norm, params, opt_state, ckpts, saved_step) -> str:
+    """The diagnostic of a non-finite step: which scalars, which tensors, what was kept."""
+    bad = nonfinite_leaves({"params": params, "opt_state": opt_state})
+    what = "loss" if not math.isfinite(loss) else "gradient norm"
+    msg = f"non-finite {what} at step {step} (loss={loss}, grad_norm={grad_norm}); "
+    if bad:
+        msg += f"non-finite tensors after the update: {', '.join(bad[:8])}"
+        msg += f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+    else:
+        msg += "parameters and optimizer state are still finite (the forward pass overflowed)"
+    if ckpts is not None:
+        msg += (
+            f". Step {step} was not checkpointed; the last checkpoint is step {saved_step} in {ckpts.directory}"
+            if saved_step is not None
+            else f". Nothing was checkpointed in {ckpts.directory}"
+        )
+    return msg + ". Lower train.lr, lengthen train.warmup_steps or check the data"
 
 
 def _rewind(batches, n: int) -> dict[str, int]:
