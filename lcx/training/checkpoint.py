@@ -319,7 +319,9 @@ class Checkpoints:
     construction: only the run that owns the directory may open it writable.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
+    def __init__(
+        self, directory: str | os.PathLike, *, keep: int = 3, async_save: bool = True, read_only: bool = False
+    ):
         self.directory = pathlib.Path(directory).absolute()
         absl_log = logging.getLogger("absl")
         if absl_log.level == logging.NOTSET:
@@ -485,7 +487,7 @@ class Checkpoints:
                 failures.append(self._set_aside(step, e))
                 continue
             if failures:
-                log.warning("resuming from checkpoint %s after skipping unreadable ones: %s", where, "; ".join(failures))
+                log.warning("resuming from %s after skipping unreadable checkpoints: %s", where, "; ".join(failures))
             return restored
         raise NoUsableCheckpointError(
             f"no checkpoint in {self.directory} could be read ({'; '.join(failures)}); the unreadable ones were "

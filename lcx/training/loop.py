@@ -329,9 +329,9 @@ def _truncate_metrics(path: pathlib.Path, step: int) -> None:
 
 class _StopSignals:
     """While active, SIGTERM and SIGINT only set ``signum``; the loop saves and exits at the end
-    of the current step (only with checkpointing on: without it, the default actions stay). A second signal restores the default action and re-raises it, so a
-    stuck save can still be interrupted. Outside the main thread (where Python forbids signal
-    handlers) this does nothing."""
+    of the current step. A second signal restores the previous action and re-raises it, so a
+    stuck save can still be interrupted. With ``enabled=False`` (no checkpointing) or outside
+    the main thread (where Python forbids signal handlers) this does nothing."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
