@@ -106,7 +106,7 @@ def test_maxtext_mfu_from_step_times(hardware, seq_len, batch, devices, step_tim
 
 def test_flops_components_from_layer_shapes():
     cfg = preset("tiny")
-    D, N, K, H, F, V, L = 128, 8, 2, 16, 384, 256, 4
+    D, N, K, H, F, V, L = 128, 4, 1, 32, 384, 256, 2
     f = cost.forward_flops(cfg, 64, 3)
     assert f.linear == 2 * 64 * 3 * (L * (D * (N + 2 * K) * H + N * H * D + 3 * D * F) + D * V)
     assert f.attention == 4 * 3 * (64 * 64 / 2) * N * H * L

