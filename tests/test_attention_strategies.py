@@ -410,11 +410,9 @@ def test_kv_heads_must_follow_tensor_sharding():
         _eval(bind(plan), (1, 64, 8, 8), (1, 64, 1, 8))
 
 
-def test_splash_kernel_is_refused_by_name():
-    from lcx.attention import KernelNotAvailableError
-
-    mp = make_mesh_plan("ring", 4, kernel="splash")
-    with pytest.raises(KernelNotAvailableError, match="splash"):
+def test_splash_kernel_with_untileable_blocks_is_refused_by_name():
+    mp = make_mesh_plan("ring", 4, kernel="splash", block_q=64)
+    with pytest.raises(ValueError, match="block_q to be a positive multiple of 128"):
         _eval(mp, (1, 64, 8, 8), (1, 64, 2, 8))
 
 

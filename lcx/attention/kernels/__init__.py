@@ -10,13 +10,13 @@ from collections.abc import Callable
 
 from lcx.attention.kernels.base import Kernel as Kernel
 from lcx.attention.kernels.splash import KernelNotAvailableError as KernelNotAvailableError
-from lcx.attention.kernels.splash import splash_not_available
+from lcx.attention.kernels.splash import SplashKernel as SplashKernel
 from lcx.attention.kernels.xla import XlaKernel as XlaKernel
 from lcx.attention.kernels.xla import block_size as block_size
 
 KERNELS: dict[str, Callable[[int, int], Kernel]] = {
     "xla": lambda block_q, block_kv: XlaKernel(block_q=block_q, block_kv=block_kv),
-    "splash": splash_not_available,
+    "splash": lambda block_q, block_kv: SplashKernel(block_q=block_q, block_kv=block_kv),
 }
 """Kernel name (``plan.attention.kernel``) -> factory ``(block_q, block_kv) -> Kernel``."""
 
@@ -26,7 +26,8 @@ def make_kernel(name: str, block_q: int = 512, block_kv: int = 512) -> Kernel:
 
     Raises:
       ValueError: unknown kernel name.
-      KernelNotAvailableError: (a ``NotImplementedError``) the kernel is planned but not built.
+      KernelNotAvailableError: (a ``NotImplementedError``) the kernel's library is missing here.
+      ValueError: block sizes the kernel cannot tile (splash: multiples of 128 up to 16384).
     """
     if name not in KERNELS:
         raise ValueError(f"unknown attention kernel {name!r}; choose one of {tuple(KERNELS)}")

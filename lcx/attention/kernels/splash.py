@@ -1,20 +1,401 @@
-"""Placeholder for the Pallas splash-attention kernel (a later issue).
+"""The ``splash`` kernel: Pallas splash attention (block-sparse flash attention) behind lcx's
+:class:`~lcx.attention.kernels.Kernel` interface.
 
-Selecting ``plan.attention.kernel="splash"`` fails loudly when the strategy is built, before
-anything compiles, rather than silently running the XLA kernel instead.
+Splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``, shipped with JAX) is the
+TPU kernel MaxText runs its context-parallel strategies on. Its masks are static NumPy objects
+over *indices* ``(q index, kv index)``, whereas lcx masks are predicates on *data*: global
+positions and segment ids that the zigzag layout permutes and that change at every ring step.
+This adapter bridges the two without any static mask and without host metadata:
+
+**Sorted-interval masks.** Every lcx mask is an interval condition on one sort key of the keys:
+
+- key ``(segment id, position)`` (lexicographic) with a document mask, ``position`` without;
+- query ``t`` sees exactly the keys with ``lower(t) <= key <= upper(t)``, where
+  ``lower = (q_seg, q_pos - window + 1)`` (``-inf`` position without a window) and
+  ``upper = (q_seg, q_pos)`` if causal, ``(q_seg, q_pos + window - 1)`` for a bidirectional
+  window, ``(q_seg, +inf)`` otherwise (drop ``q_seg`` without a document mask).
+
+So once the K/V block is sorted by that key, the keys a query sees are one contiguous index
+range ``[lo(t), hi(t))``, found by binary search (``O(T log S)``). Both bounds are packed into
+one int32 per query and handed to splash as ``MaskInfo.q_sequence`` -- the per-query *data*
+splash's computable masks read -- with the mask function ``lo <= kv_index < hi`` evaluated
+inside the kernel on the kv index it already computes. This is exact for ANY positions and
+segment ids (any layout, any ring step, packed documents with positions restarting at 0), so
+nothing is ever refused for its layout and nothing depends on a recognised one.
+
+Block sparsity comes from splash's own scalar-prefetched ``block_mask``/``data_next`` arrays,
+computed on device for every call from the intervals (a ``[T/block_q, C/block_kv]`` grid per
+call): kv blocks that no query of a query block sees are skipped, as splash skips them for its
+static masks. Host memory for masks: none. Device memory per call: ``3 x 4 x (T/bq) x (C/bkv)``
+bytes of block metadata plus ``O(T + C)`` int32 (see ``docs/splash_kernel.md`` for 14M tokens).
+
+Packing two bounds in 31 bits limits one splash call to ``C <= 16384`` keys (:data:`MAX_KV_CHUNK`);
+longer K/V blocks are cut into equal chunks of at most that many keys, sorted independently,
+and merged through the logsumexp (forward) or summed/concatenated (backward) -- exactly like
+ring steps.
+
+**Backward with the GLOBAL logsumexp.** The interface's backward is flash-style: dQ, dK, dV of
+this K/V block given the final ``out`` and ``lse`` over all blocks. Splash's custom VJP only
+differentiates its own forward, so the adapter calls splash's backward kernels directly
+(``_splash_attention_bwd_dq`` and ``_splash_attention_bwd_dkv``, the same Pallas kernels its VJP
+runs) with the global ``lse`` and ``delta = sum(dout * out)`` as their residuals. These are
+private functions of JAX 0.10.2; the adapter pins their signatures in one place
+(:func:`_splash_bwd`), and the tests compare against the dense reference so an API change
+fails loudly.
+
+**Scale.** Splash does not scale logits; the adapter multiplies q by ``1/sqrt(H)`` once
+(:func:`_prescale`, the one place the scale lives) and applies the same factor to dQ by the
+chain rule. ``lse`` returned by splash is then the natural-log logsumexp of the scaled logits,
+as the interface requires.
+
+**GQA.** Splash's MHA kernel maps query head ``n`` to kv head ``n // (N/K)``; K/V are passed
+at their own head count and never repeated (MQA is ``K = 1``).
+
+**Rows without a visible key.** Splash would return ``0/0`` or an average over masked keys for
+them; the adapter knows them exactly (``lo >= hi``) and returns ``out = 0``, ``lse = -inf``; in
+backward their ``lse`` is replaced by 0, which makes every masked probability
+``exp(mask_value) = 0``.
+
+Interpret mode (Pallas on CPU/GPU) is chosen automatically when ``jax.default_backend()`` is
+not ``"tpu"``. Block sizes must be multiples of 128 (splash's lane width); shorter sequences are
+padded up to one block with invisible queries/keys.
 """
 
 from __future__ import annotations
 
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jaxtyping import Array, Float, Int
+
+from lcx.attention.kernels.base import Kernel
+from lcx.attention.masks import Mask
+
+_F32 = jnp.float32
+LANES = 128
+"""Splash block sizes must be multiples of this (the TPU lane width), in tokens."""
+MAX_KV_CHUNK = 16384
+"""Most keys in one splash call (tokens): ``lo`` and ``hi`` (each ``<= 16384``) share an int32."""
+_HI_BITS = 15
+_HI_MASK = (1 << _HI_BITS) - 1
+_I32_MIN, _I32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
+
 
 class KernelNotAvailableError(NotImplementedError):
-    """The plan names a kernel that this version of lcx does not provide yet."""
+    """The plan names a kernel that cannot run here (e.g. its library is missing)."""
 
 
-def splash_not_available(block_q: int, block_kv: int):
-    """Raise :class:`KernelNotAvailableError` for ``plan.attention.kernel="splash"``."""
-    raise KernelNotAvailableError(
-        "plan.attention.kernel='splash' (Pallas splash attention) is not implemented yet: it is the "
-        "follow-up issue 'Pallas splash kernel behind the lcx.attention.kernels.Kernel interface'. "
-        "Set plan.attention.kernel='xla' (blockwise flash attention in plain JAX) meanwhile."
-    )
+def _splash_modules():
+    try:
+        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
+    except ImportError as e:  # pragma: no cover - depends on the installed JAX
+        raise KernelNotAvailableError(
+            f"plan.attention.kernel='splash' needs jax.experimental.pallas splash attention, which failed to import "
+            f"({e}); install a JAX with Pallas or set plan.attention.kernel='xla'"
+        ) from e
+    return sk, mi
+
+
+def _prescale(x: Array) -> Array:
+    # The ONE place the softmax scale lives (splash itself never scales): the forward multiplies
+    # q by it, the backward reuses it for the chain rule of that same linear map.
+    return x * jnp.asarray(1.0 / (x.shape[-1] ** 0.5), x.dtype)
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _interpret() -> bool:
+    return jax.default_backend() != "tpu"
+
+
+def _mask_fn(q_sequence, kv_index):
+    """Splash mask function: ``q_sequence`` packs ``lo << 15 | hi``; key visible iff lo <= index < hi."""
+    hi = jnp.bitwise_and(q_sequence, _HI_MASK)
+    lo = jnp.right_shift(q_sequence, _HI_BITS)
+    return (kv_index >= lo) & (kv_index < hi)
+
+
+class _Plan:
+    """Static tiling of one kernel call: padded lengths, blocks, kv chunks (all in tokens)."""
+
+    def __init__(self, T: int, S: int, block_q: int, block_kv: int):
+        self.bq = min(block_q, _round_up(T, LANES))
+        self.Tp = _round_up(T, self.bq)
+        bkv = min(block_kv, _round_up(S, LANES))
+        nkb = -(-S // bkv)  # kv blocks
+        per_chunk = MAX_KV_CHUNK // bkv
+        self.n_chunks = -(-nkb // per_chunk)
+        self.chunk = -(-nkb // self.n_chunks) * bkv
+        self.bkv = bkv
+        self.Sp = self.n_chunks * self.chunk
+        self.T, self.S = T, S
+
+
+def _search(keys_seg, keys_pos, n_real, q_seg, q_pos, *, strict: bool, use_seg: bool):
+    """Per query, the number of the first ``n_real`` sorted keys that are ``< (q_seg, q_pos)``
+    (``strict``) or ``<= (q_seg, q_pos)``, lexicographically on (segment, position) when
+    ``use_seg`` else on position. Vectorised binary search, ``ceil(log2(C + 1))`` gathers."""
+    C = keys_pos.shape[0]
+    lo = jnp.zeros(q_pos.shape, jnp.int32)
+    hi = jnp.full(q_pos.shape, n_real, jnp.int32)
+    for _ in range(max(1, math.ceil(math.log2(C + 1)))):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        midc = jnp.minimum(mid, C - 1)
+        kp = keys_pos[midc]
+        below = (kp < q_pos) if strict else (kp <= q_pos)
+        if use_seg:
+            ks = keys_seg[midc]
+            below = (ks < q_seg) | ((ks == q_seg) & below)
+        lo = jnp.where(active & below, mid + 1, lo)
+        hi = jnp.where(active & ~below, mid, hi)
+    return lo
+
+
+def _intervals(mask: Mask, q_pos, q_seg, k_pos_sorted, k_seg_sorted, n_real):
+    """``lo, hi`` int32 ``[T]``: query t sees sorted keys ``[lo, hi)`` (see module docstring)."""
+    use_seg = mask.document
+    w = mask.window
+    # int32 arithmetic clamped so that q_pos -/+ (window - 1) cannot wrap around
+    if w is not None:
+        low = jnp.maximum(q_pos, _I32_MIN + w) - (w - 1)
+        lo = _search(k_seg_sorted, k_pos_sorted, n_real, q_seg, low, strict=True, use_seg=use_seg)
+    elif use_seg:
+        lo = _search(k_seg_sorted, k_pos_sorted, n_real, q_seg, jnp.full_like(q_pos, _I32_MIN), strict=True, use_seg=True)
+    else:
+        lo = jnp.zeros_like(q_pos)
+    if mask.causal:
+        up = q_pos
+    elif w is not None:
+        up = jnp.minimum(q_pos, _I32_MAX - w) + (w - 1)
+    else:
+        up = jnp.full_like(q_pos, _I32_MAX)
+    if mask.causal or w is not None or use_seg:
+        hi = _search(k_seg_sorted, k_pos_sorted, n_real, q_seg, up, strict=False, use_seg=use_seg)
+    else:
+        hi = jnp.full_like(q_pos, n_real)
+    return lo, hi
+
+
+def _block_info(mi, lo, hi, bq: int, bkv: int, n_kv_blocks: int, empty_row):
+    """Splash ``MaskInfo`` for forward/dq and for dkv, computed on device from the intervals.
+
+    ``block_mask[0, i, j] = 1`` iff some query of q block i sees a key of kv block j (else 0:
+    skipped); ``data_next`` points skipped entries at the last block fetched so no new DMA is
+    issued (forward/dq walk kv blocks, dkv walks q blocks).
+    """
+    Tp = lo.shape[0]
+    nq = Tp // bq
+    starts = jnp.arange(n_kv_blocks, dtype=jnp.int32) * bkv
+    hit = (lo[:, None] < starts[None, :] + bkv) & (hi[:, None] > starts[None, :]) & ~empty_row[:, None]
+    active = hit.reshape(nq, bq, n_kv_blocks).any(axis=1)  # [nq, nk]
+    block_mask = active.astype(jnp.int32)[None]
+    j = jnp.arange(n_kv_blocks, dtype=jnp.int32)[None, :]
+    i = jnp.arange(nq, dtype=jnp.int32)[:, None]
+    next_kv = lax.cummax(jnp.where(active, j, 0), axis=1)[None]
+    next_q = lax.cummax(jnp.where(active, i, 0), axis=0)[None]
+    q_sequence = (jnp.left_shift(lo, _HI_BITS) | hi).astype(jnp.int32)
+    fwd = mi.MaskInfo(data_next=next_kv, mask_next=None, block_mask=block_mask, partial_mask_blocks=None,
+                      q_sequence=q_sequence)
+    dkv = mi.MaskInfo(data_next=next_q, mask_next=None, block_mask=block_mask, partial_mask_blocks=None,
+                      q_sequence=q_sequence)
+    return fwd, dkv
+
+
+class SplashKernel(Kernel):
+    """Pallas splash attention (interpret mode off TPU) with sorted-interval masks.
+
+    Attributes:
+      block_q: query block in tokens, a multiple of 128 (clamped to the padded query length).
+      block_kv: key/value block in tokens, a multiple of 128 and ``<= 16384``.
+
+    Raises:
+      ValueError: block sizes that splash cannot tile.
+      KernelNotAvailableError: this JAX has no Pallas splash attention.
+    """
+
+    block_q: int = 512
+    block_kv: int = 512
+
+    def __check_init__(self):
+        for name in ("block_q", "block_kv"):
+            b = getattr(self, name)
+            if b < LANES or b % LANES:
+                raise ValueError(
+                    f"plan.attention.kernel='splash' needs plan.attention.{name} to be a positive multiple of {LANES} "
+                    f"tokens (the TPU lane width splash tiles by), got {b}; e.g. {max(LANES, _round_up(b, LANES))}, "
+                    "or use kernel='xla' for other block sizes"
+                )
+        if self.block_kv > MAX_KV_CHUNK:
+            raise ValueError(
+                f"plan.attention.kernel='splash' needs plan.attention.block_kv <= {MAX_KV_CHUNK} tokens (two "
+                f"15-bit key indices share one int32 of mask data), got {self.block_kv}"
+            )
+        _splash_modules()
+
+    # -- per batch row, per kv chunk ------------------------------------------------------------
+
+    def _prepare(self, plan: _Plan, mask: Mask, q_pos, q_seg, k_pos, k_seg):
+        """Sort every kv chunk by the mask's key, and each query's interval in every chunk.
+
+        Args: one batch row: ``q_pos, q_seg`` ``[T]``, ``k_pos, k_seg`` ``[S]`` int32.
+        Returns: ``perm`` ``[n, C]`` (sorted index -> padded kv index), ``lo, hi`` ``[n, Tp]``,
+        ``empty`` ``[n, Tp]`` bool.
+        """
+        n, C = plan.n_chunks, plan.chunk
+        pad_k = plan.Sp - plan.S
+        is_pad = jnp.concatenate([jnp.zeros(plan.S, jnp.int32), jnp.ones(pad_k, jnp.int32)])
+        kp = jnp.pad(k_pos, (0, pad_k)).reshape(n, C)
+        ks = jnp.pad(k_seg, (0, pad_k)).reshape(n, C)
+        is_pad = is_pad.reshape(n, C)
+        idx = jnp.arange(plan.Sp, dtype=jnp.int32).reshape(n, C)
+        n_real = jnp.asarray(np.clip(plan.S - np.arange(n) * C, 0, C), jnp.int32)
+        if mask.document:
+            _, ks_s, kp_s, perm = lax.sort((is_pad, ks, kp, idx), dimension=1, num_keys=3)
+        else:
+            _, kp_s, perm = lax.sort((is_pad, kp, idx), dimension=1, num_keys=2)
+            ks_s = jnp.zeros_like(kp_s)
+        pad_q = plan.Tp - plan.T
+        qp = jnp.pad(q_pos, (0, pad_q))
+        qs = jnp.pad(q_seg, (0, pad_q))
+        q_real = jnp.arange(plan.Tp) < plan.T
+        lo, hi = jax.vmap(lambda a, b, c: _intervals(mask, qp, qs, a, b, c))(kp_s, ks_s, n_real)
+        empty = (lo >= hi) | ~q_real[None, :]
+        lo = jnp.where(empty, 0, lo)
+        hi = jnp.where(empty, 0, hi)
+        return perm, lo, hi, empty
+
+    def forward(
+        self,
+        q: Float[Array, "B T N H"],
+        k: Float[Array, "B S K H"],
+        v: Float[Array, "B S K H"],
+        q_pos: Int[Array, "B T"],
+        k_pos: Int[Array, "B S"],
+        q_seg: Int[Array, "B T"],
+        k_seg: Int[Array, "B S"],
+        *,
+        mask: Mask,
+    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+        sk, mi = _splash_modules()
+        B, T, N, H = q.shape
+        S, K = k.shape[1], k.shape[2]
+        _groups(N, K)
+        plan = _Plan(T, S, self.block_q, self.block_kv)
+        interpret = _interpret()
+        block_sizes = sk.BlockSizes(block_q=plan.bq, block_kv=plan.bkv, block_kv_compute=plan.bkv)
+
+        def row(q, k, v, q_pos, k_pos, q_seg, k_seg):
+            perm, lo, hi, empty = self._prepare(plan, mask, q_pos, q_seg, k_pos, k_seg)
+            qh = _prescale(jnp.pad(q, ((0, plan.Tp - T), (0, 0), (0, 0)))).transpose(1, 0, 2)  # [N, Tp, H]
+            kh = jnp.pad(k, ((0, plan.Sp - S), (0, 0), (0, 0)))
+            vh = jnp.pad(v, ((0, plan.Sp - S), (0, 0), (0, 0)))
+
+            def chunk(carry, xs):
+                out, lse = carry
+                perm_c, lo_c, hi_c, empty_c = xs
+                kc = kh[perm_c].transpose(1, 0, 2)  # [K, C, H] sorted by the mask key
+                vc = vh[perm_c].transpose(1, 0, 2)
+                info, _ = _block_info(mi, lo_c, hi_c, plan.bq, plan.bkv, plan.chunk // plan.bkv, empty_c)
+                o_c, (l_c,) = sk._splash_attention_forward(
+                    info, qh, kc, vc, None, None, mask_value=sk.DEFAULT_MASK_VALUE, is_mqa=False,
+                    block_sizes=block_sizes, residual_checkpoint_name=None, save_residuals=True,
+                    mask_function=_mask_fn, interpret=interpret,
+                )
+                o_c = jnp.where(empty_c[None, :, None], 0.0, o_c.astype(_F32))
+                l_c = jnp.where(empty_c[None, :], -jnp.inf, l_c.astype(_F32))
+                return _merge(out, lse, o_c, l_c), None
+
+            init = (jnp.zeros((N, plan.Tp, H), _F32), jnp.full((N, plan.Tp), -jnp.inf, _F32))
+            (out, lse), _ = lax.scan(chunk, init, (perm, lo, hi, empty))
+            return out.transpose(1, 0, 2)[:T], lse.T[:T]
+
+        return jax.vmap(row)(q, k, v, q_pos, k_pos, q_seg, k_seg)
+
+    def backward(
+        self,
+        q: Float[Array, "B T N H"],
+        k: Float[Array, "B S K H"],
+        v: Float[Array, "B S K H"],
+        q_pos: Int[Array, "B T"],
+        k_pos: Int[Array, "B S"],
+        q_seg: Int[Array, "B T"],
+        k_seg: Int[Array, "B S"],
+        out: Float[Array, "B T N H"],
+        lse: Float[Array, "B T N"],
+        dout: Float[Array, "B T N H"],
+        *,
+        mask: Mask,
+    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
+        sk, mi = _splash_modules()
+        B, T, N, H = q.shape
+        S, K = k.shape[1], k.shape[2]
+        _groups(N, K)
+        plan = _Plan(T, S, self.block_q, self.block_kv)
+        interpret = _interpret()
+
+        def row(q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout):
+            perm, lo, hi, empty = self._prepare(plan, mask, q_pos, q_seg, k_pos, k_seg)
+            padq = ((0, plan.Tp - T), (0, 0), (0, 0))
+            qh = _prescale(jnp.pad(q, padq)).transpose(1, 0, 2)  # [N, Tp, H]
+            doh = jnp.pad(dout, padq).astype(q.dtype).transpose(1, 0, 2)
+            di = jnp.einsum("TNH,TNH->NT", jnp.pad(out, padq).astype(_F32), jnp.pad(dout, padq).astype(_F32))
+            # a row that sees no key anywhere has lse = -inf: any finite value makes its masked
+            # probabilities exp(mask_value - lse) = 0 (its dout/delta then contribute nothing)
+            lse_h = jnp.pad(jnp.where(jnp.isfinite(lse), lse, 0.0).astype(_F32), ((0, plan.Tp - T), (0, 0))).T
+            kh = jnp.pad(k, ((0, plan.Sp - S), (0, 0), (0, 0)))
+            vh = jnp.pad(v, ((0, plan.Sp - S), (0, 0), (0, 0)))
+
+            def chunk(dq, xs):
+                perm_c, lo_c, hi_c, empty_c = xs
+                kc = kh[perm_c].transpose(1, 0, 2)
+                vc = vh[perm_c].transpose(1, 0, 2)
+                fwd_info, dkv_info = _block_info(mi, lo_c, hi_c, plan.bq, plan.bkv, plan.chunk // plan.bkv, empty_c)
+                dq_c, dk_c, dv_c = _splash_bwd(sk, qh, kc, vc, lse_h, doh, di, fwd_info, dkv_info, plan, interpret)
+                # sorted chunk order -> the caller's kv order
+                inv = jnp.argsort(perm_c)
+                return dq + dq_c.astype(_F32), (dk_c.astype(_F32)[:, inv], dv_c.astype(_F32)[:, inv])
+
+            dq, (dk, dv) = lax.scan(chunk, jnp.zeros((N, plan.Tp, H), _F32), (perm, lo, hi, empty))
+            # dk, dv: [n, K, C, H] -> [Sp, K, H]
+            dk = dk.transpose(0, 2, 1, 3).reshape(plan.Sp, K, H)[:S]
+            dv = dv.transpose(0, 2, 1, 3).reshape(plan.Sp, K, H)[:S]
+            return _prescale(dq.transpose(1, 0, 2)[:T]), dk, dv
+
+        return jax.vmap(row)(q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout)
+
+
+def _splash_bwd(sk, q, k, v, lse, do, di, fwd_info, dkv_info, plan: _Plan, interpret: bool):
+    """Splash's own backward kernels with the GLOBAL ``lse`` and ``di = sum(dout * out)``.
+
+    The only use of JAX-private splash functions (signatures of JAX 0.10.2); ``q`` is already
+    scaled, so dK comes out right and dQ is w.r.t. the scaled q.
+    """
+    layout = sk.QKVLayout.HEAD_DIM_MINOR
+    common = dict(is_mqa=False, mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None, q_layout=layout,
+                  k_layout=layout, v_layout=layout, mask_function=_mask_fn, interpret=interpret)
+    dq = sk._splash_attention_bwd_dq(q, k, v, None, None, lse, do, di, bq=plan.bq, bkv=plan.bkv,
+                                     mask_info=fwd_info, **common)
+    _, dk, dv = sk._splash_attention_bwd_dkv(q, k, v, None, None, lse, do, di, bq=plan.bq, bkv=plan.bkv,
+                                             bkv_compute=plan.bkv, use_fused_bwd_kernel=False,
+                                             mask_info=dkv_info, **common)
+    return dq, dk, dv
+
+
+def _merge(out, lse, out_b, lse_b):
+    """Merge normalised partials over disjoint key sets ``[N, T, H]``, ``[N, T]`` (float32)."""
+    new = jnp.logaddexp(lse, lse_b)
+    safe = jnp.where(jnp.isfinite(new), new, 0.0)
+    return out * jnp.exp(lse - safe)[..., None] + out_b * jnp.exp(lse_b - safe)[..., None], new
+
+
+def _groups(n_heads: int, n_kv_heads: int) -> int:
+    if n_heads % n_kv_heads:
+        raise ValueError(f"query heads {n_heads} must be a multiple of kv heads {n_kv_heads} (GQA)")
+    return n_heads // n_kv_heads
