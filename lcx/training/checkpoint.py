@@ -37,6 +37,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
+from lcx.training.step import is_arraylike, opt_state_shardings
+
 log = logging.getLogger(__name__)
 
 # Sub-directory of checkpoint.dir that unreadable checkpoints are moved into. Its name is not a
@@ -138,27 +140,6 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def is_arraylike(x: Any) -> bool:
-    """Arrays and ``jax.ShapeDtypeStruct`` (what ``eqx.filter_eval_shape`` leaves hold)."""
-    return isinstance(x, jax.ShapeDtypeStruct) or isinstance(x, jax.Array)
-
-
-def opt_state_shardings(optimizer: optax.GradientTransformation, abstract_params: Any, param_shardings: Any,
-                        replicated: jax.sharding.Sharding) -> Any:
-    """Shardings of ``optimizer``'s state: each per-parameter state like its parameter, the rest
-    (optax's scalar ``count``) replicated. The same rule as :func:`lcx.training.step.make_steps`,
-    which needs concrete parameters; a restore target must exist before any parameter does."""
-    abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
-    return optax.tree_map_params(
-        optimizer,
-        lambda _, s: s,
-        abstract_opt,
-        param_shardings,
-        transform_non_params=lambda _: replicated,
-        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
-    )
-
-
 def abstract_train_state(abstract_params: Any, param_shardings: Any, optimizer: optax.GradientTransformation,
                          replicated: jax.sharding.Sharding) -> dict[str, Any]:
     """Restore target ``{"params", "opt_state"}`` for a model under a plan.
@@ -192,21 +173,10 @@ def train_state_target(config: Mapping[str, Any], mp: Any) -> tuple[dict[str, An
     import equinox as eqx  # noqa: PLC0415 - keep this module's import light for the loop
 
     from lcx.models import ModelConfig, init_model, model_shardings
-    from lcx.training.optim import make_optimizer
+    from lcx.training.optim import optimizer_from_config
 
     model_cfg = ModelConfig.from_dict(dict(config["model"]))
-    t = config["train"]
-    steps = int(t["steps"])
-    optimizer, _ = make_optimizer(
-        lr=float(t["lr"]),
-        steps=steps,
-        warmup_steps=int(t["warmup_steps"]) if t.get("warmup_steps") is not None else max(1, steps // 10),
-        min_lr_ratio=float(t["min_lr_ratio"]),
-        weight_decay=float(t["weight_decay"]),
-        b1=float(t["b1"]),
-        b2=float(t["b2"]),
-        grad_clip=float(t["grad_clip"]),
-    )
+    optimizer, _ = optimizer_from_config(config["train"])
     abstract = eqx.filter_eval_shape(init_model, model_cfg, key=jax.random.key(0))
     abstract_params, static = eqx.partition(abstract, is_arraylike)
     target = abstract_train_state(abstract_params, model_shardings(abstract, mp), optimizer, mp.replicated())
@@ -550,7 +520,6 @@ __all__ = [
     "abstract_train_state",
     "check_compatible",
     "is_arraylike",
-    "opt_state_shardings",
     "checkpoint_config",
     "key_from_json",
     "key_to_json",

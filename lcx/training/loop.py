@@ -40,7 +40,7 @@ from lcx.training.checkpoint import (
     key_to_json,
     nonfinite_leaves,
 )
-from lcx.training.optim import make_optimizer
+from lcx.training.optim import optimizer_from_config
 from lcx.training.runinfo import run_info
 from lcx.training.step import init_opt_state, make_steps, put_batch
 
@@ -63,20 +63,6 @@ def setup(cfg: DictConfig, devices=None) -> dict[str, Any]:
         len(devices), dims=model_cfg.dims(), seq_len=int(cfg.train.seq_len), global_batch=int(cfg.train.global_batch)
     )
     return {"plan": bind(plan, devices), "model_cfg": model_cfg, "devices": devices}
-
-
-def make_optimizer_from_config(t: DictConfig):
-    """AdamW + warmup-cosine schedule from the ``train`` config node: ``(optimizer, schedule)``."""
-    return make_optimizer(
-        lr=float(t.lr),
-        steps=int(t.steps),
-        warmup_steps=int(t.warmup_steps) if t.warmup_steps is not None else max(1, int(t.steps) // 10),
-        min_lr_ratio=float(t.min_lr_ratio),
-        weight_decay=float(t.weight_decay),
-        b1=float(t.b1),
-        b2=float(t.b2),
-        grad_clip=float(t.grad_clip),
-    )
 
 
 def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[str, Any]:
@@ -129,7 +115,7 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
     abstract = eqx.filter_eval_shape(init_model, model_cfg, key=key)
     p_shard = model_shardings(abstract, mp)
     abstract_params, static = eqx.partition(abstract, is_arraylike)
-    optimizer, schedule = make_optimizer_from_config(t)
+    optimizer, schedule = optimizer_from_config(t)
 
     # The training RNG stream. The step draws no randomness today (no dropout); the key is
     # carried through checkpoints so that a stochastic step would resume exactly too.

@@ -48,3 +48,20 @@ def make_optimizer(
         ),
     )
     return opt, schedule
+
+
+def optimizer_from_config(t) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """:func:`make_optimizer` from the ``train`` config node (OmegaConf node or plain dict, e.g.
+    the resolved config stored in a checkpoint). ``warmup_steps: null`` means 10% of the steps."""
+    steps = int(t["steps"])
+    warmup = t.get("warmup_steps")
+    return make_optimizer(
+        lr=float(t["lr"]),
+        steps=steps,
+        warmup_steps=int(warmup) if warmup is not None else max(1, steps // 10),
+        min_lr_ratio=float(t["min_lr_ratio"]),
+        weight_decay=float(t["weight_decay"]),
+        b1=float(t["b1"]),
+        b2=float(t["b2"]),
+        grad_clip=float(t["grad_clip"]),
+    )

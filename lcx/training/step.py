@@ -53,16 +53,8 @@ def make_steps(model: eqx.Module, optimizer: optax.GradientTransformation, plan:
       plan: the plan bound to a mesh.
       param_shardings: pytree of NamedSharding matching ``eqx.filter(model, eqx.is_array)``.
     """
-    params, static = eqx.partition(model, eqx.is_array)
-    abstract_opt = jax.eval_shape(optimizer.init, params)
-    opt_shardings = optax.tree_map_params(
-        optimizer,
-        lambda _, s: s,
-        abstract_opt,
-        param_shardings,
-        transform_non_params=lambda _: plan.replicated(),
-        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
-    )
+    params, static = eqx.partition(model, is_arraylike)
+    opt_shardings = opt_state_shardings(optimizer, params, param_shardings, plan.replicated())
     batch_sharding = plan.activation_sharding(BATCH_AXES)
     batch_shardings = {k: batch_sharding for k in BATCH_KEYS}
 
@@ -91,6 +83,29 @@ def make_steps(model: eqx.Module, optimizer: optax.GradientTransformation, plan:
     )
     eval_j = jax.jit(evaluate, in_shardings=(param_shardings, batch_shardings), out_shardings=(rep, rep))
     return Steps(train_j, eval_j, param_shardings, opt_shardings, batch_sharding)
+
+
+def is_arraylike(x: Any) -> bool:
+    """Arrays and ``jax.ShapeDtypeStruct`` (what ``eqx.filter_eval_shape`` leaves hold)."""
+    return isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
+
+
+def opt_state_shardings(
+    optimizer: optax.GradientTransformation, params: Any, param_shardings: Any, replicated: jax.sharding.Sharding
+) -> Any:
+    """Shardings of ``optimizer``'s state: each per-parameter state (Adam's mu and nu) like its
+    parameter, everything else (optax's scalar ``count``) replicated. ``params`` may be concrete
+    or abstract (``ShapeDtypeStruct``), so a restore target can be built before any parameter
+    exists."""
+    abstract_opt = jax.eval_shape(optimizer.init, params)
+    return optax.tree_map_params(
+        optimizer,
+        lambda _, s: s,
+        abstract_opt,
+        param_shardings,
+        transform_non_params=lambda _: replicated,
+        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+    )
 
 
 def init_opt_state(optimizer: optax.GradientTransformation, params, opt_shardings):
