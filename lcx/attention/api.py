@@ -64,7 +64,8 @@ def attention(
       ValueError: inconsistent shapes; batch, sequence or head counts not divisible by the mesh
         axes the plan maps them to; a strategy that cannot serve these head counts (e.g. the
         Ulysses degree does not divide the query heads). Raised before compiling.
-      KernelNotAvailableError: ``plan.attention.kernel`` is ``"splash"`` (not implemented yet).
+        The splash kernel also refuses block sizes that are not multiples of 128 (or > 16384).
+      KernelNotAvailableError: the plan's kernel cannot run with this JAX (no Pallas splash).
     """
     mp = plan if isinstance(plan, MeshPlan) else bind(plan)
     B, T = q.shape[:2] if q.ndim == 4 else (None, None)
@@ -104,7 +105,7 @@ def build_strategy(
 
     Raises:
       ValueError: see :func:`attention`.
-      KernelNotAvailableError: the plan's kernel is not implemented yet.
+      KernelNotAvailableError: the plan's kernel cannot run with this JAX.
     """
     plan = mesh_plan.plan
     sizes = dict(mesh_plan.mesh.shape)
