@@ -199,3 +199,16 @@ def test_causal_load_balance_published_numbers():
     c = 4096
     w = causal_work_per_device("contiguous", 8 * c, 4) / c**2
     np.testing.assert_allclose(w, [2, 6, 10, 14], rtol=1e-3)
+
+
+@pytest.mark.parametrize("hardware,block", [("cpu", 512), ("tpu_v5p", 1024), ("tpu7", 2048)])
+def test_attention_blocks_default_per_hardware(hardware, block):
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"hardware={hardware}", "plan=ring"])
+        explicit = compose(config_name="config", overrides=[f"hardware={hardware}", "plan=ring", "plan.attention.block_q=256"])
+    p = plan_from_config(cfg.plan, default_block=cfg.hardware.attention_block)
+    assert (p.attention.block_q, p.attention.block_kv) == (block, block)
+    e = plan_from_config(explicit.plan, default_block=explicit.hardware.attention_block)
+    assert (e.attention.block_q, e.attention.block_kv) == (256, block)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -27,8 +27,8 @@ class AttentionSchema:
     ulysses_axis: str = "ulysses"
     ring_axis: str = "ring"
     allow_kv_replication: bool = True
-    block_q: int = 512
-    block_kv: int = 512
+    block_q: Optional[int] = None  # None: the hardware preset's attention_block (512 if none)
+    block_kv: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -46,8 +46,12 @@ class PlanSchema:
 assert [f.name for f in dataclasses.fields(AttentionSchema)] == [f.name for f in dataclasses.fields(AttentionConfig)]
 
 
-def plan_from_config(node: DictConfig | dict) -> Plan:
+def plan_from_config(node: DictConfig | dict, *, default_block: int = 512) -> Plan:
     """Build a :class:`Plan` from a Hydra/OmegaConf ``plan`` node or a plain dict.
+
+    ``plan.attention.block_q`` / ``block_kv`` left null take ``default_block`` tokens: the
+    hardware preset's ``attention_block`` (1024 on TPU v5p, 2048 on TPU 7 as in MaxText's
+    long-context recipes, 512 on CPU).
 
     Raises:
       PlanError: a key not in :class:`PlanSchema` (misspelt), a value of the wrong type, or any
@@ -58,6 +62,9 @@ def plan_from_config(node: DictConfig | dict) -> Plan:
     except OmegaConfBaseException as e:
         raise PlanError(f"invalid plan config: {e.msg if hasattr(e, 'msg') else e}".strip()) from None
     d = OmegaConf.to_container(merged, resolve=True)
+    for b in ("block_q", "block_kv"):
+        if d["attention"][b] is None:
+            d["attention"][b] = int(default_block)
     return Plan(
         mesh=tuple(d["mesh"].items()),
         params=tuple(d["params"].items()),
