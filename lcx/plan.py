@@ -22,6 +22,8 @@ import sys
 from typing import Any
 
 import hydra
+
+import lcx.conf  # noqa: F401  (registers the structured plan schema with Hydra)
 from omegaconf import DictConfig, OmegaConf
 
 

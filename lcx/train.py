@@ -11,6 +11,8 @@ import os
 import sys
 
 import hydra
+
+import lcx.conf  # noqa: F401  (registers the structured plan schema with Hydra)
 from omegaconf import DictConfig
 
 

@@ -46,6 +46,19 @@ class PlanSchema:
 assert [f.name for f in dataclasses.fields(AttentionSchema)] == [f.name for f in dataclasses.fields(AttentionConfig)]
 
 
+def register_schema() -> None:
+    """Register :class:`PlanSchema` as ``plan/schema`` in Hydra's ConfigStore. Every preset in
+    ``lcx/conf/plan/`` starts from it (``defaults: [schema, _self_]``), so at composition time
+    every key exists (``plan.attention.block_q=256`` needs no ``+``) and a misspelt or mistyped
+    key is an error."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group="plan", name="schema", node=PlanSchema)
+
+
+register_schema()
+
+
 def plan_from_config(node: DictConfig | dict, *, default_block: int = 512) -> Plan:
     """Build a :class:`Plan` from a Hydra/OmegaConf ``plan`` node or a plain dict.
 
@@ -57,6 +70,8 @@ def plan_from_config(node: DictConfig | dict, *, default_block: int = 512) -> Pl
       PlanError: a key not in :class:`PlanSchema` (misspelt), a value of the wrong type, or any
         check of :class:`Plan` itself.
     """
+    if isinstance(node, DictConfig | dict) and "defaults" in node:  # a preset file read directly
+        node = {k: v for k, v in node.items() if k != "defaults"}
     try:
         merged = OmegaConf.merge(OmegaConf.structured(PlanSchema), node)
     except OmegaConfBaseException as e:
