@@ -277,3 +277,101 @@ def test_make_kernel_refuses_unknown_names_and_untileable_splash_blocks():
         make_kernel("splash", 64, 128)
     with pytest.raises(ValueError, match="unknown attention kernel"):
         make_kernel("cudnn")
+
+
+@pytest.mark.parametrize("mask_name", list(MASKS))
+def test_all_visible_is_a_sufficient_condition(mask_name):
+    """True from Mask.all_visible must mean the dense mask shows every pair (the kernel then
+    skips the element-wise mask), and it does say True for blocks that are obviously visible."""
+    mask = MASKS[mask_name]
+    rng = np.random.default_rng(1)
+    n = 400
+    qp = jnp.asarray(rng.integers(0, 64, (n, 2, 6)), jnp.int32)
+    kp = jnp.asarray(rng.integers(0, 64, (n, 2, 5)), jnp.int32)
+    qs = jnp.asarray(rng.integers(0, 2, (n, 2, 6)), jnp.int32)
+    ks = jnp.asarray(rng.integers(0, 2, (n, 2, 5)), jnp.int32)
+    full = np.asarray(jax.vmap(mask.all_visible)(qp, kp, qs, ks))
+    every_visible = np.asarray(mask.visible(qp, kp, qs, ks).all(axis=(1, 2, 3)))
+    assert not np.any(full & ~every_visible)
+    may = np.asarray(jax.vmap(mask.may_be_visible)(qp, kp, qs, ks))
+    assert not np.any(full & ~may)  # the three tile classes are consistent
+    z = jnp.zeros((1, 4), jnp.int32)
+    ar = jnp.arange(4, dtype=jnp.int32)[None]
+    # queries right after their keys, one document: visible for every mask here (window >= 5)
+    assert bool(mask.all_visible(ar + 4, ar, z, z)) == (mask.window is None or mask.window > 7)
+    if mask.causal:  # the diagonal block is NOT fully visible
+        assert not bool(mask.all_visible(ar, ar, z, z))
+    if mask.document:  # two documents in the block
+        assert not bool(mask.all_visible(ar + 4, ar, z, jnp.array([[0, 0, 1, 1]], jnp.int32)))
+    if mask.is_full:
+        assert bool(jnp.all(full))
+
+
+def _tile_classes(mask, qp, kp, qs, ks, bq, bk):
+    from lcx.attention.kernels.xla import tile_class
+
+    T, S = qp.shape[1], kp.shape[1]
+    return {
+        int(tile_class(mask, qp[:, i:i + bq], kp[:, j:j + bk], qs[:, i:i + bq], ks[:, j:j + bk]))
+        for i in range(0, T, bq)
+        for j in range(0, S, bk)
+    }
+
+
+@pytest.mark.parametrize("heads_name", ["mha", "gqa2"])
+def test_kernel_three_tile_classes_match_reference(heads_name):
+    """Packed documents whose boundaries fall both on and inside tile edges, causal: the kernel
+    meets hidden tiles, fully visible tiles (no mask arithmetic) and partial tiles (additive
+    bias) in one call, forward and backward, and must equal the dense reference."""
+    from lcx.attention.kernels.xla import FULL, HIDDEN, PARTIAL
+
+    mask = Mask(document=True)
+    N, K = HEADS[heads_name]
+    B, T, H, blk = 1, 48, 8, 8
+    q, k, v, do = _inputs(B, T, T, N, K, H, seed=11)
+    # documents [0, 24) (boundary on a tile edge) and [24, 43), [43, 48) (inside a tile)
+    seg = np.zeros((B, T), np.int32)
+    seg[:, 24:43], seg[:, 43:] = 1, 2
+    pos = np.concatenate([np.arange(24), np.arange(19), np.arange(5)])[None].astype(np.int32)
+    pos, seg = jnp.asarray(pos), jnp.asarray(seg)
+    assert _tile_classes(mask, pos, pos, seg, seg, blk, blk) == {HIDDEN, FULL, PARTIAL}
+    kern = XlaKernel(block_q=blk, block_kv=blk)
+    out, lse = jax.jit(lambda *a: kern.forward(*a, mask=mask), compiler_options=FAST_COMPILE)(
+        q, k, v, pos, pos, seg, seg
+    )
+    ref = lambda q, k, v: reference_attention(q, k, v, mask=mask, positions=pos, segment_ids=seg)
+    ref_out, ref_grads = jax.jit(lambda q, k, v, do: _value_and_vjp(ref, do, q, k, v), compiler_options=FAST_COMPILE)(
+        q, k, v, do
+    )
+    np.testing.assert_allclose(out, ref_out, atol=OUT_TOL, rtol=0)
+    np.testing.assert_allclose(lse, _dense_lse(q, k, pos, pos, seg, seg, mask), atol=OUT_TOL, rtol=0)
+    grads = jax.jit(lambda *a: kern.backward(*a, mask=mask), compiler_options=FAST_COMPILE)(
+        q, k, v, pos, pos, seg, seg, out, lse, do
+    )
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g, r, atol=GRAD_TOL, rtol=0)
+
+
+def test_fully_visible_tiles_take_the_unmasked_path():
+    """A call whose every tile is fully visible (keys all before the queries, causal) runs only
+    the unmasked branch, and still equals the reference; a kernel forced to mask those same
+    tiles (document mask, one document) gives the same numbers."""
+    from lcx.attention.kernels.xla import FULL
+
+    B, T, N, K, H, blk = 1, 16, 4, 2, 8, 8
+    q, k, v, do = _inputs(B, T, T, N, K, H, seed=12)
+    kp = jnp.arange(T, dtype=jnp.int32)[None]
+    qp = kp + T
+    z = jnp.zeros((B, T), jnp.int32)
+    assert _tile_classes(Mask(), qp, kp, z, z, blk, blk) == {FULL}
+    kern = XlaKernel(block_q=blk, block_kv=blk)
+    outs = {}
+    for name, mask in (("causal", Mask()), ("full", Mask(causal=False))):
+        out, lse = kern.forward(q, k, v, qp, kp, z, z, mask=mask)
+        outs[name] = (out, lse, kern.backward(q, k, v, qp, kp, z, z, out, lse, do, mask=mask))
+    ref = lambda q, k, v: reference_attention(q, k, v, mask=Mask(causal=False))
+    ref_out, ref_grads = _value_and_vjp(ref, do, q, k, v)
+    np.testing.assert_allclose(outs["causal"][0], ref_out, atol=OUT_TOL, rtol=0)
+    for g, r in zip(outs["causal"][2], ref_grads):
+        np.testing.assert_allclose(g, r, atol=GRAD_TOL, rtol=0)
+    np.testing.assert_array_equal(outs["causal"][0], outs["full"][0])

@@ -422,3 +422,43 @@ def test_registry_maps_every_plan_strategy_to_a_strategy_class():
 
     assert set(STRATEGIES) == set(PLAN_STRATEGIES)
     assert all(issubclass(c, Strategy) for c in STRATEGIES.values())
+
+
+# --------------------------------------------------------------------------------------------
+# Ring passes over kv-head groups (the default for large shards, see ring.heads_per_pass): the
+# same numbers as one pass, and every pass makes its own P-1 hops.
+@pytest.mark.parametrize("kv_heads_per_pass", [1, 2])
+def test_ring_in_kv_head_passes_matches_reference(kv_heads_per_pass):
+    from lcx.attention import Ring
+    from lcx.attention.kernels import XlaKernel
+
+    mp = make_mesh_plan("ring", 4)
+    strategy = Ring(kernel=XlaKernel(BLOCK_Q, BLOCK_KV), mask=MASKS["causal_doc"], axes=("context",), degree=4,
+                    kv_heads_per_pass=kv_heads_per_pass)
+    qs, ps = (mp.plan.activation_spec(a) for a in (("batch", "seq", "heads", "head_dim"), ("batch", "seq")))
+    fn = jax.shard_map(strategy, mesh=mp.mesh, in_specs=(qs, qs, qs, ps, ps, ps, ps), out_specs=qs, check_vma=False)
+    ref_out, ref_grads = reference("causal_doc", "mha")
+    q, k, v, pos, seg, do = (_lay(x, "zigzag", 4) for x in inputs("causal_doc", "mha"))
+    q, k, v, pos, seg, do = sharded(mp, q, k, v, pos, seg, do)
+    f = lambda q, k, v, p, s, do: _value_and_vjp(lambda q, k, v: fn(q, k, v, p, p, s, s), do, q, k, v)
+    out, grads = jax.jit(f, compiler_options=FAST_COMPILE)(q, k, v, pos, seg, do)
+    np.testing.assert_allclose(out, _lay(ref_out, "zigzag", 4), atol=OUT_TOL, rtol=0)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g, _lay(r, "zigzag", 4), atol=GRAD_TOL, rtol=0)
+    passes = KV_HEADS["mha"] // kv_heads_per_pass
+    both = jax.make_jaxpr(f)(q, k, v, pos, seg, do)
+    assert _count_primitive(both.jaxpr, "ppermute") == passes * (8 * 3 + 2 * 4)
+
+
+def test_ring_heads_per_pass_rule():
+    from lcx.attention.strategies.ring import heads_per_pass
+
+    assert heads_per_pass((1, 512, 8, 64), jnp.float32) == 8  # 1 MiB shard: one pass
+    assert heads_per_pass((1, 2048, 8, 64), jnp.float32) == 1  # 4 MiB: one kv head per pass
+    assert heads_per_pass((2, 64, 2, 8), jnp.float32) == 2  # test sizes: one pass
+    with pytest.raises(ValueError, match="must divide the 8 kv heads"):
+        from lcx.attention import ring_attention
+
+        x = jnp.zeros((1, 8, 8, 4))
+        p = jnp.zeros((1, 8), jnp.int32)
+        ring_attention(x, x, x, p, p, p, p, kernel=None, mask=Mask(), axes=("context",), size=1, kv_heads_per_pass=3)

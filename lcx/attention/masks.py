@@ -102,6 +102,48 @@ class Mask:
             ok = ok & (k_seg.max(-1) >= q_seg.min(-1)) & (k_seg.min(-1) <= q_seg.max(-1))
         return jnp.any(ok)
 
+    def all_visible(
+        self,
+        q_pos: Int[Array, "*b t"],
+        k_pos: Int[Array, "*b s"],
+        q_seg: Int[Array, "*b t"] | None = None,
+        k_seg: Int[Array, "*b s"] | None = None,
+    ) -> Bool[Array, ""]:
+        """Scalar bool: True only if EVERY query of the block may attend to every key of it.
+
+        The other half of the cheap block test (min/max only, O(t + s)): a True result lets a
+        kernel skip the element-wise mask entirely. Each condition below is sufficient for all
+        pairs of a batch row to be visible, so a True result is exact; a False result may still
+        have every pair visible (the block is then masked element-wise, which is correct):
+
+        - causal: ``max(k_pos) <= min(q_pos)``;
+        - window: ``max(q_pos) - min(k_pos) < window`` (and, not causal,
+          ``max(k_pos) - min(q_pos) < window``);
+        - document: every query and key segment id is one and the same value.
+
+        Args:
+          q_pos, k_pos: int32 global positions ``[..., t]`` and ``[..., s]``.
+          q_seg, k_seg: int32 segment ids (required by a document mask).
+
+        Returns:
+          bool ``[]``: True if in every batch row every (query, key) pair is visible.
+        """
+        qmin, qmax = q_pos.min(-1), q_pos.max(-1)
+        kmin, kmax = k_pos.min(-1), k_pos.max(-1)
+        ok = jnp.ones(jnp.broadcast_shapes(qmin.shape, kmin.shape), bool)
+        if self.causal:
+            ok = ok & (kmax <= qmin)
+        if self.window is not None:
+            ok = ok & (qmax - kmin < self.window)
+            if not self.causal:
+                ok = ok & (kmax - qmin < self.window)
+        if self.document:
+            if q_seg is None or k_seg is None:
+                raise ValueError("a document mask needs segment ids for queries and keys")
+            qs_min, qs_max = q_seg.min(-1), q_seg.max(-1)
+            ok = ok & (qs_min == qs_max) & (k_seg.min(-1) == qs_min) & (k_seg.max(-1) == qs_min)
+        return jnp.all(ok)
+
     @property
     def is_full(self) -> bool:
         return not self.causal and not self.document and self.window is None

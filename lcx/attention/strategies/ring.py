@@ -69,6 +69,7 @@ def ring_attention(
     mask: Mask,
     axes: tuple[str, ...],
     size: int,
+    kv_heads_per_pass: int | None = None,
 ) -> Float[Array, "B T N H"]:
     """Per-device ring attention over mesh ``axes`` (call inside ``jax.shard_map``).
 
@@ -81,11 +82,40 @@ def ring_attention(
       axes: mesh axes of the ring (a tuple: an 8-device ring over a 2x4 mesh uses both), the
         linear device index over them, major to minor, is the ring order.
       size: ring size P (product of the axis sizes).
+      kv_heads_per_pass: run the whole ring once per group of this many kv heads (with their
+        G query heads each), one group after another; ``None``: :func:`heads_per_pass`.
 
     Returns:
       ``[B, T, N, H]`` in ``q.dtype``, differentiable in q, k, v (custom VJP).
+
+    Raises:
+      ValueError: ``kv_heads_per_pass`` does not divide the local kv heads.
     """
-    return _ring(kernel, mask, tuple(axes), int(size), q, k, v, q_pos, k_pos, q_seg, k_seg)
+    K = k.shape[2]
+    kvh = heads_per_pass(k.shape, k.dtype) if kv_heads_per_pass is None else int(kv_heads_per_pass)
+    if kvh < 1 or K % kvh:
+        raise ValueError(f"ring: kv_heads_per_pass={kvh} must divide the {K} kv heads per device")
+    return _ring(kernel, mask, tuple(axes), int(size), kvh, q, k, v, q_pos, k_pos, q_seg, k_seg)
+
+
+# per-pass K (or V) shard size above which the ring runs one kv head per pass
+PASS_BYTES = 2**20
+
+
+def heads_per_pass(kv_shape: tuple[int, ...], dtype) -> int:
+    """Default kv heads per ring pass: all of them while the local K shard ``[B, T, K, H]`` is at
+    most 1 MiB, else ONE (attention is independent per kv head and its query group).
+
+    Per-device memory of a ring is a few K/V-sized buffers (the shard in use, the next one in
+    flight, and in the backward the travelling dK/dV accumulators and their next hop) plus the
+    kernel's tiles. Running the ring once per kv head divides all of those by K, so only the
+    float32 output, dQ and the per-head tiles remain whole-shard sized: per-device memory then
+    falls as 1/P with the ring size. The price is K times more (K times smaller) transfers,
+    which hurts only where a hop's latency, not its bytes, dominates: small shards, which keep
+    all heads in one pass.
+    """
+    B, T, K, H = kv_shape
+    return K if B * T * K * H * jnp.dtype(dtype).itemsize <= PASS_BYTES else 1
 
 
 def _shift(tree, axes, size):
@@ -119,19 +149,67 @@ def _forward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg):
     return block(out, lse, kv)  # last block: no transfer after it
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _ring(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    out, _ = _forward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg)
+def _head_slice(x, i, n):
+    return lax.dynamic_slice_in_dim(x, i * n, n, axis=2)
+
+
+def _head_update(x, part, i):
+    return lax.dynamic_update_slice_in_dim(x, part.astype(x.dtype), i * part.shape[2], axis=2)
+
+
+def _passes(kvh, q, k):
+    """(number of passes, q heads per pass, kv heads per pass)."""
+    K = k.shape[2]
+    return K // kvh, q.shape[2] // K * kvh, kvh
+
+
+def _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg):
+    n, nh, kh = _passes(kvh, q, k)
+    if n == 1:
+        return _forward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    B, T, N, H = q.shape
+
+    def one(i, carry):
+        out, lse = carry
+        o, l = _forward(kernel, mask, axes, size, _head_slice(q, i, nh), _head_slice(k, i, kh), _head_slice(v, i, kh),
+                        q_pos, k_pos, q_seg, k_seg)
+        return _head_update(out, o, i), _head_update(lse, l, i)
+
+    init = (jnp.zeros((B, T, N, H), _F32), jnp.full((B, T, N), -jnp.inf, _F32))
+    return lax.fori_loop(0, n, one, init)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _ring(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg):
+    out, _ = _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg)
     return out.astype(q.dtype)
 
 
-def _ring_fwd(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    out, lse = _forward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg)
+def _ring_fwd(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg):
+    out, lse = _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg)
     return out.astype(q.dtype), (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse)
 
 
-def _ring_bwd(kernel, mask, axes, size, res, dout):
+def _ring_bwd(kernel, mask, axes, size, kvh, res, dout):
     q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse = res
+    n, nh, kh = _passes(kvh, q, k)
+    if n == 1:
+        dq, dk, dv = _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout)
+    else:
+
+        def one(i, carry):
+            sl_q = lambda x: _head_slice(x, i, nh)
+            sl_k = lambda x: _head_slice(x, i, kh)
+            parts = _backward(kernel, mask, axes, size, sl_q(q), sl_k(k), sl_k(v), q_pos, k_pos, q_seg, k_seg,
+                              sl_q(out), sl_q(lse), sl_q(dout))
+            return tuple(_head_update(acc, part, i) for acc, part in zip(carry, parts))
+
+        dq, dk, dv = lax.fori_loop(0, n, one, (jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype),
+                                                 jnp.zeros(v.shape, v.dtype)))
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
+
+
+def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout):
 
     def block(dq, kv, dkv):
         kb, vb, kp, ks = kv
@@ -155,7 +233,7 @@ def _ring_bwd(kernel, mask, axes, size, res, dout):
     dq, dkv = block(dq, kv, dkv)
     # device i now holds the accumulator of device i + 1's K/V: one last hop brings it home
     dk, dv = _shift(dkv, axes, size)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
+    return dq, dk, dv
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
@@ -169,12 +247,14 @@ class Ring(Strategy):
       mask: mask predicate.
       axes: mesh axes the sequence is split over, major to minor (the ring order).
       degree: ring size P.
+      kv_heads_per_pass: kv heads per pass of the ring (``None``: :func:`heads_per_pass`).
     """
 
     kernel: Kernel
     mask: Mask = eqx.field(static=True)
     axes: tuple[str, ...] = eqx.field(static=True)
     degree: int = eqx.field(static=True)
+    kv_heads_per_pass: int | None = eqx.field(static=True, default=None)
 
     @classmethod
     def from_plan(cls, kernel, mask, seq_axes, axis_sizes: Mapping[str, int], config) -> Ring:
@@ -194,5 +274,6 @@ class Ring(Strategy):
         k_seg: Int[Array, "B T"],
     ) -> Float[Array, "B T N H"]:
         return ring_attention(
-            q, k, v, q_pos, k_pos, q_seg, k_seg, kernel=self.kernel, mask=self.mask, axes=self.axes, size=self.degree
+            q, k, v, q_pos, k_pos, q_seg, k_seg, kernel=self.kernel, mask=self.mask, axes=self.axes, size=self.degree,
+            kv_heads_per_pass=self.kv_heads_per_pass,
         )
