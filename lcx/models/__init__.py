@@ -19,6 +19,11 @@ from lcx.models.llama import (
     rope as rope,
     rope_frequencies as rope_frequencies,
 )
+from lcx.models.rotary import (
+    ROPE_SCALING_TYPES as ROPE_SCALING_TYPES,
+    RopeConfig as RopeConfig,
+    rope_angles as rope_angles,
+)
 from lcx.models.sharding import (
     init_sharded as init_sharded,
     logical_axes as logical_axes,

@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from lcx.models.rotary import RopeConfig
+
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 """Rematerialisation of each scanned block (``jax.checkpoint`` policies): ``none`` saves every
 activation; ``full`` saves only the block inputs; ``dots_saveable`` saves matmul outputs;
@@ -35,11 +37,21 @@ class ModelConfig:
       head_dim: H, width of one head.
       mlp_dim: F, hidden width of the SwiGLU MLP.
       rope_theta: RoPE base wavelength (RoFormer, arXiv:2104.09864); 500000 in Llama 3.
-      rope_scaling_factor: Llama 3.1 RoPE frequency scaling for long context (8 in Llama 3.1,
-        Meta's llama-models ``apply_scaling``): wavelengths longer than ``rope_original_max_len``
-        are stretched by this factor, those shorter than a quarter of it are kept, and the band
-        between is interpolated. None: plain RoPE.
+      rope_scaling_type: RoPE frequency scaling for long context (:mod:`lcx.models.rotary`):
+        None (plain RoPE), ``"llama3"`` (Llama 3.1, Meta's llama-models ``apply_scaling``) or
+        ``"yarn"`` (Peng et al. 2023, arXiv:2309.00071, as Hugging Face transformers computes
+        it). Left None while ``rope_scaling_factor`` is set it becomes ``"llama3"``.
+      rope_scaling_factor: context stretch factor s (8 in Llama 3.1): llama3 stretches
+        wavelengths longer than ``rope_original_max_len / rope_low_freq_factor`` by s, keeps
+        those shorter than ``rope_original_max_len / rope_high_freq_factor`` and interpolates
+        between; yarn interpolates by s with a ramp over pairs. None: plain RoPE.
       rope_original_max_len: context length in tokens the unscaled model was trained at (8192).
+      rope_low_freq_factor: llama3 band edge (Meta's default 1).
+      rope_high_freq_factor: llama3 band edge (Meta's default 4).
+      rope_beta_fast: yarn ramp edge, rotations per ``rope_original_max_len`` (paper: 32).
+      rope_beta_slow: yarn ramp edge (paper: 1).
+      rope_attention_factor: yarn multiplier of cos and sin, hence of both q and k (logits scale
+        by its square, as in transformers); None: ``0.1 ln(s) + 1``. Ignored by other types.
       norm_eps: RMSNorm epsilon.
       tie_embeddings: if True the output head is the transposed token embedding.
       remat: one of :data:`REMAT_POLICIES`.
@@ -64,8 +76,14 @@ class ModelConfig:
     head_dim: int = 16
     mlp_dim: int = 384
     rope_theta: float = 10_000.0
+    rope_scaling_type: str | None = None
     rope_scaling_factor: float | None = None
     rope_original_max_len: int = 8192
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_attention_factor: float | None = None
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     remat: str = "none"
@@ -78,8 +96,13 @@ class ModelConfig:
         # YAML may give 500000 for a float field; store floats so equal configs hash equal
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         object.__setattr__(self, "norm_eps", float(self.norm_eps))
-        if self.rope_scaling_factor is not None:
-            object.__setattr__(self, "rope_scaling_factor", float(self.rope_scaling_factor))
+        for f in ("rope_low_freq_factor", "rope_high_freq_factor", "rope_beta_fast", "rope_beta_slow"):
+            object.__setattr__(self, f, float(getattr(self, f)))
+        for f in ("rope_scaling_factor", "rope_attention_factor"):
+            if getattr(self, f) is not None:
+                object.__setattr__(self, f, float(getattr(self, f)))
+        if self.rope_scaling_type is None and self.rope_scaling_factor is not None:
+            object.__setattr__(self, "rope_scaling_type", "llama3")  # the one kind lcx had first
         ints = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim")
         for f in ints + ("rope_original_max_len",):
             v = getattr(self, f)
@@ -101,6 +124,15 @@ class ModelConfig:
                 f"model.rope_scaling_factor={self.rope_scaling_factor} must be >= 1 (it stretches "
                 "wavelengths) or null for plain RoPE"
             )
+        if self.rope_scaling_type is not None and self.rope_scaling_factor is None:
+            raise ValueError(
+                f"model.rope_scaling_type={self.rope_scaling_type!r} needs model.rope_scaling_factor "
+                "(e.g. 8.0), or set rope_scaling_type to null for plain RoPE"
+            )
+        try:
+            self.rope  # noqa: B018 - RopeConfig checks the type and the band edges
+        except ValueError as e:
+            raise ValueError(f"model.rope_*: {e}") from None
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"model.remat={self.remat!r} is unknown; choose one of {REMAT_POLICIES}")
         for f in ("dtype", "param_dtype"):
@@ -113,7 +145,23 @@ class ModelConfig:
                 f"model.sliding_window must be a positive number of tokens or null, got {self.sliding_window!r}"
             )
 
-    # ------------------------------------------------------------------ derived sizes
+    # ------------------------------------------------------------------ derived
+    @property
+    def rope(self) -> RopeConfig:
+        """The RoPE frequency table and attention factor this model uses."""
+        return RopeConfig(
+            head_dim=self.head_dim,
+            theta=self.rope_theta,
+            scaling_type=self.rope_scaling_type,
+            factor=self.rope_scaling_factor,
+            original_max_len=self.rope_original_max_len,
+            low_freq_factor=self.rope_low_freq_factor,
+            high_freq_factor=self.rope_high_freq_factor,
+            beta_fast=self.rope_beta_fast,
+            beta_slow=self.rope_beta_slow,
+            attention_factor=self.rope_attention_factor,
+        )
+
     @property
     def group_size(self) -> int:
         """G = N / K, query heads sharing one kv head."""
@@ -188,6 +236,7 @@ _LLAMA3_8B = dict(
     head_dim=128,
     mlp_dim=14_336,
     rope_theta=500_000.0,
+    rope_scaling_type="llama3",
     rope_scaling_factor=8.0,
     norm_eps=1e-5,
     tie_embeddings=False,
@@ -221,6 +270,7 @@ PRESETS: dict[str, ModelConfig] = {
             "n_layers": 80,
             "n_heads": 64,
             "mlp_dim": 28_672,
+            "rope_scaling_type": None,
             "rope_scaling_factor": None,
         },
     ),

@@ -28,6 +28,10 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from lcx.attention import Mask, attention
 from lcx.models.config import ModelConfig
+from lcx.models.rotary import RopeConfig, apply_rope, rope, rope_cos_sin, rope_frequencies
+
+__all__ = ["MLP", "Attention", "Block", "Embedding", "Llama", "RMSNorm", "init_model", "remat_policy",
+           "rope", "rope_frequencies"]
 from lcx.sharding import MeshPlan
 
 _INIT_STD = 0.02
@@ -58,53 +62,6 @@ def remat_policy(name: str):
     if name not in policies:
         raise ValueError(f"no checkpoint policy for remat={name!r}; choose one of {sorted(policies)}")
     return policies[name]
-
-
-def rope_frequencies(
-    head_dim: int, *, theta: float, scaling_factor: float | None = None, original_max_len: int = 8192
-) -> Float[Array, " half"]:
-    """RoPE angular frequencies ``theta ** (-2i / H)`` in radians per token, float32.
-
-    With ``scaling_factor`` (Llama 3.1), frequencies whose wavelength ``2 pi / f`` exceeds
-    ``original_max_len`` are divided by the factor, those with wavelength below
-    ``original_max_len / 4`` are kept, and the band between is interpolated linearly in
-    ``original_max_len / wavelength`` (Meta llama-models ``apply_scaling``, low_freq_factor 1,
-    high_freq_factor 4).
-    """
-    freq = jnp.float32(theta) ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / jnp.float32(head_dim))
-    if scaling_factor is None:
-        return freq
-    low_freq_factor, high_freq_factor = 1.0, 4.0
-    ratio = jnp.float32(original_max_len) * freq / jnp.float32(2 * math.pi)  # = original_max_len / wavelength
-    smooth = jnp.clip((ratio - low_freq_factor) / (high_freq_factor - low_freq_factor), 0.0, 1.0)
-    return (1.0 - smooth) * freq / jnp.float32(scaling_factor) + smooth * freq
-
-
-def rope(
-    x: Float[Array, "B T N H"], positions: Int[Array, "B T"], freq: Float[Array, " H//2"]
-) -> Float[Array, "B T N H"]:
-    """Rotary position embedding (Su et al., RoFormer, arXiv:2104.09864).
-
-    Pairs feature ``i`` with ``i + H/2`` (the "rotate half" layout of Llama's Hugging Face and
-    MaxText ports; equivalent to interleaved pairs up to a fixed permutation of the weights) and
-    rotates each pair by ``positions * freq[i]`` radians. Phases are computed in float32 from
-    the int32 positions: bfloat16 cannot represent positions above 256 exactly.
-
-    Args:
-      x: queries or keys ``[B, T, N, H]``, any float dtype; H even.
-      positions: int32 ``[B, T]`` global token positions (arbitrary: restarting per document,
-        permuted by the layout).
-      freq: float32 ``[H/2]`` angular frequencies in radians per token
-        (:func:`rope_frequencies`).
-
-    Returns:
-      ``[B, T, N, H]`` in ``x.dtype``.
-    """
-    angle = positions.astype(jnp.float32)[..., None, None] * freq  # [B, T, 1, H/2] radians
-    cos, sin = jnp.cos(angle), jnp.sin(angle)
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
 
 
 class RMSNorm(eqx.Module):
@@ -150,9 +107,7 @@ class Attention(eqx.Module):
     wk: Float[Array, "D K H"] = eqx.field(metadata={"axes": ("embed", "kv_heads", "head_dim")})
     wv: Float[Array, "D K H"] = eqx.field(metadata={"axes": ("embed", "kv_heads", "head_dim")})
     wo: Float[Array, "N H D"] = eqx.field(metadata={"axes": ("heads", "head_dim", "embed")})
-    rope_theta: float = eqx.field(static=True)
-    rope_scaling_factor: float | None = eqx.field(static=True)
-    rope_original_max_len: int = eqx.field(static=True)
+    rope: RopeConfig = eqx.field(static=True)
 
     def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):
         D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -163,9 +118,7 @@ class Attention(eqx.Module):
         self.wv = _normal(kv, (D, K, H), _INIT_STD, dt)
         # residual-branch outputs scaled by 1/sqrt(2L) so the residual variance stays O(1) in depth
         self.wo = _normal(ko, (N, H, D), _INIT_STD / math.sqrt(2 * cfg.n_layers), dt)
-        self.rope_theta = cfg.rope_theta
-        self.rope_scaling_factor = cfg.rope_scaling_factor
-        self.rope_original_max_len = cfg.rope_original_max_len
+        self.rope = cfg.rope
 
     def __call__(
         self,
@@ -176,14 +129,10 @@ class Attention(eqx.Module):
         mask: Mask,
         plan: MeshPlan,
     ) -> Float[Array, "B T D"]:
-        freq = rope_frequencies(
-            self.wq.shape[-1],
-            theta=self.rope_theta,
-            scaling_factor=self.rope_scaling_factor,
-            original_max_len=self.rope_original_max_len,
-        )
-        q = rope(jnp.einsum("BTD,DNH->BTNH", x, self.wq), positions, freq)
-        k = rope(jnp.einsum("BSD,DKH->BSKH", x, self.wk), positions, freq)
+        # exact phases from a float64 host table, shared by q and k (lcx.models.rotary)
+        cos, sin = rope_cos_sin(positions, self.rope)
+        q = apply_rope(jnp.einsum("BTD,DNH->BTNH", x, self.wq), cos, sin)
+        k = apply_rope(jnp.einsum("BSD,DKH->BSKH", x, self.wk), cos, sin)
         v = jnp.einsum("BSD,DKH->BSKH", x, self.wv)
         o = attention(q, k, v, plan=plan, mask=mask, positions=positions, segment_ids=segment_ids)
         return jnp.einsum("BTNH,NHD->BTD", o, self.wo)
