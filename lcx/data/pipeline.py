@@ -362,7 +362,7 @@ def load_corpus(cfg_data: Any) -> Corpus:
         if isinstance(paths, str):
             paths = [paths]
         return text_corpus(_abs_paths(list(paths)), text_field=str(_get(cfg_data, "text_field", "text")))
-    raise ValueError(f"unknown data.name {name!r}; use data=stdlib or data=text")
+    raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
 
 
 def make_data(
@@ -381,7 +381,8 @@ def make_data(
 
     Args:
       cfg_data: the ``data`` config node (OmegaConf or a mapping) with ``name`` (``stdlib`` |
-        ``text``), ``paths`` (text only: files or globs), ``text_field`` (JSON-lines field),
+        ``text`` | ``passkey``: the synthetic task of :mod:`lcx.data.passkey`), ``paths`` (text
+        only: files or globs), ``text_field`` (JSON-lines field),
         ``tokenizer`` (``byte``), ``val_fraction`` (fraction of documents held out, in (0, 1)),
         ``split_seed`` (seed of the split, independent of ``seed``).
       seq_len: S, tokens per row.
@@ -399,6 +400,11 @@ def make_data(
         or unreadable paths, an empty corpus, fewer than 2 non-empty documents.
     """
     val_global_batch = global_batch if val_global_batch is None else val_global_batch
+    if _get(cfg_data, "name", "stdlib") == "passkey":  # synthetic task: no corpus, rows generated
+        from lcx.data.passkey import passkey_data
+
+        return passkey_data(cfg_data, seq_len=seq_len, global_batch=global_batch, layout=layout,
+                            context_degree=context_degree, seed=seed, val_global_batch=val_global_batch)
     _check_common(seq_len, global_batch, layout, context_degree)
     _check_common(seq_len, val_global_batch, layout, context_degree)
     tokenizer = get_tokenizer(str(_get(cfg_data, "tokenizer", "byte")))

@@ -1,0 +1,134 @@
+"""Experiment (c): per-device compiled memory of the train step vs context-parallel degree.
+
+For each strategy, sequence length and degree P of ``experiment=memory_vs_degree``
+(lcx/conf/experiment/memory_vs_degree.yaml), the training config ``experiment=memory_vs_degree
+plan=<strategy> hardware.cpu_devices=P train.seq_len=S`` is composed, its plan bound to the
+first P of 8 simulated CPU devices, and lcx's real train step (forward, backward, AdamW update)
+compiled with abstract inputs -- nothing runs. ``memory_analysis()`` gives per-device bytes:
+arguments (parameters, optimizer state, batch), temporaries, and the total live footprint
+(arguments + outputs - aliased + temporaries). ``ledger_mib`` is lcx.cost.memory_breakdown's
+prediction of the same total. A plan the validator refuses (e.g. Ulysses with more devices
+than heads) is recorded with its message instead of numbers.
+
+Writes ``experiments/results/memory_vs_degree.csv`` and ``.png``.
+
+    python experiments/memory_vs_degree.py        # ~1-2 min (compilation only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+NAME = "memory_vs_degree"
+
+
+def compiled_memory(cfg, devices):
+    """``(memory_analysis, ledger MemoryBreakdown, compile seconds)`` of cfg's train step."""
+    import equinox as eqx
+    import jax
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from lcx import cost
+    from lcx.models import ModelConfig, init_model, model_shardings
+    from lcx.sharding import bind
+    from lcx.sharding.config import plan_from_config
+    from lcx.training.optim import optimizer_from_config
+    from lcx.training.step import BATCH_KEYS, make_steps
+
+    model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
+    S, B = int(cfg.train.seq_len), int(cfg.train.global_batch)
+    plan = plan_from_config(cfg.plan, default_block=int(cfg.hardware.get("attention_block") or 512))
+    plan.validate(len(devices), dims=model_cfg.dims(), seq_len=S, global_batch=B)
+    mp = bind(plan, devices)
+    abstract = eqx.filter_eval_shape(init_model, model_cfg, key=jax.random.key(0))
+    params = eqx.filter(abstract, lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    opt, _ = optimizer_from_config(cfg.train)
+    steps = make_steps(abstract, opt, mp, model_shardings(abstract, mp))
+    opt_state = jax.eval_shape(opt.init, params)
+    b = {k: jax.ShapeDtypeStruct((B, S), np.float32 if k == "loss_mask" else np.int32) for k in BATCH_KEYS}
+    t0 = time.perf_counter()
+    m = steps.train.lower(params, opt_state, b).compile().memory_analysis()
+    dt = time.perf_counter() - t0
+    ledger = cost.memory_breakdown(model_cfg, plan, len(devices), seq_len=S, global_batch=B,
+                                   policy=cost.ActivationPolicy(model_cfg.remat), dtype=model_cfg.dtype,
+                                   param_dtype=model_cfg.param_dtype, tie_embeddings=model_cfg.tie_embeddings)
+    return m, ledger, dt
+
+
+def run(overrides=()) -> list[dict]:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", 8)
+    base = C.compose(NAME, overrides)
+    mv = base.memory_vs_degree
+    rows = []
+    for S in mv.seq_lens:
+        for strategy in mv.strategies:
+            for P in mv.degrees:
+                cfg = C.compose(NAME, [*overrides, f"plan={strategy}", f"hardware.cpu_devices={P}", f"train.seq_len={S}"])
+                row = {"strategy": strategy, "seq_len": int(S), "degree": int(P), "tokens_per_device": int(S) // int(P)}
+                try:
+                    m, ledger, dt = compiled_memory(cfg, jax.devices()[: int(P)])
+                except ValueError as e:  # PlanError is a ValueError: a refused plan is a result too
+                    row.update(args_mib="", temp_mib="", total_mib="", ledger_mib="", compile_s="",
+                               refused=str(e).splitlines()[0][:200])
+                    print(f"  {strategy:9s} S={S:6d} P={P}: refused ({row['refused'][:80]})", flush=True)
+                else:
+                    total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+                    row.update(args_mib=m.argument_size_in_bytes / C.MIB, temp_mib=m.temp_size_in_bytes / C.MIB,
+                               total_mib=total / C.MIB, ledger_mib=ledger.total / C.MIB, compile_s=dt, refused="")
+                    print(f"  {strategy:9s} S={S:6d} P={P}: temp {row['temp_mib']:8.1f} MiB, total {row['total_mib']:8.1f}"
+                          f" MiB, ledger {row['ledger_mib']:8.1f} MiB", flush=True)
+                rows.append(row)
+    return rows
+
+
+def plot(rows, path: pathlib.Path, note: str = "") -> pathlib.Path:
+    plt = C.pyplot()
+    seqs = sorted({int(r["seq_len"]) for r in rows})
+    fig, axes = plt.subplots(1, len(seqs), figsize=(6 * len(seqs), 4.2), squeeze=False)
+    for ax, S in zip(axes[0], seqs):
+        for strategy in dict.fromkeys(r["strategy"] for r in rows):
+            rs = [r for r in rows if int(r["seq_len"]) == S and r["strategy"] == strategy and r["total_mib"] not in ("", None)]
+            if not rs:
+                continue
+            x = [int(r["degree"]) for r in rs]
+            line, = ax.plot(x, [float(r["total_mib"]) for r in rs], "o-", label=f"{strategy} compiled")
+            ax.plot(x, [float(r["ledger_mib"]) for r in rs], "x--", color=line.get_color(), alpha=0.6, label=f"{strategy} ledger")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("context-parallel degree P")
+        ax.set_ylabel("per-device memory of the train step (MiB)")
+        ax.set_title(f"S = {S} tokens, batch 1")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"compiled per-device memory vs context degree, tiny Llama{note}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {C.rel(path)}")
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=pathlib.Path, default=C.RESULTS / NAME)
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. 'memory_vs_degree.seq_lens=[4096]'")
+    a = ap.parse_args(argv)
+    rows = run(a.overrides)
+    C.write_csv(rows, a.out.with_suffix(".csv"))
+    plot(rows, a.out.with_suffix(".png"), f" ({C.machine_note()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

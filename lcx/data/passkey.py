@@ -1,0 +1,317 @@
+"""Passkey retrieval: a synthetic long-context task (Mohtashami & Jaggi 2023, "Landmark Attention",
+arXiv:2305.16300, section 4.2; used since by LongLoRA, YaRN and others).
+
+Each row is one document of exactly ``seq_len + 1`` bytes: repeated filler sentences (no digits,
+no ``<``), an intro, the key sentence ``The pass key is <12345>. Remember it. <12345> is the pass
+key.`` (the Landmark-attention wording, with a ``<`` marker) at a controllable *depth* inside the
+filler, and the question ``What is the pass key? The pass key is <12345>`` at the very end. Only
+the answer digits carry loss (``loss_mask`` is 1.0 on the ``digits`` targets that spell the
+answer, 0.0 elsewhere), so the loss measures retrieval alone; ``recall_loss=True`` adds the key's
+repeat inside the key sentence (a short-range copy) for training.
+
+The filler holds no digit and no ``<``: the task is solvable by an induction head (find the
+earlier ``<``, copy what follows; then find the digit just produced, copy its successor), which
+a 2-layer model can represent, yet the answer is up to ``seq_len`` tokens away from its key.
+
+Depth ``d`` in ``[0, 1]``: the fraction of the filler placed before the key sentence (0: the key
+right after the intro, far from the question; 1: just before the question).
+
+Rows are a pure function of ``(seed, row index)``: the stream is deterministic and its position
+(the row counter) is the whole state, as for :class:`lcx.data.Batches`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from lcx.data.packing import BATCH_KEYS
+from lcx.data.tokenizers import ByteTokenizer
+from lcx.sharding.layout import apply_layout, check_layout
+
+INTRO = "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+KEY = "The pass key is <{key}>. Remember it. <{key}> is the pass key. "
+QUESTION = "What is the pass key? The pass key is <"
+END = ">"
+
+# Seeds of the evaluation stream are offset so they never coincide with a training stream's.
+_EVAL_SEED_OFFSET = 1_000_003
+
+
+class PasskeyExample(NamedTuple):
+    """One row of the task, in the original (un-laid-out) order.
+
+    Attributes:
+      arrays: the five :data:`lcx.data.BATCH_KEYS` arrays, each ``[S]`` (int32; ``loss_mask``
+        float32).
+      passkey: the answer, as a string of ``digits`` decimal digits.
+      depth: requested depth in [0, 1].
+      key_pos: index (token) of the first key digit in ``tokens``.
+      answer_pos: int64 ``[digits]``, the token indices whose *targets* are the answer digits.
+    """
+
+    arrays: dict[str, np.ndarray]
+    passkey: str
+    depth: float
+    key_pos: int
+    answer_pos: np.ndarray
+
+
+def min_seq_len(digits: int = 5) -> int:
+    """Shortest ``seq_len`` (tokens) that holds the intro, key sentence and question."""
+    return len(INTRO) + len(KEY.format(key="0" * digits)) + len(QUESTION) + digits + len(END) - 1
+
+
+def passkey_example(seq_len: int, passkey: str, depth: float, filler_offset: int = 0, *,
+                    recall_loss: bool = False) -> PasskeyExample:
+    """Build one row of ``seq_len`` tokens whose answer is ``passkey`` placed at ``depth``.
+
+    Args:
+      seq_len: S, tokens per row (the document is S + 1 bytes: S inputs, S targets).
+      passkey: the decimal digits to hide and ask for.
+      depth: fraction of the filler before the key sentence, in [0, 1].
+      filler_offset: where in the repeated filler sentences the filler starts (characters).
+      recall_loss: also put loss on the key's repetition inside the key sentence (``<12345> is
+        the pass key``): a short-range copy that teaches the tiny model the induction mechanism
+        the long-range answer needs. Evaluation always scores the answer digits alone.
+
+    Returns:
+      :class:`PasskeyExample`.
+
+    Raises:
+      ValueError: ``passkey`` is not all digits; ``depth`` outside [0, 1]; ``seq_len`` shorter
+        than :func:`min_seq_len`.
+    """
+    if not passkey.isdigit() or not passkey.isascii():
+        raise ValueError(f"passkey must be decimal digits, got {passkey!r}")
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"passkey depth must lie in [0, 1], got {depth}")
+    digits = len(passkey)
+    if seq_len < min_seq_len(digits):
+        raise ValueError(
+            f"train.seq_len={seq_len} is too short for the passkey task with {digits} digits; "
+            f"use at least {min_seq_len(digits)} tokens"
+        )
+    key = KEY.format(key=passkey)
+    n_filler = seq_len + 1 - len(INTRO) - len(key) - len(QUESTION) - digits - len(END)
+    reps = -(-(n_filler + filler_offset) // len(FILLER)) + 1
+    filler = (FILLER * reps)[filler_offset % len(FILLER) :][:n_filler]
+    cut = int(round(depth * n_filler))
+    head = INTRO + filler[:cut]
+    text = head + key + filler[cut:] + QUESTION + passkey + END
+    doc = np.frombuffer(text.encode("ascii"), dtype=np.uint8).astype(np.int32)
+    assert doc.size == seq_len + 1, (doc.size, seq_len)
+    tokens, targets = doc[:-1], doc[1:]
+    # targets index t holds doc[t + 1]: the answer digits are doc[S - digits .. S - 1]
+    first = seq_len + 1 - len(END) - digits  # doc index of the first answer digit
+    answer_pos = np.arange(first - 1, first - 1 + digits, dtype=np.int64)
+    loss_mask = np.zeros(seq_len, np.float32)
+    loss_mask[answer_pos] = 1.0
+    if recall_loss:
+        second = len(head) + key.index("<", key.index("<") + 1) + 1  # doc index of the repeated key
+        loss_mask[second - 1 : second - 1 + digits] = 1.0
+    arrays = {
+        "tokens": tokens.copy(),
+        "targets": targets.copy(),
+        "positions": np.arange(seq_len, dtype=np.int32),
+        "segment_ids": np.ones(seq_len, np.int32),
+        "loss_mask": loss_mask,
+    }
+    key_pos = len(head) + key.index("<") + 1
+    return PasskeyExample(arrays, passkey, float(depth), key_pos, answer_pos)
+
+
+def _draw(rng: np.random.Generator, digits: int) -> str:
+    return "".join(str(d) for d in rng.integers(0, 10, size=digits))
+
+
+def _stack(examples: Sequence[PasskeyExample], layout: str, degree: int) -> dict[str, np.ndarray]:
+    return {k: apply_layout(np.stack([e.arrays[k] for e in examples]), layout, degree, axis=-1) for k in BATCH_KEYS}
+
+
+class PasskeyBatches(Iterator[dict[str, np.ndarray]]):
+    """Infinite, deterministic, resumable training batches of passkey rows.
+
+    Row ``r`` draws its passkey, depth (uniform in ``[min_depth, max_depth]``) and filler offset
+    from ``np.random.default_rng([seed, r])``. Same interface as :class:`lcx.data.Batches`
+    (``state``/``restore``/``skip``, ``rows_per_epoch``, ``global_batch``); the "epoch" is
+    nominal (``rows_per_epoch`` = 2**31) because the stream never repeats.
+
+    Args:
+      seq_len, global_batch, layout, context_degree, seed: as for :class:`lcx.data.Batches`.
+      digits: passkey length in decimal digits.
+      min_depth, max_depth: range of training depths, within [0, 1].
+      recall_loss: see :func:`passkey_example`.
+      state: optional :meth:`state` dict to resume from.
+
+    Yields:
+      dicts of the five :data:`BATCH_KEYS`, each ``[global_batch, seq_len]``, in ``layout``.
+
+    Raises:
+      ValueError: bad sizes, layout or depth range; ``seq_len`` below :func:`min_seq_len`.
+    """
+
+    rows_per_epoch = 2**31
+
+    def __init__(
+        self,
+        *,
+        seq_len: int,
+        global_batch: int,
+        layout: str = "contiguous",
+        context_degree: int = 1,
+        seed: int = 0,
+        digits: int = 5,
+        min_depth: float = 0.0,
+        max_depth: float = 1.0,
+        recall_loss: bool = False,
+        state: Mapping[str, int] | None = None,
+    ):
+        check_layout(layout, seq_len, context_degree)
+        if global_batch < 1:
+            raise ValueError(f"global batch must be >= 1 rows, got {global_batch}")
+        if not 0.0 <= min_depth <= max_depth <= 1.0:
+            raise ValueError(f"need 0 <= data.min_depth <= data.max_depth <= 1, got {min_depth}, {max_depth}")
+        if digits < 1:
+            raise ValueError(f"data.digits must be >= 1, got {digits}")
+        if seq_len < min_seq_len(digits):
+            raise ValueError(f"train.seq_len={seq_len} is too short for the passkey task; use >= {min_seq_len(digits)}")
+        self.seq_len, self.global_batch = int(seq_len), int(global_batch)
+        self.layout, self.context_degree = layout, int(context_degree)
+        self.seed, self.digits = int(seed), int(digits)
+        self.min_depth, self.max_depth = float(min_depth), float(max_depth)
+        self.recall_loss = bool(recall_loss)
+        self._row = 0
+        if state is not None:
+            self.restore(state)
+
+    def example(self, row: int) -> PasskeyExample:
+        """Row ``row`` of the stream (original order)."""
+        rng = np.random.default_rng([self.seed, int(row)])
+        key = _draw(rng, self.digits)
+        depth = float(rng.uniform(self.min_depth, self.max_depth))
+        return passkey_example(self.seq_len, key, depth, int(rng.integers(0, len(FILLER))), recall_loss=self.recall_loss)
+
+    def __iter__(self) -> PasskeyBatches:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        ex = [self.example(self._row + i) for i in range(self.global_batch)]
+        self._row += self.global_batch
+        return _stack(ex, self.layout, self.context_degree)
+
+    def skip(self, n: int) -> None:
+        """Advance by ``n >= 0`` batches without building them."""
+        if n < 0:
+            raise ValueError(f"can only skip forward, got n={n}")
+        self._row += int(n) * self.global_batch
+
+    def state(self) -> dict[str, int]:
+        """The stream position (``epoch``, ``row``) and its identity (``seed``, ``seq_len``, ``digits``)."""
+        epoch, row = divmod(self._row, self.rows_per_epoch)
+        return {"epoch": epoch, "row": row, "seed": self.seed, "seq_len": self.seq_len, "digits": self.digits}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Resume at ``state`` (from :meth:`state`).
+
+        Raises:
+          ValueError: ``state`` comes from a different stream (names the field).
+        """
+        mine = self.state()
+        for k in ("seed", "seq_len", "digits"):
+            if k in state and int(state[k]) != mine[k]:
+                raise ValueError(f"data state mismatch: checkpoint has {k}={state[k]}, this run has {k}={mine[k]}")
+        self._row = int(state["epoch"]) * self.rows_per_epoch + int(state["row"])
+
+
+class PasskeyEval(Sequence[dict[str, np.ndarray]]):
+    """A fixed evaluation set: ``per_depth`` rows at each depth of ``depths``, depth-major.
+
+    Rows are drawn from a stream independent of every training seed. ``examples`` lists them
+    (original order, with depth, passkey and answer positions) for accuracy-by-depth evaluation;
+    indexing gives laid-out batches of ``global_batch`` rows (the last one padded with copies of
+    the last row whose loss mask is zeroed).
+
+    Args:
+      seq_len, global_batch, layout, context_degree, digits: as for :class:`PasskeyBatches`.
+      depths: depths in [0, 1] to evaluate.
+      per_depth: rows per depth.
+      seed: evaluation seed (``data.split_seed``).
+    """
+
+    def __init__(
+        self,
+        *,
+        seq_len: int,
+        global_batch: int,
+        layout: str = "contiguous",
+        context_degree: int = 1,
+        digits: int = 5,
+        depths: Sequence[float] = tuple(np.linspace(0, 1, 11)),
+        per_depth: int = 8,
+        seed: int = 0,
+    ):
+        check_layout(layout, seq_len, context_degree)
+        self.seq_len, self.global_batch = int(seq_len), int(global_batch)
+        self.layout, self.context_degree = layout, int(context_degree)
+        self.examples: list[PasskeyExample] = []
+        for i, d in enumerate(depths):
+            for j in range(int(per_depth)):
+                rng = np.random.default_rng([_EVAL_SEED_OFFSET + int(seed), i, j])
+                key = _draw(rng, digits)
+                self.examples.append(passkey_example(self.seq_len, key, float(d), int(rng.integers(0, len(FILLER)))))
+
+    def __len__(self) -> int:
+        return -(-len(self.examples) // self.global_batch)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:  # type: ignore[override]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"evaluation batch {i} out of range ({n} batches)")
+        i %= n
+        ex = list(self.examples[i * self.global_batch : (i + 1) * self.global_batch])
+        pad = self.global_batch - len(ex)
+        batch = _stack(ex + [ex[-1]] * pad, "contiguous", 1)
+        if pad:
+            batch["loss_mask"][-pad:] = 0.0
+        return {k: apply_layout(v, self.layout, self.context_degree, axis=-1) for k, v in batch.items()}
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def unigram_entropy(self) -> float:
+        """Entropy of a uniform decimal digit, nats: the loss of a model that guesses the digits."""
+        return float(np.log(10.0))
+
+
+def passkey_data(cfg_data: Any, *, seq_len: int, global_batch: int, layout: str, context_degree: int, seed: int,
+                 val_global_batch: int | None = None):
+    """:class:`lcx.data.Data` for ``data=passkey`` (called by :func:`lcx.data.make_data`).
+
+    Config keys (``lcx/conf/data/passkey.yaml``): ``digits``, ``min_depth``, ``max_depth``, ``recall_loss``,
+    ``eval_depths``, ``eval_per_depth``, ``split_seed``, ``tokenizer`` (must be ``byte``).
+
+    Raises:
+      ValueError: a tokenizer other than ``byte``, or any error of :class:`PasskeyBatches`.
+    """
+    from lcx.data.pipeline import Data
+
+    get = cfg_data.get if hasattr(cfg_data, "get") else (lambda k, d=None: d)
+    if str(get("tokenizer", "byte")) != "byte":
+        raise ValueError("data=passkey is byte-level text; keep data.tokenizer=byte")
+    digits = int(get("digits", 5))
+    train = PasskeyBatches(
+        seq_len=seq_len, global_batch=global_batch, layout=layout, context_degree=context_degree, seed=seed,
+        digits=digits, min_depth=float(get("min_depth", 0.0)), max_depth=float(get("max_depth", 1.0)),
+        recall_loss=bool(get("recall_loss", False)),
+    )
+    depths = get("eval_depths", None)
+    val = PasskeyEval(
+        seq_len=seq_len, global_batch=val_global_batch or global_batch, layout=layout, context_degree=context_degree,
+        digits=digits, depths=[float(d) for d in depths] if depths is not None else tuple(np.linspace(0, 1, 11)),
+        per_depth=int(get("eval_per_depth", 8)), seed=int(get("split_seed", 0)),
+    )
+    return Data(train, val, ByteTokenizer())

@@ -1,0 +1,183 @@
+"""Reproducible experiments: the Hydra multirun contract, the passkey data source, run_info.json,
+and the experiment scripts' gathering on synthetic run directories (no training here except the
+4 one-step multirun jobs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lcx.data import BATCH_KEYS, ByteTokenizer, make_data
+from lcx.data.passkey import (
+    FILLER,
+    PasskeyBatches,
+    PasskeyEval,
+    min_seq_len,
+    passkey_example,
+)
+from lcx.sharding.layout import undo_layout
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "experiments"))
+
+
+# ------------------------------------------------------------------ multirun: 4 jobs, one process
+def test_multirun_leaves_a_run_dir_per_job(tmp_path):
+    """`python -m lcx.train -m plan=allgather,ring train.seq_len=...` runs 4 jobs in one process
+    (Hydra's basic launcher; the first job fixes 8 devices) and each leaves its own run directory
+    with metrics.jsonl and a run_info.json that names what reproduces it."""
+    sweep = tmp_path / "mr"
+    cmd = [sys.executable, "-m", "lcx.train", "-m", "plan=allgather,ring", "train.seq_len=256,512", "train.steps=1",
+           "train.eval_every=0", "data=passkey", "model.n_layers=1", f"hydra.sweep.dir={sweep}"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted(p.parent for p in sweep.rglob("metrics.jsonl"))
+    assert len(runs) == 4, runs
+    seen = set()
+    for d in runs:
+        rec = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        assert rec and rec[-1]["step"] == 1 and np.isfinite(rec[-1]["loss"])
+        info = json.loads((d / "run_info.json").read_text())
+        for k in ("lcx", "git_commit", "xla_flags", "device_kind", "device_count", "config", "command", "hydra"):
+            assert k in info, k
+        assert info["device_count"] == 8 and info["device_kind"]
+        assert all(info["packages"][p] for p in ("jax", "jaxlib", "equinox"))
+        assert info["jax_config"]["jax_num_cpu_devices"] == 8
+        assert (d / ".hydra" / "config.yaml").exists()
+        seen.add((info["config"]["plan"]["name"], info["config"]["train"]["seq_len"]))
+        assert sorted(info["hydra"]["overrides"])[0].startswith(("data=", "hydra.", "model.", "plan=", "train."))
+    assert seen == {(p, s) for p in ("allgather", "ring") for s in (256, 512)}
+
+
+# ------------------------------------------------------------------ passkey data
+def test_passkey_example_places_answer_and_masks_only_its_digits():
+    tok = ByteTokenizer()
+    for depth in (0.0, 0.37, 1.0):
+        ex = passkey_example(512, "40719", depth, filler_offset=5)
+        a = ex.arrays
+        assert {k: v.shape for k, v in a.items()} == {k: (512,) for k in BATCH_KEYS}
+        assert a["tokens"].dtype == np.int32 and a["loss_mask"].dtype == np.float32
+        # targets are the next tokens of one document of S + 1 bytes
+        np.testing.assert_array_equal(a["targets"][:-1], a["tokens"][1:])
+        np.testing.assert_array_equal(np.flatnonzero(a["loss_mask"]), ex.answer_pos)
+        assert tok.decode(a["targets"][ex.answer_pos]) == "40719"
+        assert tok.decode(a["tokens"][ex.key_pos : ex.key_pos + 5]) == "40719"
+        assert tok.decode(a["tokens"][ex.answer_pos[0] - 5 : ex.answer_pos[0] + 1]).endswith("is <")
+        assert tok.decode(a["tokens"]).count("<") == 3  # key, its repeat, question
+        np.testing.assert_array_equal(a["positions"], np.arange(512))
+        assert (a["segment_ids"] == 1).all()
+        # the only digits in the row are the key (twice) and the answer
+        text = tok.decode(a["tokens"])
+        assert sum(c.isdigit() for c in text) == 15  # tokens end with the answer (its targets end with ">")
+    # depth moves the key: 0 right after the intro, 1 right before the question
+    pos = [passkey_example(1024, "12345", d).key_pos for d in (0.0, 0.5, 1.0)]
+    assert pos[0] < pos[1] < pos[2] and pos[0] < 120 and pos[2] > 1024 - 120
+
+
+def test_passkey_recall_loss_adds_the_key_repeat_only():
+    ex = passkey_example(400, "55555", 0.5, recall_loss=True)
+    m = np.flatnonzero(ex.arrays["loss_mask"])
+    assert len(m) == 10 and set(ex.answer_pos) <= set(m)
+    assert ByteTokenizer().decode(ex.arrays["targets"][m]) == "5555555555"
+
+
+def test_passkey_refusals():
+    with pytest.raises(ValueError, match="too short"):
+        passkey_example(min_seq_len() - 1, "12345", 0.5)
+    with pytest.raises(ValueError, match="depth"):
+        passkey_example(512, "12345", 1.5)
+    with pytest.raises(ValueError, match="digits"):
+        passkey_example(512, "12a45", 0.5)
+
+
+def test_passkey_batches_deterministic_resumable_and_laid_out():
+    kw = dict(seq_len=256, global_batch=3, layout="zigzag", context_degree=4, seed=7)
+    a, b = PasskeyBatches(**kw), PasskeyBatches(**kw)
+    first = [next(a) for _ in range(3)]
+    for x in first:
+        y = next(b)
+        for k in BATCH_KEYS:
+            np.testing.assert_array_equal(x[k], y[k])
+    c = PasskeyBatches(**kw, state={"epoch": 0, "row": 6, "seed": 7, "seq_len": 256, "digits": 5})
+    np.testing.assert_array_equal(next(c)["tokens"], first[2]["tokens"])
+    # zigzag layout applied to all five arrays together: undoing it gives the generated row
+    ex = a.example(0)
+    for k in BATCH_KEYS:
+        np.testing.assert_array_equal(undo_layout(first[0][k], "zigzag", 4)[0], ex.arrays[k])
+    assert not np.array_equal(first[0]["tokens"][0], first[0]["tokens"][1])  # different keys / depths
+    with pytest.raises(ValueError, match="seed"):
+        a.restore({"epoch": 0, "row": 0, "seed": 8})
+
+
+def test_passkey_eval_and_make_data_dispatch():
+    ev = PasskeyEval(seq_len=256, global_batch=4, depths=[0.0, 1.0], per_depth=3)
+    assert len(ev.examples) == 6 and len(ev) == 2
+    last = ev[1]
+    assert last["loss_mask"][2:].sum() == 0 and last["loss_mask"][:2].sum() == 10  # padding rows carry no loss
+    assert [e.depth for e in ev.examples] == [0.0] * 3 + [1.0] * 3
+    d = make_data({"name": "passkey", "digits": 5, "eval_depths": [0.5], "eval_per_depth": 2}, seq_len=256,
+                  global_batch=2, layout="zigzag", context_degree=2, seed=0)
+    assert next(d.train)["tokens"].shape == (2, 256) and len(list(d.val_batches())) == 1
+    assert FILLER.count("<") == 0 and not any(ch.isdigit() for ch in FILLER)
+
+
+# ------------------------------------------------------------------ gathering scripts on synthetic runs
+def _fake_run(d: pathlib.Path, plan: str, seq: int, losses, temp=2**20 * 10, tps=1000.0):
+    d.mkdir(parents=True)
+    cfg = {"plan": {"name": plan, "attention": {"strategy": plan}, "mesh": {"data": 2, "context": 4}},
+           "train": {"seq_len": seq, "global_batch": 2}}
+    (d / "run_info.json").write_text(json.dumps({"config": cfg, "mesh": {"data": 2, "context": 4}}))
+    lines = []
+    for i, l in enumerate(losses, 1):
+        rec = {"step": i, "loss": l, "tokens_per_sec": tps * (0.5 if i == 1 else 1.0), "mfu": 0.1, "step_time_s": 1.0}
+        if i == 1:
+            rec.update(compile_s=3.0, temp_bytes_per_device=temp)
+        lines.append(json.dumps(rec))
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_strategy_sweep_gather_and_plot(tmp_path):
+    import _common
+    import strategy_sweep
+
+    sweep = tmp_path / "sweep"
+    for i, (p, s) in enumerate([(p, s) for s in (256, 512) for p in ("ring", "allgather", "usp", "a2a")]):
+        _fake_run(sweep / f"{i}-{p}-{s}", p, s, [5.0, 4.0, 3.5], tps=100.0 * (i + 1))
+    rows = strategy_sweep.gather(sweep)
+    assert [(r["plan"], r["seq_len"]) for r in rows][:3] == [("allgather", 256), ("allgather", 512), ("a2a", 256)]
+    r = rows[0]
+    assert r["tokens_per_sec"] == 200.0  # median of the steps after the first
+    assert r["temp_mib_per_device"] == 10.0 and r["final_loss"] == 3.5 and r["mesh"] == "data2xcontext4"
+    out = tmp_path / "res"
+    assert strategy_sweep.main(["--runs", str(sweep), "--out", str(out)]) == 0
+    got = _common.read_csv(out.with_suffix(".csv"))
+    assert len(got) == 8 and float(got[0]["final_loss"]) == 3.5
+    assert out.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_load_balance_work_counts(tmp_path):
+    import load_balance
+
+    rows = load_balance.work_rows(1024, [4], ["contiguous", "zigzag"])
+    contiguous = [r for r in rows if r["layout"] == "contiguous"]
+    zigzag = [r for r in rows if r["layout"] == "zigzag"]
+    assert sum(r["pairs"] for r in contiguous) == sum(r["pairs"] for r in zigzag) == 1024 * 1025 // 2
+    assert len({r["pairs"] for r in zigzag}) == 1 and round(contiguous[0]["imbalance_max_over_mean"], 2) == 1.75
+    load_balance.plot(rows, tmp_path / "lb.png")
+    assert (tmp_path / "lb.png").stat().st_size > 10_000
+
+
+def test_ledger_reproduction_agrees_at_published_precision(tmp_path):
+    import ledger_reproduction as lr
+
+    assert lr.agrees(1.1215e15, "1.12e15") and not lr.agrees(1.1251e15, "1.12e15")
+    assert lr.agrees(48.806, "48.80", truncated=True) and not lr.agrees(48.806, "48.80")
+    assert lr.main(["--out", str(tmp_path / "ledger")]) == 0
