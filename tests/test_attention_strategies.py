@@ -58,7 +58,7 @@ def make_mesh_plan(strategy, degree, **attn):
     plan = Plan(
         mesh=mesh,
         activations={"batch": batch, "seq": seq},
-        attention=AttentionConfig(strategy=strategy, block_q=BLOCK_Q, block_kv=BLOCK_KV, **attn),
+        attention=AttentionConfig(**{"strategy": strategy, "block_q": BLOCK_Q, "block_kv": BLOCK_KV, **attn}),
     )
     n = math.prod(s for _, s in mesh)
     return bind(plan, jax.devices()[:n])
