@@ -243,13 +243,25 @@ def check_compatible(meta: Mapping[str, Any], model: Mapping[str, Any], *, where
       model: this run's resolved ``model`` config.
       where: the checkpoint's path, for the message.
 
+    ``model.remat`` and the RoPE fields (``model.rope_*``) may differ: neither changes a
+    parameter, and a length-extension stage changes RoPE scaling on purpose (logged).
+
     Raises:
-      CheckpointMismatchError: some ``model.<field>`` differs; the message names the field, both
-        values and the fix.
+      CheckpointMismatchError: some other ``model.<field>`` differs; the message names the field,
+        both values and the fix.
     """
     saved = dict((meta.get("config") or {}).get("model") or {})
-    # `remat` trades memory for compute; it changes no parameter, so it may differ.
-    ignore = {"remat"}
+    # `remat` trades memory for compute, and the RoPE fields (rope_theta, rope_scaling_*, ...)
+    # change positions' phases, not a parameter: a length-extension stage changes them on purpose
+    # (lcx.training.schedule). Both may differ; RoPE changes are logged.
+    rope = sorted(k for k in set(saved) | set(model) if k.startswith("rope_") and saved.get(k) != model.get(k))
+    if rope:
+        log.warning(
+            "resuming %s with changed RoPE settings: %s",
+            where,
+            ", ".join(f"model.{k}: {saved.get(k)!r} -> {model.get(k)!r}" for k in rope),
+        )
+    ignore = {"remat", *rope}
     diff = sorted(k for k in set(saved) | set(model) if k not in ignore and saved.get(k) != model.get(k))
     if diff:
         k = diff[0]

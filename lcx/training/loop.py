@@ -130,7 +130,7 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
         )
     if restored is not None:
         params, opt_state = restored.state["params"], restored.state["opt_state"]
-        data.train.restore(restored.meta["data"])
+        _restore_data(data.train, restored.meta["data"])
         rng = key_from_json(restored.meta["rng"])
         start = int(restored.meta["step"])
         log.info("resumed from %s at step %d", ckpts.directory / str(start), start)
@@ -286,6 +286,21 @@ def _nonfinite_report(step, loss, grad_norm, params, opt_state, ckpts, saved_ste
             else f". Nothing was checkpointed in {ckpts.directory}"
         )
     return msg + ". Lower train.lr, lengthen train.warmup_steps or check the data"
+
+
+def _restore_data(batches, state: dict[str, Any]) -> None:
+    """``batches.restore(state)``, or, when the checkpoint was written at another sequence length
+    (the previous stage of a length-extension schedule, :mod:`lcx.training.schedule`), continue
+    in the same epoch at the same fraction of its tokens (to within one row)."""
+    old_len = state.get("seq_len")
+    if old_len is None or int(old_len) == batches.seq_len or not {"epoch", "row", "num_tokens"} <= set(state):
+        batches.restore(state)
+        return
+    fraction = min(1.0, int(state["row"]) * int(old_len) / max(1, int(state["num_tokens"])))
+    row = min(batches.rows_per_epoch - 1, int(fraction * batches.rows_per_epoch))
+    log.info("sequence length %s -> %d: data continues at row %d of epoch %s", old_len, batches.seq_len, row,
+             state["epoch"])
+    batches.restore({**state, "seq_len": batches.seq_len, "num_tokens": batches.num_tokens, "row": row})
 
 
 def _rewind(batches, n: int) -> dict[str, int]:

@@ -17,25 +17,32 @@ def make_optimizer(
     b2: float = 0.95,
     eps: float = 1e-8,
     grad_clip: float = 1.0,
+    schedule_start: int = 0,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """AdamW (Loshchilov & Hutter 2019) with ``optax.warmup_cosine_decay_schedule``.
 
     Weight decay applies only to arrays of rank >= 2 (matrices, embeddings), not to norm scales.
+    With ``schedule_start`` (a stage of a length-extension schedule, :mod:`lcx.training.schedule`)
+    the warmup and cosine run over optimizer steps ``[schedule_start, steps)`` only: the
+    schedule is shifted so that the stage's first step sees the start of its own warmup.
 
     Raises:
-      ValueError: ``steps < 1`` or ``warmup_steps`` not in ``[0, steps]``.
+      ValueError: ``steps <= schedule_start`` or ``warmup_steps`` not in
+        ``[0, steps - schedule_start]``.
     """
-    if steps < 1:
-        raise ValueError(f"train.steps must be >= 1, got {steps}")
-    if not 0 <= warmup_steps <= steps:
-        raise ValueError(f"train.warmup_steps={warmup_steps} must be in [0, train.steps={steps}]")
-    schedule = optax.warmup_cosine_decay_schedule(
+    if not 0 <= schedule_start < steps:
+        raise ValueError(f"train.steps={steps} must be >= 1 and > train.schedule_start={schedule_start} >= 0")
+    span = steps - schedule_start
+    if not 0 <= warmup_steps <= span:
+        raise ValueError(f"train.warmup_steps={warmup_steps} must be in [0, {span}] (the steps of this run)")
+    base = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=lr,
         warmup_steps=warmup_steps,
-        decay_steps=max(steps, warmup_steps + 1),
+        decay_steps=max(span, warmup_steps + 1),
         end_value=lr * min_lr_ratio,
     )
+    schedule = base if schedule_start == 0 else (lambda count: base(count - schedule_start))
     opt = optax.chain(
         optax.clip_by_global_norm(grad_clip),
         optax.adamw(
@@ -52,13 +59,16 @@ def make_optimizer(
 
 def optimizer_from_config(t) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """:func:`make_optimizer` from the ``train`` config node (OmegaConf node or plain dict, e.g.
-    the resolved config stored in a checkpoint). ``warmup_steps: null`` means 10% of the steps."""
+    the resolved config stored in a checkpoint). ``warmup_steps: null`` means 10% of the steps
+    (of the stage's steps with ``schedule_start``, which is optional and 0 by default)."""
     steps = int(t["steps"])
+    start = int(t.get("schedule_start") or 0)
     warmup = t.get("warmup_steps")
     return make_optimizer(
         lr=float(t["lr"]),
         steps=steps,
-        warmup_steps=int(warmup) if warmup is not None else max(1, steps // 10),
+        schedule_start=start,
+        warmup_steps=int(warmup) if warmup is not None else max(1, (steps - start) // 10),
         min_lr_ratio=float(t["min_lr_ratio"]),
         weight_decay=float(t["weight_decay"]),
         b1=float(t["b1"]),
