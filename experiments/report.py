@@ -1,0 +1,155 @@
+"""Render the committed result CSVs into the docs' tables, so no number in the docs is typed.
+
+Each table sits in a docs page between ``<!-- BEGIN <table> -->`` and ``<!-- END <table> -->``
+markers; this script replaces what is between them with a fresh rendering of the CSV it names
+(tables are listed in :data:`TABLES`). Run it after any experiment script:
+
+    python experiments/report.py            # rewrites the marked tables in docs/*.md
+    python experiments/report.py --check    # exit 1 if a page is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import sys
+from collections import defaultdict
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+RES = C.RESULTS
+DOCS = C.ROOT / "docs"
+
+
+def _f(x, nd=1) -> str:
+    if x in ("", None):
+        return "-"
+    try:
+        v = float(x)
+    except ValueError:
+        return str(x)
+    if v != v:
+        return "-"
+    return f"{v:,.{nd}f}"
+
+
+def _md(header, rows) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def strategy_benchmark() -> str:
+    rows = [r for r in C.read_csv(DOCS / "strategy_benchmark.csv") if r["sweep"] == "strategies"]
+    return _md(["strategy", "S (tokens)", "fwd temp / device (MiB)", "fwd+bwd temp / device (MiB)", "fwd+bwd time (s)"],
+               [[r["strategy"], r["seq_len"], _f(r["fwd_temp_mib"]), _f(r["fwd_bwd_temp_mib"]), _f(r["fwd_bwd_s"], 2)]
+                for r in rows])
+
+
+def ring_degree() -> str:
+    rows = [r for r in C.read_csv(DOCS / "strategy_benchmark.csv") if r["sweep"] == "ring_degree"]
+    return _md(["ring devices P", "S (tokens)", "tokens / device", "fwd temp / device (MiB)", "fwd+bwd temp / device (MiB)"],
+               [[r["devices"], r["seq_len"], int(r["seq_len"]) // int(r["devices"]), _f(r["fwd_temp_mib"]),
+                 _f(r["fwd_bwd_temp_mib"])] for r in rows])
+
+
+def strategy_sweep() -> str:
+    rows = C.read_csv(RES / "strategy_sweep.csv")
+    return _md(["plan", "mesh", "S (tokens)", "tokens/s (8 devices)", "train-step temp / device (MiB)",
+                "loss step 1", f"loss step {rows[0]['steps'] if rows else '?'}"],
+               [[r["plan"], r["mesh"], r["seq_len"], _f(r["tokens_per_sec"], 0), _f(r["temp_mib_per_device"]),
+                 _f(r["first_loss"], 4), _f(r["final_loss"], 4)] for r in rows])
+
+
+def load_balance() -> str:
+    rows = C.read_csv(RES / "load_balance.csv")
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["layout"], int(r["degree"]))].append(r)
+    out = []
+    for (layout, P), rs in sorted(groups.items(), key=lambda t: (t[0][1], t[0][0])):
+        pairs = [int(r["pairs"]) for r in rs]
+        times = [float(r["fwd_bwd_s"]) for r in rs if r.get("fwd_bwd_s") not in ("", None)]
+        out.append([layout, P, rs[0]["seq_len"], f"{min(pairs):,} .. {max(pairs):,}", _f(max(pairs) / (sum(pairs) / len(pairs)), 3),
+                    f"{min(times):.3f} .. {max(times):.3f}" if times else "-",
+                    _f(max(times) / (sum(times) / len(times)), 2) if times else "-"])
+    return _md(["layout", "P", "S", "visible pairs per device (min .. max)", "work max/mean",
+                "fwd+bwd s per device (min .. max)", "time max/mean"], out)
+
+
+def memory_vs_degree() -> str:
+    rows = C.read_csv(RES / "memory_vs_degree.csv")
+    return _md(["strategy", "S", "P", "tokens / device", "temp (MiB)", "total (MiB)", "ledger (MiB)", "note"],
+               [[r["strategy"], r["seq_len"], r["degree"], r["tokens_per_device"], _f(r["temp_mib"]), _f(r["total_mib"]),
+                 _f(r["ledger_mib"]), ("refused: " + r["refused"][:90]) if r["refused"] else ""] for r in rows])
+
+
+def g(x) -> str:
+    """A computed value: 4 significant digits in scientific notation above 1e7, else up to 4 decimals."""
+    v = float(x)
+    return f"{v:.4g}" if abs(v) >= 1e7 else f"{v:,.4f}".rstrip("0").rstrip(".")
+
+
+def ledger_reproduction() -> str:
+    rows = C.read_csv(RES / "ledger_reproduction.csv")
+    return _md(["quantity", "unit", "published", "lcx.cost", "agrees"],
+               [[r["quantity"], r["unit"], r["published"], g(r["lcx"]), "yes" if r["agrees"] == "True" else "**no**"]
+                for r in rows])
+
+
+def ring_overlap() -> str:
+    rows = [r for r in C.read_csv(RES / "ledger_reproduction.csv") if r["section"] in ("ring_overlap", "load_balance")]
+    return _md(["quantity", "unit", "published", "lcx.cost", "agrees"],
+               [[r["quantity"], r["unit"], r["published"], g(r["lcx"]), "yes" if r["agrees"] == "True" else "**no**"]
+                for r in rows])
+
+
+def passkey() -> str:
+    rows = C.read_csv(RES / "passkey.csv")
+    return _md(["depth", "key -> answer (tokens)", "rows", "exact match", "per-digit accuracy", "after step"],
+               [[r["depth"], r["key_to_answer_tokens"], r["rows"], _f(r["exact_match"], 2), _f(r["digit_accuracy"], 2),
+                 r["step"]] for r in rows])
+
+
+TABLES = {f.__name__: f for f in (strategy_benchmark, ring_degree, strategy_sweep, load_balance, memory_vs_degree,
+                                  ledger_reproduction, ring_overlap, passkey)}
+PATTERN = re.compile(r"(<!-- BEGIN (\w+) -->\n)(.*?)(<!-- END \2 -->)", re.S)
+
+
+def render(text: str) -> str:
+    def sub(m):
+        name = m.group(2)
+        try:
+            body = TABLES[name]()
+        except FileNotFoundError as e:
+            body = f"*(no results yet: {e.filename} is missing; run the experiment)*"
+        return m.group(1) + body + "\n" + m.group(4)
+
+    return PATTERN.sub(sub, text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args(argv)
+    stale = []
+    for page in sorted(DOCS.glob("*.md")):
+        old = page.read_text()
+        if "<!-- BEGIN " not in old:
+            continue
+        new = render(old)
+        if new != old:
+            stale.append(page.name)
+            if not a.check:
+                page.write_text(new)
+                print(f"updated {C.rel(page)}")
+    if a.check and stale:
+        print("out of date: " + ", ".join(stale) + " (run python experiments/report.py)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
