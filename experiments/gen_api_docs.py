@@ -7,6 +7,11 @@ changing a docstring and commit the result.
 
     python experiments/gen_api_docs.py                 # writes docs/api.md
     python experiments/gen_api_docs.py --check         # exit 1 if docs/api.md is out of date
+
+It documents the ``lcx`` that Python imports: in a working tree with other people's uncommitted
+changes, render from a clean export of the commit instead, e.g.
+``git archive HEAD | tar -x -C /tmp/lcx_head`` then
+``PYTHONPATH=/tmp/lcx_head python /tmp/lcx_head/experiments/gen_api_docs.py --out docs/api.md``.
 """
 
 from __future__ import annotations

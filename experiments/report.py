@@ -58,9 +58,9 @@ def ring_degree() -> str:
 def strategy_sweep() -> str:
     rows = C.read_csv(RES / "strategy_sweep.csv")
     return _md(["plan", "mesh", "S (tokens)", "tokens/s (8 devices)", "train-step temp / device (MiB)",
-                "loss step 1", f"loss step {rows[0]['steps'] if rows else '?'}"],
+                "loss by step"],
                [[r["plan"], r["mesh"], r["seq_len"], _f(r["tokens_per_sec"], 0), _f(r["temp_mib_per_device"]),
-                 _f(r["first_loss"], 4), _f(r["final_loss"], 4)] for r in rows])
+                 ", ".join(f"{float(x):.4f}" for x in r["losses"].split(";"))] for r in rows])
 
 
 def load_balance() -> str:

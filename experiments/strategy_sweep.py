@@ -7,10 +7,12 @@ the tiny Llama on the stdlib corpus, a few steps per job) and gathers every job'
 - tokens/s: median over the steps after the first (8 simulated devices share the machine's
   cores, so this is total work per token, not parallel speed-up);
 - per-device memory: the compiled train step's ``memory_analysis().temp_size_in_bytes``;
-- loss: the last step's training loss (the same data and initialisation in every job, so the
-  four strategies must agree to float32 rounding: it checks correctness, not learning).
+- loss: the first and last steps' training losses, and every step's (the same data and
+  initialisation in every job: the strategies compute the same function, so the losses agree
+  up to float32 rounding -- which Adam's first steps can amplify; a check of correctness, not
+  of learning).
 
-    python experiments/strategy_sweep.py                       # ~5-10 min on 2 busy cores
+    python experiments/strategy_sweep.py                       # ~5 min idle, ~15 min on 2 busy cores
     python experiments/strategy_sweep.py 'hydra.sweeper.params.train\\.seq_len=1024'   # smaller
     python experiments/strategy_sweep.py --runs multirun/strategy_sweep/<stamp>  # gather only
 """
@@ -50,6 +52,7 @@ def gather(sweep_dir: pathlib.Path) -> list[dict]:
             "compile_s": s["compile_s"],
             "first_loss": s["first_loss"],
             "final_loss": s["final_loss"],
+            "losses": ";".join(f"{r['loss']:.6f}" for r in run["metrics"]),
             "run_dir": C.rel(run["dir"]),
         })
     order = {p: i for i, p in enumerate(PLANS)}
