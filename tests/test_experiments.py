@@ -89,6 +89,24 @@ def test_passkey_recall_loss_adds_the_key_repeat_only():
     assert ByteTokenizer().decode(ex.arrays["targets"][m]) == "5555555555"
 
 
+def test_passkey_repeats_filler_and_loss_on_all():
+    tok = ByteTokenizer()
+    ex = passkey_example(600, "90817", 0.3, 42, filler="repeats", loss_on="all")
+    text = tok.decode(ex.arrays["tokens"])
+    assert text.count("<") == 3 and sum(c.isdigit() for c in text) == 15
+    assert (ex.arrays["loss_mask"] == 1.0).all()
+    again = passkey_example(600, "90817", 0.3, 42, filler="repeats", loss_on="all")
+    np.testing.assert_array_equal(ex.arrays["tokens"], again.arrays["tokens"])  # seeded by the offset
+    # each filler sentence is written twice in a row
+    first = text[len("There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "):]
+    sent = first[: first.index(". ") + 2]
+    assert first.startswith(sent + sent)
+    ev = PasskeyEval(seq_len=600, global_batch=2, depths=[0.5], per_depth=2, filler="repeats")
+    assert ev[0]["loss_mask"].sum() == 10  # evaluation scores the answer digits only
+    with pytest.raises(ValueError, match="loss_on"):
+        passkey_example(600, "90817", 0.3, loss_on="some")
+
+
 def test_passkey_refusals():
     with pytest.raises(ValueError, match="too short"):
         passkey_example(min_seq_len() - 1, "12345", 0.5)

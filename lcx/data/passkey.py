@@ -65,8 +65,24 @@ def min_seq_len(digits: int = 5) -> int:
     return len(INTRO) + len(KEY.format(key="0" * digits)) + len(QUESTION) + digits + len(END) - 1
 
 
+def repeats_filler(n: int, seed: int) -> str:
+    """``n`` characters of random lowercase words, each sentence written twice in a row
+    (``"qaz wex rop. qaz wex rop. "``): every second sentence can be copied from the one before,
+    a dense version of the copy the answer needs (induction heads form on such repeats; Olsson
+    et al. 2022, arXiv:2209.11895). No digits, no ``<``."""
+    rng = np.random.default_rng([7919, int(seed)])
+    parts, size = [], 0
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    while size < n:
+        words = ["".join(rng.choice(letters, size=int(rng.integers(2, 7)))) for _ in range(int(rng.integers(2, 6)))]
+        sent = " ".join(words).capitalize() + ". "
+        parts.append(sent + sent)
+        size += 2 * len(sent)
+    return "".join(parts)[:n]
+
+
 def passkey_example(seq_len: int, passkey: str, depth: float, filler_offset: int = 0, *,
-                    recall_loss: bool = False) -> PasskeyExample:
+                    recall_loss: bool = False, filler: str = "sentences", loss_on: str = "answer") -> PasskeyExample:
     """Build one row of ``seq_len`` tokens whose answer is ``passkey`` placed at ``depth``.
 
     Args:
@@ -77,6 +93,10 @@ def passkey_example(seq_len: int, passkey: str, depth: float, filler_offset: int
       recall_loss: also put loss on the key's repetition inside the key sentence (``<12345> is
         the pass key``): a short-range copy that teaches the tiny model the induction mechanism
         the long-range answer needs. Evaluation always scores the answer digits alone.
+      filler: ``"sentences"`` (the classic repeated grass/sky/sun sentences, from
+        ``filler_offset``) or ``"repeats"`` (:func:`repeats_filler` seeded by ``filler_offset``).
+      loss_on: ``"answer"`` (the answer digits, plus the key's repeat with ``recall_loss``) or
+        ``"all"`` (every token: a language-modelling loss over the whole row).
 
     Returns:
       :class:`PasskeyExample`.
@@ -97,11 +117,18 @@ def passkey_example(seq_len: int, passkey: str, depth: float, filler_offset: int
         )
     key = KEY.format(key=passkey)
     n_filler = seq_len + 1 - len(INTRO) - len(key) - len(QUESTION) - digits - len(END)
-    reps = -(-(n_filler + filler_offset) // len(FILLER)) + 1
-    filler = (FILLER * reps)[filler_offset % len(FILLER) :][:n_filler]
+    if filler == "sentences":
+        reps = -(-(n_filler + filler_offset) // len(FILLER)) + 1
+        fill = (FILLER * reps)[filler_offset % len(FILLER) :][:n_filler]
+    elif filler == "repeats":
+        fill = repeats_filler(n_filler, filler_offset)
+    else:
+        raise ValueError(f"data.filler must be 'sentences' or 'repeats', got {filler!r}")
+    if loss_on not in ("answer", "all"):
+        raise ValueError(f"data.loss_on must be 'answer' or 'all', got {loss_on!r}")
     cut = int(round(depth * n_filler))
-    head = INTRO + filler[:cut]
-    text = head + key + filler[cut:] + QUESTION + passkey + END
+    head = INTRO + fill[:cut]
+    text = head + key + fill[cut:] + QUESTION + passkey + END
     doc = np.frombuffer(text.encode("ascii"), dtype=np.uint8).astype(np.int32)
     assert doc.size == seq_len + 1, (doc.size, seq_len)
     tokens, targets = doc[:-1], doc[1:]
@@ -110,6 +137,8 @@ def passkey_example(seq_len: int, passkey: str, depth: float, filler_offset: int
     answer_pos = np.arange(first - 1, first - 1 + digits, dtype=np.int64)
     loss_mask = np.zeros(seq_len, np.float32)
     loss_mask[answer_pos] = 1.0
+    if loss_on == "all":
+        loss_mask[:] = 1.0
     if recall_loss:
         second = len(head) + key.index("<", key.index("<") + 1) + 1  # doc index of the repeated key
         loss_mask[second - 1 : second - 1 + digits] = 1.0
@@ -144,7 +173,7 @@ class PasskeyBatches(Iterator[dict[str, np.ndarray]]):
       seq_len, global_batch, layout, context_degree, seed: as for :class:`lcx.data.Batches`.
       digits: passkey length in decimal digits.
       min_depth, max_depth: range of training depths, within [0, 1].
-      recall_loss: see :func:`passkey_example`.
+      recall_loss, filler, loss_on: see :func:`passkey_example`.
       state: optional :meth:`state` dict to resume from.
 
     Yields:
@@ -168,6 +197,8 @@ class PasskeyBatches(Iterator[dict[str, np.ndarray]]):
         min_depth: float = 0.0,
         max_depth: float = 1.0,
         recall_loss: bool = False,
+        filler: str = "sentences",
+        loss_on: str = "answer",
         state: Mapping[str, int] | None = None,
     ):
         check_layout(layout, seq_len, context_degree)
@@ -184,6 +215,7 @@ class PasskeyBatches(Iterator[dict[str, np.ndarray]]):
         self.seed, self.digits = int(seed), int(digits)
         self.min_depth, self.max_depth = float(min_depth), float(max_depth)
         self.recall_loss = bool(recall_loss)
+        self.filler, self.loss_on = str(filler), str(loss_on)
         self._row = 0
         if state is not None:
             self.restore(state)
@@ -193,7 +225,9 @@ class PasskeyBatches(Iterator[dict[str, np.ndarray]]):
         rng = np.random.default_rng([self.seed, int(row)])
         key = _draw(rng, self.digits)
         depth = float(rng.uniform(self.min_depth, self.max_depth))
-        return passkey_example(self.seq_len, key, depth, int(rng.integers(0, len(FILLER))), recall_loss=self.recall_loss)
+        offset = int(rng.integers(0, len(FILLER) if self.filler == "sentences" else 2**31))
+        return passkey_example(self.seq_len, key, depth, offset, recall_loss=self.recall_loss, filler=self.filler,
+                               loss_on=self.loss_on)
 
     def __iter__(self) -> PasskeyBatches:
         return self
@@ -240,6 +274,7 @@ class PasskeyEval(Sequence[dict[str, np.ndarray]]):
       depths: depths in [0, 1] to evaluate.
       per_depth: rows per depth.
       seed: evaluation seed (``data.split_seed``).
+      filler: as in training (:func:`passkey_example`); the loss is always on the answer only.
     """
 
     def __init__(
@@ -253,6 +288,7 @@ class PasskeyEval(Sequence[dict[str, np.ndarray]]):
         depths: Sequence[float] = tuple(np.linspace(0, 1, 11)),
         per_depth: int = 8,
         seed: int = 0,
+        filler: str = "sentences",
     ):
         check_layout(layout, seq_len, context_degree)
         self.seq_len, self.global_batch = int(seq_len), int(global_batch)
@@ -262,7 +298,8 @@ class PasskeyEval(Sequence[dict[str, np.ndarray]]):
             for j in range(int(per_depth)):
                 rng = np.random.default_rng([_EVAL_SEED_OFFSET + int(seed), i, j])
                 key = _draw(rng, digits)
-                self.examples.append(passkey_example(self.seq_len, key, float(d), int(rng.integers(0, len(FILLER)))))
+                offset = int(rng.integers(0, len(FILLER) if filler == "sentences" else 2**31))
+                self.examples.append(passkey_example(self.seq_len, key, float(d), offset, filler=filler))
 
     def __len__(self) -> int:
         return -(-len(self.examples) // self.global_batch)
@@ -291,7 +328,7 @@ def passkey_data(cfg_data: Any, *, seq_len: int, global_batch: int, layout: str,
                  val_global_batch: int | None = None):
     """:class:`lcx.data.Data` for ``data=passkey`` (called by :func:`lcx.data.make_data`).
 
-    Config keys (``lcx/conf/data/passkey.yaml``): ``digits``, ``min_depth``, ``max_depth``, ``recall_loss``,
+    Config keys (``lcx/conf/data/passkey.yaml``): ``digits``, ``min_depth``, ``max_depth``, ``recall_loss``, ``filler``, ``loss_on``,
     ``eval_depths``, ``eval_per_depth``, ``split_seed``, ``tokenizer`` (must be ``byte``).
 
     Raises:
@@ -306,12 +343,13 @@ def passkey_data(cfg_data: Any, *, seq_len: int, global_batch: int, layout: str,
     train = PasskeyBatches(
         seq_len=seq_len, global_batch=global_batch, layout=layout, context_degree=context_degree, seed=seed,
         digits=digits, min_depth=float(get("min_depth", 0.0)), max_depth=float(get("max_depth", 1.0)),
-        recall_loss=bool(get("recall_loss", False)),
+        recall_loss=bool(get("recall_loss", False)), filler=str(get("filler", "sentences")),
+        loss_on=str(get("loss_on", "answer")),
     )
     depths = get("eval_depths", None)
     val = PasskeyEval(
         seq_len=seq_len, global_batch=val_global_batch or global_batch, layout=layout, context_degree=context_degree,
         digits=digits, depths=[float(d) for d in depths] if depths is not None else tuple(np.linspace(0, 1, 11)),
-        per_depth=int(get("eval_per_depth", 8)), seed=int(get("split_seed", 0)),
+        per_depth=int(get("eval_per_depth", 8)), seed=int(get("split_seed", 0)), filler=str(get("filler", "sentences")),
     )
     return Data(train, val, ByteTokenizer())
