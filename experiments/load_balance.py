@@ -8,7 +8,8 @@ load_balance.yaml), device r's queries are the r-th block of the laid-out sequen
 - time: forward+backward of :func:`lcx.attention.flash_attention` (xla kernel, causal mask,
   global positions) of those queries against all S keys, on one CPU device -- the work device r
   does under the all-gather strategy. The kernel skips tiles the mask hides entirely, so time
-  follows work. Median of ``repeats`` runs after a warm-up.
+  follows work. The minimum of ``repeats`` runs after a warm-up: on a shared machine other
+  jobs only ever add time, so the minimum is the least disturbed measurement.
 
 Writes ``experiments/results/load_balance.csv`` and ``.png``.
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import statistics
 import sys
 import time
 
@@ -46,7 +46,7 @@ def work_rows(seq_len: int, degrees, layouts) -> list[dict]:
 
 
 def time_rows(rows: list[dict], model, block: int, repeats: int) -> None:
-    """Add ``fwd_bwd_s`` (median seconds) to each row in place."""
+    """Add ``fwd_bwd_s`` (minimum seconds over ``repeats`` runs) to each row in place."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -82,7 +82,7 @@ def time_rows(rows: list[dict], model, block: int, repeats: int) -> None:
             t0 = time.perf_counter()
             jax.block_until_ready(f(q, k, v, q_pos, k_pos))
             ts.append(time.perf_counter() - t0)
-        row["fwd_bwd_s"] = statistics.median(ts)
+        row["fwd_bwd_s"] = min(ts)
         print(f"  {row['layout']:>10} P={P} device {r}: {row['pairs']:>10} pairs, {row['fwd_bwd_s']:.3f} s", flush=True)
 
 

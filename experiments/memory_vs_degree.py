@@ -95,7 +95,7 @@ def run(overrides=()) -> list[dict]:
 def plot(rows, path: pathlib.Path, note: str = "") -> pathlib.Path:
     plt = C.pyplot()
     seqs = sorted({int(r["seq_len"]) for r in rows})
-    fig, axes = plt.subplots(1, len(seqs), figsize=(6 * len(seqs), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(seqs), figsize=(max(8, 6 * len(seqs)), 4.8), squeeze=False)
     for ax, S in zip(axes[0], seqs):
         for strategy in dict.fromkeys(r["strategy"] for r in rows):
             rs = [r for r in rows if int(r["seq_len"]) == S and r["strategy"] == strategy and r["total_mib"] not in ("", None)]
@@ -111,7 +111,7 @@ def plot(rows, path: pathlib.Path, note: str = "") -> pathlib.Path:
         ax.set_title(f"S = {S} tokens, batch 1")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"compiled per-device memory vs context degree, tiny Llama{note}")
+    fig.suptitle(f"compiled per-device memory vs context degree, tiny Llama\n{note.strip(' ()')}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -122,10 +122,14 @@ def plot(rows, path: pathlib.Path, note: str = "") -> pathlib.Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=pathlib.Path, default=C.RESULTS / NAME)
+    ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the existing CSV")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. 'memory_vs_degree.seq_lens=[4096]'")
     a = ap.parse_args(argv)
-    rows = run(a.overrides)
-    C.write_csv(rows, a.out.with_suffix(".csv"))
+    if a.replot:
+        rows = C.read_csv(a.out.with_suffix(".csv"))
+    else:
+        rows = run(a.overrides)
+        C.write_csv(rows, a.out.with_suffix(".csv"))
     plot(rows, a.out.with_suffix(".png"), f" ({C.machine_note()})")
     return 0
 

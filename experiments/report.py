@@ -106,15 +106,36 @@ def ring_overlap() -> str:
                 for r in rows])
 
 
-def passkey() -> str:
-    rows = C.read_csv(RES / "passkey.csv")
+def passkey(name: str = "passkey") -> str:
+    rows = C.read_csv(RES / f"{name}.csv")
     return _md(["depth", "key -> answer (tokens)", "rows", "exact match", "per-digit accuracy", "after step"],
                [[r["depth"], r["key_to_answer_tokens"], r["rows"], _f(r["exact_match"], 2), _f(r["digit_accuracy"], 2),
                  r["step"]] for r in rows])
 
 
+def passkey_answer_only() -> str:
+    return passkey("passkey_answer_only")
+
+
+def passkey_summary() -> str:
+    out = []
+    for name, setup in (("passkey", "loss on every token, repeated-sentence filler (experiment=passkey)"),
+                        ("passkey_answer_only", "loss on the answer digits (+ the key's repeat), classic filler")):
+        try:
+            rows = C.read_csv(RES / f"{name}.csv")
+        except FileNotFoundError:
+            continue
+        n = sum(int(r["rows"]) for r in rows)
+        em = sum(float(r["exact_match"]) * int(r["rows"]) for r in rows) / n
+        da = sum(float(r["digit_accuracy"]) * int(r["rows"]) for r in rows) / n
+        out.append([setup, rows[0]["seq_len"], f"{rows[0]['strategy']} x{rows[0]['context_degree']}", rows[0]["step"], n,
+                    _f(em, 3), _f(da, 3)])
+    return _md(["training", "S", "strategy", "steps", "eval rows", "exact match", "per-digit accuracy"], out)
+
+
 TABLES = {f.__name__: f for f in (strategy_benchmark, ring_degree, strategy_sweep, load_balance, memory_vs_degree,
-                                  ledger_reproduction, ring_overlap, passkey)}
+                                  ledger_reproduction, ring_overlap, passkey, passkey_answer_only,
+                                  passkey_summary)}
 PATTERN = re.compile(r"(<!-- BEGIN (\w+) -->\n)(.*?)(<!-- END \2 -->)", re.S)
 
 
