@@ -4,7 +4,9 @@ On 8 simulated CPU devices, B=1, 8 query heads, head_dim 64, float32, causal, th
 8 ways, for S in ``--seqs`` (default 4096 and 16384, plus GQA 8:2 at 4096) this measures, for
 every lcx strategy (ring, usp 2x4, allgather, a2a; zigzag layout, xla kernel) and for
 ``ringattention`` (haoliuhl/RingAttention on PyPI: its jax ring attention under ``shard_map``,
-contiguous layout, at each chunk size of ``--peer-chunks``, the best one reported):
+contiguous layout, at each chunk size of ``--peer-chunks`` (S <= 4096; 128, 256, 512) and
+``--peer-chunks-long`` (longer S; 256, its best here in FIELD_NOTES 3b), the best one used in the
+targets):
 
 - forward and forward+backward wall time: median of ``--repeats`` (>= 5) runs after a warm-up,
   compile time reported apart;
@@ -217,47 +219,80 @@ def timed(fn, args, repeats: int) -> float:
     return statistics.median(ts)
 
 
-def measure(name, contender, S, K, inputs, ref, repeats, extra=None):
-    place, fwd, both, lay = contender
-    q, k, v, do = place(*inputs)
-    t0 = time.perf_counter()
-    c_fwd = fwd.lower(q, k, v).compile()
-    c_both = both.lower(q, k, v, do).compile()
-    compile_s = time.perf_counter() - t0
-    t_fwd = timed(c_fwd, (q, k, v), repeats)
-    t_both = timed(c_both, (q, k, v, do), repeats)
-    out, grads = c_both(q, k, v, do)
-    e_out, e_grad = max_errors(out, grads, *ref, lay)
-    row = {
-        "contender": name,
-        "seq_len": S,
-        "q_heads": N,
-        "kv_heads": K,
-        "devices": 8,
-        "fwd_s": t_fwd,
-        "fwd_bwd_s": t_both,
-        "fwd_gflops": useful_flops(S, False) / t_fwd / 1e9,
-        "fwd_bwd_gflops": useful_flops(S, True) / t_both / 1e9,
-        "fwd_temp_mib": c_fwd.memory_analysis().temp_size_in_bytes / MIB,
-        "fwd_bwd_temp_mib": c_both.memory_analysis().temp_size_in_bytes / MIB,
-        "max_err_out": e_out,
-        "max_err_grad": e_grad,
-        "compile_s": compile_s,
-        **(extra or {}),
-    }
-    print(
-        f"{name:>22} S={S:>6} K={K}: fwd {t_fwd:7.3f} s, fwd+bwd {t_both:7.3f} s "
-        f"({row['fwd_bwd_gflops']:5.1f} GFLOP/s), temp {row['fwd_temp_mib']:6.1f} / {row['fwd_bwd_temp_mib']:6.1f} MiB, "
-        f"err {e_out:.1e} / {e_grad:.1e}, compile {compile_s:.1f} s",
-        flush=True,
-    )
-    return row
+def _once(fn, args) -> float:
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - t
+
+
+def measure_all(named, S, K, inputs, ref, repeats, gemm):
+    """Compile every contender of one configuration, then time them INTERLEAVED: each round runs
+    every contender's forward and forward+backward once, ``repeats`` rounds after a warm-up
+    round. On a machine shared with other jobs the load then drifts over all contenders alike,
+    so their ratios stay fair; each time is the median of its ``repeats`` samples. The GEMM
+    reference (``gemm``: a compiled matmul and its operands) runs in every round too."""
+    prepared = []
+    for name, make in named:
+        place, fwd, both, lay = make()
+        q, k, v, do = place(*inputs)
+        t0 = time.perf_counter()
+        c_fwd = fwd.lower(q, k, v).compile()
+        c_both = both.lower(q, k, v, do).compile()
+        prepared.append((name, c_fwd, c_both, (q, k, v), (q, k, v, do), lay, time.perf_counter() - t0))
+    samples = {p[0]: ([], []) for p in prepared}
+    gemm_t = []
+    for r in range(repeats + 1):  # round 0 is the warm-up
+        tg = _once(*gemm)
+        if r:
+            gemm_t.append(tg)
+        for name, c_fwd, c_both, a_fwd, a_both, *_ in prepared:
+            tf, tb = _once(c_fwd, a_fwd), _once(c_both, a_both)
+            if r:
+                samples[name][0].append(tf)
+                samples[name][1].append(tb)
+        print(f"  round {r}/{repeats} done", flush=True)
+    rows = []
+    gemm_gf = 2 * gemm[1][0].shape[0] ** 3 / statistics.median(gemm_t) / 1e9
+    for name, c_fwd, c_both, a_fwd, a_both, lay, compile_s in prepared:
+        t_fwd, t_both = (statistics.median(x) for x in samples[name])
+        out, grads = c_both(*a_both)
+        e_out, e_grad = max_errors(out, grads, *ref, lay)
+        row = {
+            "contender": name,
+            "seq_len": S,
+            "q_heads": N,
+            "kv_heads": K,
+            "devices": 8,
+            "fwd_s": t_fwd,
+            "fwd_bwd_s": t_both,
+            "fwd_gflops": useful_flops(S, False) / t_fwd / 1e9,
+            "fwd_bwd_gflops": useful_flops(S, True) / t_both / 1e9,
+            "fwd_temp_mib": c_fwd.memory_analysis().temp_size_in_bytes / MIB,
+            "fwd_bwd_temp_mib": c_both.memory_analysis().temp_size_in_bytes / MIB,
+            "max_err_out": e_out,
+            "max_err_grad": e_grad,
+            "compile_s": compile_s,
+            "gemm_gflops": gemm_gf,
+        }
+        print(
+            f"{name:>24} S={S:>6} K={K}: fwd {t_fwd:7.3f} s, fwd+bwd {t_both:7.3f} s "
+            f"({row['fwd_bwd_gflops']:5.1f} GFLOP/s), temp {row['fwd_temp_mib']:6.1f} / {row['fwd_bwd_temp_mib']:6.1f} MiB, "
+            f"err {e_out:.1e} / {e_grad:.1e}, compile {compile_s:.1f} s",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
+def gemm_op(n: int = 4096):
+    """A compiled float32 ``n^3`` matmul and its operands (this machine's GEMM roofline)."""
+    a = jax.device_put(jax.random.normal(jax.random.key(1), (n, n), jnp.float32), jax.devices()[0])
+    return jax.jit(lambda a, b: a @ b).lower(a, a).compile(), (a, a)
 
 
 def gemm_gflops(n: int = 4096, repeats: int = 5) -> float:
-    a = jax.device_put(jax.random.normal(jax.random.key(1), (n, n), jnp.float32), jax.devices()[0])
-    mm = jax.jit(lambda a, b: a @ b).lower(a, a).compile()
-    return 2 * n**3 / timed(mm, (a, a), repeats) / 1e9
+    mm, args = gemm_op(n)
+    return 2 * n**3 / timed(mm, args, repeats) / 1e9
 
 
 def ring_memory(S: int, block: int) -> list[dict]:
@@ -299,8 +334,9 @@ def targets(rows, ring_rows, gemm, seqs):
         sp = peer["fwd_bwd_s"] / ring["fwd_bwd_s"]
         out.append((f"ring fwd+bwd at S={Sbig} >= 1.5x faster than the peer's best ({peer['contender']})",
                     f"{sp:.2f}x", sp >= 1.5))
-        frac = ring["fwd_bwd_gflops"] / gemm
-        out.append((f"ring fwd+bwd at S={Sbig} >= 50% of GEMM throughput ({gemm:.0f} GFLOP/s)",
+        g = ring.get("gemm_gflops", gemm)
+        frac = ring["fwd_bwd_gflops"] / g
+        out.append((f"ring fwd+bwd at S={Sbig} >= 50% of GEMM throughput ({g:.0f} GFLOP/s, timed in the same rounds)",
                     f"{100 * frac:.0f}% ({ring['fwd_bwd_gflops']:.1f} GFLOP/s)", frac >= 0.5))
         mr = ring["fwd_bwd_temp_mib"] / peer["fwd_bwd_temp_mib"]
         out.append((f"ring fwd+bwd temp / device at S={Sbig} <= 0.5x the peer's",
@@ -327,6 +363,7 @@ def targets(rows, ring_rows, gemm, seqs):
 
 def to_markdown(rows, ring_rows, gemm, tgt, args, load) -> str:
     cmd = " ".join(["python experiments/bench_attention.py", *sys.argv[1:]])
+    group_gemms = ", ".join(dict.fromkeys(f"{r['gemm_gflops']:.0f}" for r in rows))
     lines = [
         "# Context-parallel attention: lcx vs the public JAX ring-attention package",
         "",
@@ -336,10 +373,13 @@ def to_markdown(rows, ring_rows, gemm, tgt, args, load) -> str:
         f"lcx: zigzag layout, xla kernel, {args.block}-token blocks; USP is Ulysses 2 x ring 4. Peer: "
         "`ringattention` 0.1.2 (PyPI, haoliuhl/RingAttention), its jax ring attention under `shard_map`, contiguous "
         "layout, token-causal (`causal_block_size=1`), K/V heads repeated for GQA; every chunk size tried is listed.",
-        f"Machine float32 GEMM (4096^3 matmul, median of 5, same process): **{gemm:.0f} GFLOP/s**. "
+        f"Machine float32 GEMM (4096^3 matmul, same process): {gemm:.0f} GFLOP/s at the start; it is also timed in "
+        "every round of every row group, and % GEMM compares each row with the GEMM median of its own group "
+        f"({group_gemms} GFLOP/s). "
         f"Load average at start / end: {load[0]} / {load[1]}.",
         "",
-        f"Times are medians of {args.repeats} runs after a warm-up (compile time apart). Useful FLOPs: causal-halved "
+        f"Times are medians of {args.repeats} runs after a warm-up (compile time apart), the contenders of a row group "
+        "timed interleaved (round robin) so that load from other jobs on the machine falls on all of them alike. Useful FLOPs: causal-halved "
         "4·B·S²·N·H/2 forward, 3.5x that forward+backward. Memory: compiled per-device temporary buffers "
         "(`memory_analysis().temp_size_in_bytes`; inputs/outputs excluded). Errors: max |x - ref| against a "
         "single-device float32 dense reference (output; worst of dq/dk/dv). The simulated devices share the cores, "
@@ -353,7 +393,7 @@ def to_markdown(rows, ring_rows, gemm, tgt, args, load) -> str:
         lines.append(
             f"| {r['contender']} | {r['seq_len']} | {r['q_heads']}:{r['kv_heads']} | {r['fwd_s']:.3f} | "
             f"{r['fwd_bwd_s']:.3f} | {r['fwd_gflops']:.1f} | {r['fwd_bwd_gflops']:.1f} | "
-            f"{100 * r['fwd_bwd_gflops'] / gemm:.0f}% | {r['fwd_temp_mib']:.1f} | {r['fwd_bwd_temp_mib']:.1f} | "
+            f"{100 * r['fwd_bwd_gflops'] / r['gemm_gflops']:.0f}% | {r['fwd_temp_mib']:.1f} | {r['fwd_bwd_temp_mib']:.1f} | "
             f"{r['max_err_out']:.1e} | {r['max_err_grad']:.1e} | {r['compile_s']:.1f} |"
         )
     if ring_rows:
@@ -379,8 +419,11 @@ def main(argv=None):
     ap.add_argument("--no-gqa", action="store_true", help="skip the GQA 8:2 rows (at the smallest S)")
     ap.add_argument("--strategies", nargs="+", default=["ring", "usp", "allgather", "a2a"])
     ap.add_argument("--block", type=int, default=256, help="lcx kernel block_q = block_kv (tokens)")
-    ap.add_argument("--peer-chunks", type=int, nargs="+", default=[256, 512],
-                    help="ringattention query/key chunk sizes tried (best reported in the targets)")
+    ap.add_argument("--peer-chunks", type=int, nargs="+", default=[128, 256, 512],
+                    help="ringattention query/key chunk sizes tried at S <= 4096 (best one used in the targets)")
+    # FIELD_NOTES 3b: on this machine 256 beat 512 and 1024 at S=16384; each try costs minutes
+    ap.add_argument("--peer-chunks-long", type=int, nargs="+", default=[256],
+                    help="ringattention chunk sizes tried at S > 4096")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ring-seq", type=int, default=16384, help="S of the lcx ring P = 2, 4, 8 memory sweep")
     ap.add_argument("--md", default="docs/attention_benchmark.md")
@@ -392,41 +435,47 @@ def main(argv=None):
     load0 = " ".join(f"{x:.1f}" for x in os.getloadavg())
     gemm = gemm_gflops()
     print(f"float32 GEMM 4096^3: {gemm:.1f} GFLOP/s", flush=True)
-    configs = [(S, N) for S in args.seqs]
+    configs = [(S, N) for S in sorted(args.seqs)]
     if not args.no_gqa:
-        configs.append((min(args.seqs), 2))
+        configs.insert(1, (min(args.seqs), 2))
     rows = []
+    # the compile-only P sweep first: it is cheap, and the long rows can then be watched as the
+    # tables are rewritten after every row
+    ring_rows = ring_memory(args.ring_seq, args.block) if args.ring_seq else []
+
+    def write():
+        tgt = targets(rows, ring_rows, gemm, args.seqs)
+        load1 = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        os.makedirs(os.path.dirname(args.md) or ".", exist_ok=True)
+        with open(args.md, "w") as f:
+            f.write(to_markdown(rows, ring_rows, gemm, tgt, args, (load0, load1)))
+        with open(args.csv, "w", newline="") as f:
+            keys = list(rows[0])
+            w = csv.DictWriter(f, fieldnames=["sweep", *keys])
+            w.writeheader()
+            for r in rows:
+                w.writerow({"sweep": "contenders", **r})
+            for r in ring_rows:
+                w.writerow({"sweep": "ring_degree", **r})
+        return tgt
+
     for S, K in configs:
         inputs = make_inputs(S, K)
         t = time.perf_counter()
         ref = reference(*inputs)
         print(f"reference S={S} K={K}: {time.perf_counter() - t:.1f} s", flush=True)
-        for strategy in args.strategies:
-            name = "lcx usp 2x4" if strategy == "usp" else f"lcx {strategy}"
-            rows.append(measure(name, lcx_contender(strategy, 8, args.block, S), S, K, inputs, ref, args.repeats))
-        for chunk in args.peer_chunks:
-            if S // 8 % chunk:
-                continue
-            rows.append(measure(f"ringattention chunk {chunk}", peer_contender(8, chunk, S, K), S, K, inputs, ref,
-                                args.repeats))
+        order = sorted(args.strategies, key=lambda s: s != "ring")
+        chunks = args.peer_chunks if S <= 4096 else args.peer_chunks_long
+        runs = [(f"lcx {st}" if st != "usp" else "lcx usp 2x4", functools.partial(lcx_contender, st, 8, args.block, S))
+                for st in order]
+        runs[1:1] = [(f"ringattention chunk {c}", functools.partial(peer_contender, 8, c, S, K))
+                     for c in chunks if (S // 8) % c == 0]
+        rows.extend(measure_all(runs, S, K, inputs, ref, args.repeats, gemm_op()))
+        write()
         del ref
-    ring_rows = ring_memory(args.ring_seq, args.block) if args.ring_seq else []
-    tgt = targets(rows, ring_rows, gemm, args.seqs)
-    load1 = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    tgt = write()
     for text, val, ok in tgt:
         print(f"[{'ok' if ok else 'NO'}] {text}: {val}")
-
-    os.makedirs(os.path.dirname(args.md) or ".", exist_ok=True)
-    with open(args.md, "w") as f:
-        f.write(to_markdown(rows, ring_rows, gemm, tgt, args, (load0, load1)))
-    with open(args.csv, "w", newline="") as f:
-        keys = list(rows[0])
-        w = csv.DictWriter(f, fieldnames=["sweep", *keys, "gemm_gflops"])
-        w.writeheader()
-        for r in rows:
-            w.writerow({"sweep": "contenders", **r, "gemm_gflops": gemm})
-        for r in ring_rows:
-            w.writerow({"sweep": "ring_degree", **r})
     print(f"wrote {args.md} and {args.csv}")
 
 
