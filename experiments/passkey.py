@@ -86,7 +86,9 @@ def evaluate(run_dir: pathlib.Path, per_depth: int) -> tuple[list[dict], dict]:
         ok = np.array([r[0] for r in res])
         rows.append({"depth": depth, "key_to_answer_tokens": int(np.mean([r[1] for r in res])), "rows": len(res),
                      "exact_match": float(ok.all(axis=1).mean()), "digit_accuracy": float(ok.mean())})
-    summary = {"step": int(meta["step"]), "seq_len": S, "plan": plan.name, "strategy": plan.attention.strategy,
+    loss_on = "every token" if d.get("loss_on", "answer") == "all" else (
+        "answer + key repeat" if d.get("recall_loss") else "answer digits")
+    summary = {"step": int(meta["step"]), "seq_len": S, "loss_on": loss_on, "plan": plan.name, "strategy": plan.attention.strategy,
                "context_degree": mp.context_degree, "run_dir": C.rel(run_dir)}
     return rows, summary
 
@@ -106,13 +108,13 @@ def plot(rows, metrics, summary, path: pathlib.Path) -> pathlib.Path:
     a.legend(fontsize=8)
     a.grid(alpha=0.3)
     steps = [m["step"] for m in metrics]
-    b.plot(steps, [m["loss"] for m in metrics], lw=0.8, label="train loss (answer + key repeat)")
+    b.plot(steps, [m["loss"] for m in metrics], lw=0.8, label=f"train loss ({summary['loss_on']})")
     v = [(m["step"], m["val_loss"]) for m in metrics if m.get("val_loss") is not None]
     if v:
         b.plot(*zip(*v), "o-", label="validation loss (answer digits)")
     b.axhline(2.302585, color="gray", lw=0.8, ls=":", label="ln 10 (guessing digits)")
     b.set_xlabel("step")
-    b.set_ylabel("nats / answer token")
+    b.set_ylabel("nats / loss-bearing token")
     b.set_title("training")
     b.legend(fontsize=8)
     b.grid(alpha=0.3)

@@ -113,14 +113,14 @@ def passkey(name: str = "passkey") -> str:
                  r["step"]] for r in rows])
 
 
-def passkey_answer_only() -> str:
-    return passkey("passkey_answer_only")
+def passkey_dense() -> str:
+    return passkey("passkey_dense")
 
 
 def passkey_summary() -> str:
     out = []
-    for name, setup in (("passkey", "loss on every token, repeated-sentence filler (experiment=passkey)"),
-                        ("passkey_answer_only", "loss on the answer digits (+ the key's repeat), classic filler")):
+    for name, setup in (("passkey", "1: loss on the answer digits (+ the key's repeat), classic filler (experiment=passkey)"),
+                        ("passkey_dense", "2: loss on every token, filler of repeated random sentences")):
         try:
             rows = C.read_csv(RES / f"{name}.csv")
         except FileNotFoundError:
@@ -134,7 +134,7 @@ def passkey_summary() -> str:
 
 
 TABLES = {f.__name__: f for f in (strategy_benchmark, ring_degree, strategy_sweep, load_balance, memory_vs_degree,
-                                  ledger_reproduction, ring_overlap, passkey, passkey_answer_only,
+                                  ledger_reproduction, ring_overlap, passkey, passkey_dense,
                                   passkey_summary)}
 PATTERN = re.compile(r"(<!-- BEGIN (\w+) -->\n)(.*?)(<!-- END \2 -->)", re.S)
 
