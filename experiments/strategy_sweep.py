@@ -13,7 +13,7 @@ the tiny Llama on the stdlib corpus, a few steps per job) and gathers every job'
   of learning).
 
     python experiments/strategy_sweep.py                       # ~5 min idle, ~15 min on 2 busy cores
-    python experiments/strategy_sweep.py 'hydra.sweeper.params.train\\.seq_len=1024'   # smaller
+    python experiments/strategy_sweep.py train.steps=2          # extra overrides go to every job
     python experiments/strategy_sweep.py --runs multirun/strategy_sweep/<stamp>  # gather only
 """
 
