@@ -79,10 +79,20 @@ def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval_config")
 def main(cfg: DictConfig) -> float:
+    from lcx.train import explain_errors
+
+    return explain_errors(_main, cfg)
+
+
+def _main(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
 
     from lcx.cost import apply_hardware_flags
     from lcx.train import configure_devices
+
+    if not cfg.get("checkpoint") or not cfg.checkpoint.get("dir"):
+        raise ValueError("lcx.eval needs a checkpoint to evaluate: python -m lcx.eval checkpoint.dir=DIR "
+                         "(the checkpoint.dir of a python -m lcx.train run)")
 
     apply_hardware_flags(cfg.hardware)
     devices = configure_devices(cfg)

@@ -48,6 +48,12 @@ def configure_devices(cfg: DictConfig) -> list:
             process_id=int(dist.process_id),
         )
     devices = jax.devices()
+    name = str(cfg.hardware.get("name"))
+    if name != "cpu" and jax.default_backend() == "cpu":
+        raise ValueError(
+            f"hardware={name} but JAX found no accelerator backend (only cpu: {len(devices)} device(s)); "
+            "use hardware=cpu on this machine, or install the JAX build for that hardware"
+        )
     if jax.process_count() > 1:
         return devices
     if n:
@@ -60,8 +66,30 @@ def configure_devices(cfg: DictConfig) -> list:
     return devices
 
 
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotImplementedError, FloatingPointError)
+"""Errors that describe a problem with the configuration or the data (PlanError and the data,
+model and checkpoint errors are ValueErrors): the entry points print their message in one line."""
+
+
+def explain_errors(fn, *args):
+    """Run ``fn(*args)``; an error in :data:`USER_ERRORS` is printed as one line (its message
+    names the value and the fix) and exits with status 2. ``HYDRA_FULL_ERROR=1`` re-raises it
+    with the whole traceback."""
+    try:
+        return fn(*args)
+    except USER_ERRORS as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {e}\n(set HYDRA_FULL_ERROR=1 for the traceback)", file=sys.stderr)
+        sys.exit(2)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    return explain_errors(_main, cfg)
+
+
+def _main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from lcx.cost import apply_hardware_flags

@@ -288,10 +288,12 @@ class Plan:
                     n = math.prod(shape[m] for m in mesh_axes)
                     if sizes[logical] % n:
                         what = {"batch": "train.global_batch", "seq": "train.seq_len"}.get(logical, f"model {logical}")
+                        near = sorted({max(n, sizes[logical] // n * n), (sizes[logical] // n + 1) * n})
                         raise PlanError(
                             f"{what}={sizes[logical]} is not divisible by {n}, the size of mesh axes {mesh_axes} "
-                            f"that plan.{kind}.{logical} maps it to; change that rule, the mesh sizes {shape}, "
-                            f"or the {logical} size"
+                            f"that plan.{kind}.{logical} maps it to; use {what}="
+                            + " or ".join(str(x) for x in near)
+                            + f", or change that rule or the mesh sizes {shape}"
                         )
         # a mesh axis can appear only once across the dims of any one array; the arrays we shard
         # pair these logical axes, so check each pair of rules used together.
