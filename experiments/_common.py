@@ -161,6 +161,16 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, path: pathlib.Path) -> pathlib.Path:
+    """Lay out, write ``path`` (PNG, 110 dpi), close ``fig`` and say where it went."""
+    plt = pyplot()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {rel(path)}")
+    return path
+
+
 def machine_note(info: Mapping[str, Any] | None = None) -> str:
     """One line naming where the numbers were measured (for plot titles and CSV readers)."""
     import platform

@@ -116,11 +116,7 @@ def plot(rows, path: pathlib.Path) -> pathlib.Path:
     b.set_xlim(lo - 0.005, hi + 0.005)
     b.set_xlabel("lcx / published (green: agrees at the published precision)")
     b.set_title("every published figure recomputed by lcx.cost")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {C.rel(path)}")
-    return path
+    return C.save_figure(fig, path)
 
 
 def main(argv=None) -> int:

@@ -110,11 +110,7 @@ def plot(rows: list[dict], path: pathlib.Path, note: str = "") -> pathlib.Path:
             ax.legend(fontsize=8)
             ax.grid(alpha=0.3, axis="y")
     fig.suptitle(f"causal load balance per device{note}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {C.rel(path)}")
-    return path
+    return C.save_figure(fig, path)
 
 
 def main(argv=None) -> int:

@@ -112,11 +112,7 @@ def plot(rows, path: pathlib.Path, note: str = "") -> pathlib.Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"compiled per-device memory vs context degree, tiny Llama\n{note.strip(' ()')}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {C.rel(path)}")
-    return path
+    return C.save_figure(fig, path)
 
 
 def main(argv=None) -> int:

@@ -119,11 +119,7 @@ def plot(rows, metrics, summary, path: pathlib.Path) -> pathlib.Path:
     b.legend(fontsize=8)
     b.grid(alpha=0.3)
     fig.suptitle(f"passkey retrieval, tiny Llama ({C.machine_note()})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {C.rel(path)}")
-    return path
+    return C.save_figure(fig, path)
 
 
 def main(argv=None) -> int:

@@ -79,11 +79,7 @@ def plot(rows: list[dict], path: pathlib.Path, note: str = "") -> pathlib.Path:
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.suptitle(f"lcx strategy sweep, tiny Llama, 8 simulated CPU devices{note}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {C.rel(path)}")
-    return path
+    return C.save_figure(fig, path)
 
 
 def main(argv=None) -> int:
