@@ -35,6 +35,7 @@ def attention(
     segment_ids: Int[Array, "B T"] | None = None,
     kv_positions: Int[Array, "B T"] | None = None,
     kv_segment_ids: Int[Array, "B T"] | None = None,
+    sinks: Float[Array, " N"] | None = None,
 ) -> Float[Array, "B T N H"]:
     """Context-parallel softmax attention ``softmax(q k^T / sqrt(H) + mask) v`` on global arrays.
 
@@ -55,13 +56,19 @@ def attention(
       segment_ids: int32 ``[B, T]`` document ids; default zeros.
       kv_positions, kv_segment_ids: int32 ``[B, T]`` for the keys, if they differ from the
         queries' (default: the query ones).
+      sinks: ``[N]`` learnable per-query-head sink logits (gpt-oss; StreamingLLM, Xiao et al.
+        2023, arXiv:2309.17453): each joins its head's softmax denominator as an extra key of
+        value 0, ``lse' = logaddexp(lse, sinks[n])`` (:mod:`lcx.attention.sinks`). Any float
+        dtype, computed in float32; sharded like the query heads. None (default): no sink, and
+        the program is exactly the one without this argument.
 
     Returns:
       ``[B, T, N, H]`` in ``q.dtype``, sharded like ``q`` by the plan. A query with no visible key
-      gets 0 (and zero, finite gradients).
+      gets 0 (and zero, finite gradients for q, k, v), with or without a sink. Differentiable in
+      q, k, v and sinks.
 
     Raises:
-      ValueError: inconsistent shapes; batch, sequence or head counts not divisible by the mesh
+      ValueError: inconsistent shapes (``sinks`` not ``[N]`` or not floating point); batch, sequence or head counts not divisible by the mesh
         axes the plan maps them to; a strategy that cannot serve these head counts (e.g. the
         Ulysses degree does not divide the query heads). Raised before compiling.
         The splash kernel also refuses block sizes that are not multiples of 128 (or > 16384).
@@ -75,18 +82,33 @@ def attention(
     kv_positions = _default(kv_positions, lambda: positions, (B, T), "kv_positions")
     kv_segment_ids = _default(kv_segment_ids, lambda: segment_ids, (B, T), "kv_segment_ids")
 
+    if sinks is not None:
+        if tuple(sinks.shape) != (q.shape[2],) or not jnp.issubdtype(sinks.dtype, jnp.floating):
+            raise ValueError(
+                f"attention: sinks must be a float array of shape [heads] = ({q.shape[2]},), got {sinks.dtype} "
+                f"{tuple(sinks.shape)}"
+            )
+        sinks = sinks.astype(jnp.float32)
+
     strategy, (q_spec, kv_spec, pos_spec) = build_strategy(mp, mask, q.shape, k.shape)
+    in_specs = (q_spec, kv_spec, kv_spec, pos_spec, pos_spec, pos_spec, pos_spec)
+    args = (q, k, v, positions, kv_positions, segment_ids, kv_segment_ids)
+    if sinks is not None:
+        # each device gets the sinks of the query heads it holds (the heads' mesh axes, as q);
+        # replicated over batch and sequence, so shard_map's transpose sums their cotangents
+        in_specs += (mp.plan.activation_spec((ax.HEADS,)),)
+        args += (sinks,)
     fn = jax.shard_map(
         strategy,
         mesh=mp.mesh,
-        in_specs=(q_spec, kv_spec, kv_spec, pos_spec, pos_spec, pos_spec, pos_spec),
+        in_specs=in_specs,
         out_specs=q_spec,
         # check_vma=False: the custom VJPs and scans in the strategies carry values whose
         # device-variance the checker cannot infer (FIELD_NOTES section 1); every in/out spec is
         # explicit, so nothing relies on the check.
         check_vma=False,
     )
-    return fn(q, k, v, positions, kv_positions, segment_ids, kv_segment_ids)
+    return fn(*args)
 
 
 def build_strategy(

@@ -15,6 +15,7 @@ from jaxtyping import Array, Float, Int
 
 from lcx.attention.kernels import Kernel, XlaKernel
 from lcx.attention.masks import Mask
+from lcx.attention.sinks import merge_sinks, sinks_grad
 
 
 def flash_attention(
@@ -28,6 +29,7 @@ def flash_attention(
     *,
     mask: Mask,
     kernel: Kernel | None = None,
+    sinks: Float[Array, " N"] | None = None,
 ) -> Float[Array, "B T N H"]:
     """Memory-efficient attention of ``q`` against ``k``/``v`` on one device, differentiable.
 
@@ -38,34 +40,45 @@ def flash_attention(
       q_seg, k_seg: int32 segment ids ``[B, T]``, ``[B, S]``.
       mask: the visibility predicate.
       kernel: per-device kernel; default ``XlaKernel()``.
+      sinks: float32 ``[N]`` per-head sink logits (:mod:`lcx.attention.sinks`), or None (no
+        sink: the program is exactly the one without this argument).
 
     Returns:
       ``[B, T, N, H]`` in ``q.dtype``; 0 for a query with no visible key. Gradients flow to
-      ``q``, ``k``, ``v`` (in their dtypes); positions and segment ids get none.
+      ``q``, ``k``, ``v`` (in their dtypes) and ``sinks`` (float32, summed over this call's
+      rows); positions and segment ids get none.
 
     Raises:
       ValueError: ``N`` not a multiple of ``K``.
     """
     kernel = XlaKernel() if kernel is None else kernel
-    return _flash(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    return _flash(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
+
+
+def _forward(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
+    out, lse = kernel.forward(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=mask)
+    # None has no leaves: without sinks the traced program is the plain kernel's
+    return (out, lse) if sinks is None else merge_sinks(out, lse, sinks)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _flash(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    out, _ = kernel.forward(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=mask)
+def _flash(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
+    out, _ = _forward(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
     return out.astype(q.dtype)
 
 
-def _flash_fwd(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    out, lse = kernel.forward(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=mask)
+def _flash_fwd(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
+    out, lse = _forward(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
     # keep out in float32 for delta = sum(dout * out): the residuals are O(T), not O(T * S)
-    return out.astype(q.dtype), (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse)
+    return out.astype(q.dtype), (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks)
 
 
 def _flash_bwd(kernel, mask, res, dout):
-    q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse = res
+    q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks = res
+    # with sinks, out and lse already include them: the kernel's backward is then exact
     dq, dk, dv = kernel.backward(q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout, mask=mask)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
+    ds = None if sinks is None else sinks_grad(out, lse, dout, sinks).astype(sinks.dtype)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, ds
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

@@ -18,6 +18,7 @@ def reference_attention(
     segment_ids: Int[Array, "B T"] | None = None,
     kv_positions: Int[Array, "B S"] | None = None,
     kv_segment_ids: Int[Array, "B S"] | None = None,
+    sinks: Float[Array, " N"] | None = None,
 ) -> Float[Array, "B T N H"]:
     """Dense softmax attention ``softmax(q k^T / sqrt(H) + mask) v`` (Vaswani et al. 2017).
 
@@ -32,6 +33,9 @@ def reference_attention(
       positions, segment_ids: int32 ``[B, T]`` of the queries; default ``arange(T)`` and zeros.
       kv_positions, kv_segment_ids: int32 ``[B, S]`` of the keys; default to the query ones
         (self-attention, T == S).
+      sinks: ``[N]`` per-head sink logits, or None: head ``n``'s softmax gets one more logit
+        column ``sinks[n]`` whose value vector is 0 (gpt-oss attention sinks; StreamingLLM, Xiao
+        et al. 2023, arXiv:2309.17453). Computed in float32.
 
     Returns:
       ``[B, T, N, H]`` in ``q.dtype``.
@@ -52,9 +56,14 @@ def reference_attention(
     vis = mask.visible(positions, kv_positions, segment_ids, kv_segment_ids)[:, None, None]
     s = jnp.where(vis, s, -jnp.inf)
     m = jnp.max(s, axis=-1, keepdims=True)
+    if sinks is not None:
+        sink = sinks.astype(jnp.float32).reshape(K, G)[None, :, :, None, None]  # head n = k G + g
+        m = jnp.maximum(m, sink)
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.where(vis, jnp.exp(s - m), 0.0)
     l = p.sum(-1, keepdims=True)
+    if sinks is not None:
+        l = l + jnp.exp(sink - m)  # the sink's column: in the denominator, value 0
     p = p / jnp.where(l == 0, 1.0, l)
     o = jnp.einsum("BKGTS,BSKH->BTKGH", p, v.astype(jnp.float32))
     return o.reshape(B, T, N, H).astype(q.dtype)

@@ -32,6 +32,7 @@ from jaxtyping import Array, Float, Int
 from lcx.attention.flash import flash_attention
 from lcx.attention.kernels import Kernel
 from lcx.attention.masks import Mask
+from lcx.attention.sinks import local_head_sinks
 from lcx.attention.strategies.base import Shape, Strategy
 
 
@@ -143,10 +144,13 @@ class Ulysses(Strategy):
         k_pos: Int[Array, "B T"],
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B T"],
+        sinks: Float[Array, " N"] | None = None,
     ) -> Float[Array, "B T N H"]:
         if self.degree == 1:
-            return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel)
+            return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks)
         r = kv_replication(q.shape[2], k.shape[2], self.degree, self.allow_kv_replication, who="a2a", axes=self.axes)
         args = ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, self.axes, r)
-        out = flash_attention(*args, mask=self.mask, kernel=self.kernel)
+        # after the all-to-all this device holds N/U of the query heads: only their sinks
+        sinks = None if sinks is None else local_head_sinks(sinks, self.axes, self.degree)
+        out = flash_attention(*args, mask=self.mask, kernel=self.kernel, sinks=sinks)
         return heads_to_seq(out, self.axes)

@@ -51,7 +51,8 @@ class AllGather(Strategy):
         k_pos: Int[Array, "B T"],
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B T"],
+        sinks: Float[Array, " N"] | None = None,
     ) -> Float[Array, "B T N H"]:
         if self.axes:
             k, v, k_pos, k_seg = (lax.all_gather(x, self.axes, axis=1, tiled=True) for x in (k, v, k_pos, k_seg))
-        return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel)
+        return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks)

@@ -72,10 +72,14 @@ class Strategy(eqx.Module):
         k_pos: Int[Array, "B T"],
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B T"],
+        sinks: Float[Array, " N"] | None = None,
     ) -> Float[Array, "B T N H"]:
         """Attention of this device's query shard against the whole (sharded) sequence.
 
         Runs inside ``jax.shard_map``; every argument is this device's shard along the sequence
-        (and batch/heads where the plan shards them). Returns this device's output shard in
-        ``q.dtype``; differentiable in ``q``, ``k``, ``v``.
+        (and batch/heads where the plan shards them). ``sinks``: float32 ``[N]`` sink logits of
+        this device's (pre-all-to-all) query heads, replicated over batch and sequence, or None
+        (:mod:`lcx.attention.sinks`). Returns this device's output shard in ``q.dtype``;
+        differentiable in ``q``, ``k``, ``v`` and ``sinks`` (whose cotangent is this device's
+        contribution: ``shard_map`` sums it over the devices).
         """

@@ -42,6 +42,7 @@ from jaxtyping import Array, Float, Int
 
 from lcx.attention.kernels import Kernel
 from lcx.attention.masks import Mask
+from lcx.attention.sinks import merge_sinks, sinks_grad
 from lcx.attention.strategies.base import Shape, Strategy
 
 _F32 = jnp.float32
@@ -76,6 +77,7 @@ def ring_attention(
     axes: tuple[str, ...],
     size: int,
     kv_heads_per_pass: int | None = None,
+    sinks: Float[Array, " N"] | None = None,
 ) -> Float[Array, "B T N H"]:
     """Per-device ring attention over mesh ``axes`` (call inside ``jax.shard_map``).
 
@@ -90,9 +92,13 @@ def ring_attention(
       size: ring size P (product of the axis sizes).
       kv_heads_per_pass: run the whole ring once per group of this many kv heads (with their
         G query heads each), one group after another; ``None``: :func:`heads_per_pass`.
+      sinks: float32 ``[N]`` sink logits of this device's query heads
+        (:mod:`lcx.attention.sinks`), merged once into the ring's final ``(out, lse)``; None:
+        no sink (the program is exactly the one without this argument).
 
     Returns:
-      ``[B, T, N, H]`` in ``q.dtype``, differentiable in q, k, v (custom VJP).
+      ``[B, T, N, H]`` in ``q.dtype``, differentiable in q, k, v and sinks (custom VJP; the
+      sinks' cotangent is this device's sum over its rows).
 
     Raises:
       ValueError: ``kv_heads_per_pass`` does not divide the local kv heads.
@@ -101,7 +107,7 @@ def ring_attention(
     kvh = heads_per_pass(k.shape, k.dtype) if kv_heads_per_pass is None else int(kv_heads_per_pass)
     if kvh < 1 or K % kvh:
         raise ValueError(f"ring: kv_heads_per_pass={kvh} must divide the {K} kv heads per device")
-    return _ring(kernel, mask, tuple(axes), int(size), kvh, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    return _ring(kernel, mask, tuple(axes), int(size), kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
 
 
 # per-pass K (or V) shard size above which the ring runs one kv head per pass
@@ -185,19 +191,26 @@ def _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg,
     return lax.fori_loop(0, n, one, init)
 
 
+def _forward_sinks(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
+    out, lse = _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    # the sink joins the GLOBAL softmax once, after every ring step and pass
+    return (out, lse) if sinks is None else merge_sinks(out, lse, sinks)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _ring(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    out, _ = _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg)
+def _ring(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
+    out, _ = _forward_sinks(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
     return out.astype(q.dtype)
 
 
-def _ring_fwd(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    out, lse = _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg)
-    return out.astype(q.dtype), (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse)
+def _ring_fwd(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
+    out, lse = _forward_sinks(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
+    return out.astype(q.dtype), (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks)
 
 
 def _ring_bwd(kernel, mask, axes, size, kvh, res, dout):
-    q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse = res
+    # with sinks, out and lse include them, so the kernels' backward below is exact unchanged
+    q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks = res
     n, nh, kh = _passes(kvh, q, k)
     if n == 1:
         dq, dk, dv = _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout)
@@ -212,7 +225,8 @@ def _ring_bwd(kernel, mask, axes, size, kvh, res, dout):
 
         dq, dk, dv = lax.fori_loop(0, n, one, (jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype),
                                                  jnp.zeros(v.shape, v.dtype)))
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
+    ds = None if sinks is None else sinks_grad(out, lse, dout, sinks).astype(sinks.dtype)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, ds
 
 
 def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout):
@@ -278,8 +292,9 @@ class Ring(Strategy):
         k_pos: Int[Array, "B T"],
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B T"],
+        sinks: Float[Array, " N"] | None = None,
     ) -> Float[Array, "B T N H"]:
         return ring_attention(
             q, k, v, q_pos, k_pos, q_seg, k_seg, kernel=self.kernel, mask=self.mask, axes=self.axes, size=self.degree,
-            kv_heads_per_pass=self.kv_heads_per_pass,
+            kv_heads_per_pass=self.kv_heads_per_pass, sinks=sinks,
         )

@@ -20,6 +20,7 @@ from jaxtyping import Array, Float, Int
 
 from lcx.attention.kernels import Kernel
 from lcx.attention.masks import Mask
+from lcx.attention.sinks import local_head_sinks
 from lcx.attention.strategies.a2a import heads_to_seq, kv_replication, ulysses_in
 from lcx.attention.strategies.base import Shape, Strategy
 from lcx.attention.strategies.ring import ring_attention
@@ -76,6 +77,7 @@ class USP(Strategy):
         k_pos: Int[Array, "B T"],
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B T"],
+        sinks: Float[Array, " N"] | None = None,
     ) -> Float[Array, "B T N H"]:
         ua = (self.ulysses_axis,)
         r = kv_replication(
@@ -83,8 +85,10 @@ class USP(Strategy):
         )
         if self.ulysses_degree > 1:
             q, k, v, q_pos, k_pos, q_seg, k_seg = ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, ua, r)
+            # this device now holds N/U of the query heads: only their sinks
+            sinks = None if sinks is None else local_head_sinks(sinks, ua, self.ulysses_degree)
         out = ring_attention(
             q, k, v, q_pos, k_pos, q_seg, k_seg,
-            kernel=self.kernel, mask=self.mask, axes=(self.ring_axis,), size=self.ring_degree,
+            kernel=self.kernel, mask=self.mask, axes=(self.ring_axis,), size=self.ring_degree, sinks=sinks,
         )
         return heads_to_seq(out, ua) if self.ulysses_degree > 1 else out
