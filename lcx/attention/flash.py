@@ -15,6 +15,7 @@ from jaxtyping import Array, Float, Int
 
 from lcx.attention.kernels import Kernel, XlaKernel
 from lcx.attention.masks import Mask
+from lcx.attention.names import name_context
 from lcx.attention.sinks import merge_sinks, sinks_grad
 
 
@@ -69,6 +70,7 @@ def _flash(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
 
 def _flash_fwd(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
     out, lse = _forward(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
+    out, lse = name_context(out, lse)  # remat: custom can keep or offload them (model.remat_context)
     # keep out in float32 for delta = sum(dout * out): the residuals are O(T), not O(T * S)
     return out.astype(q.dtype), (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks)
 

@@ -13,11 +13,23 @@ from typing import Any
 
 from lcx.models.rotary import RopeConfig
 
-REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "custom")
 """Rematerialisation of each scanned block (``jax.checkpoint`` policies): ``none`` saves every
 activation; ``full`` saves only the block inputs; ``dots_saveable`` saves matmul outputs;
 ``dots_with_no_batch_dims_saveable`` saves only matmuls without batch dimensions (the projections,
-not attention scores)."""
+not attention scores); ``custom`` (MaxText's ``remat_policy: custom``) saves only the named
+tensors, each kept on device, offloaded to host memory or recomputed as ``model.remat_layer_input``,
+``model.remat_qkv`` and ``model.remat_context`` say (:data:`REMAT_PLACEMENTS`)."""
+
+REMAT_PLACEMENTS: dict[str, tuple[str, ...]] = {
+    "remat_layer_input": ("device", "offload"),
+    "remat_qkv": ("device", "offload", "remat"),
+    "remat_context": ("device", "offload", "remat"),
+}
+"""Where ``remat: custom`` keeps each named tensor for the backward pass: ``device`` (saved in
+device memory), ``offload`` (copied to pinned host memory in the forward and back in the backward)
+or ``remat`` (recomputed). The block input cannot be recomputed: it is what the replay starts
+from."""
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 
@@ -55,6 +67,16 @@ class ModelConfig:
       norm_eps: RMSNorm epsilon.
       tie_embeddings: if True the output head is the transposed token embedding.
       remat: one of :data:`REMAT_POLICIES`.
+      remat_layer_input: ``remat: custom`` only: placement of each block's input ``[B, T, D]``
+        (MaxText ``decoder_layer_input``): ``device`` or ``offload``.
+      remat_qkv: ``remat: custom`` only: placement of q ``[B, T, N, H]`` and k, v ``[B, T, K, H]``
+        after RoPE (the attention inputs): ``device``, ``offload`` or ``remat`` (the norm, the
+        projections and RoPE are replayed).
+      remat_context: ``remat: custom`` only: placement of the flash-attention residuals, the
+        float32 output ``[B, T, N, H]`` and logsumexp ``[B, T, N]`` (MaxText ``context``, the
+        splash kernel's ``residual_checkpoint_name``): ``device``/``offload`` keep them, so the
+        backward never replays the attention forward (nor, for ring, its K/V hops); ``remat``
+        replays it.
       dtype: compute dtype, ``float32`` or ``bfloat16``. Parameters are cast to it inside the
         forward pass; norms, softmax and logits are computed in float32.
       param_dtype: dtype the parameters (master weights) are stored in.
@@ -63,8 +85,9 @@ class ModelConfig:
         visible only if its segment id equals the query's.
 
     Raises:
-      ValueError: a size is not positive, N is not a multiple of K, an unknown remat policy or
-        dtype, or ``sliding_window < 1``. The message names the field and the fix.
+      ValueError: a size is not positive, N is not a multiple of K, an unknown remat policy,
+        placement or dtype, a ``remat_*`` placement changed without ``remat: custom``, or
+        ``sliding_window < 1``. The message names the field and the fix.
     """
 
     name: str = "custom"
@@ -87,6 +110,9 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     remat: str = "none"
+    remat_layer_input: str = "device"
+    remat_qkv: str = "remat"
+    remat_context: str = "remat"
     dtype: str = "float32"
     param_dtype: str = "float32"
     sliding_window: int | None = None
@@ -135,6 +161,15 @@ class ModelConfig:
             raise ValueError(f"model.rope_*: {e}") from None
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"model.remat={self.remat!r} is unknown; choose one of {REMAT_POLICIES}")
+        for f, choices in REMAT_PLACEMENTS.items():
+            v = getattr(self, f)
+            if v not in choices:
+                raise ValueError(f"model.{f}={v!r} is unknown; choose one of {choices}")
+            if self.remat != "custom" and v != ModelConfig.__dataclass_fields__[f].default:
+                raise ValueError(
+                    f"model.{f}={v!r} needs model.remat=custom (remat={self.remat!r} decides what is saved "
+                    f"by itself); set remat: custom, or {f}: {ModelConfig.__dataclass_fields__[f].default}"
+                )
         for f in ("dtype", "param_dtype"):
             if getattr(self, f) not in DTYPES:
                 raise ValueError(f"model.{f}={getattr(self, f)!r} is unknown; choose one of {DTYPES}")

@@ -24,14 +24,16 @@ import math
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from lcx.attention import Mask, attention
+from lcx.attention.names import CONTEXT
 from lcx.models.config import ModelConfig
 from lcx.models.rotary import RopeConfig, apply_rope, rope, rope_cos_sin, rope_frequencies
 
 __all__ = ["MLP", "Attention", "Block", "Embedding", "Llama", "RMSNorm", "init_model", "remat_policy",
-           "rope", "rope_frequencies"]
+           "REMAT_NAMES", "rope", "rope_frequencies"]
 from lcx.sharding import MeshPlan
 
 _INIT_STD = 0.02
@@ -46,22 +48,56 @@ def _cast(tree: PyTree, dtype) -> PyTree:
     return jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree)
 
 
-def remat_policy(name: str):
+REMAT_NAMES: dict[str, tuple[str, ...]] = {
+    "remat_layer_input": ("decoder_layer_input",),
+    "remat_qkv": ("query", "key", "value"),
+    "remat_context": (CONTEXT,),
+}
+"""``checkpoint_name`` tags each ``model.remat_*`` placement (``remat: custom``) applies to: the
+block input (MaxText's name), q/k/v after RoPE, and the flash residuals (out and logsumexp,
+tagged inside attention's custom VJP, :mod:`lcx.attention.names`)."""
+
+
+def remat_policy(name: str, **placements: str):
     """The ``jax.checkpoint`` policy for a :data:`~lcx.models.config.REMAT_POLICIES` name.
 
-    Returns None for ``"full"`` (save nothing but the block inputs), a policy callable otherwise.
+    Args:
+      name: the policy.
+      placements: ``custom`` only: ``remat_layer_input``, ``remat_qkv``, ``remat_context`` ->
+        ``device | offload | remat`` (omitted: not saved). Tensors placed ``offload`` are copied
+        to ``pinned_host`` memory in the forward and back to the device in the backward
+        (``jax.checkpoint_policies.save_and_offload_only_these_names``).
+
+    Returns:
+      None for ``"full"`` (save nothing but the block inputs), a policy callable otherwise.
 
     Raises:
-      ValueError: ``"none"`` (no checkpointing, so no policy) or an unknown name.
+      ValueError: ``"none"`` (no checkpointing, so no policy), an unknown name, placement key or
+        placement, or placements with a policy other than ``custom``.
     """
     policies = {
         "full": None,
         "dots_saveable": jax.checkpoint_policies.dots_saveable,
         "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        "custom": None,
     }
     if name not in policies:
         raise ValueError(f"no checkpoint policy for remat={name!r}; choose one of {sorted(policies)}")
-    return policies[name]
+    if name != "custom":
+        if placements:
+            raise ValueError(f"placements {sorted(placements)} need remat='custom', got remat={name!r}")
+        return policies[name]
+    saved, offloaded = [], []
+    for key, where in placements.items():
+        if key not in REMAT_NAMES or where not in ("device", "offload", "remat"):
+            raise ValueError(f"placement {key}={where!r}: keys {sorted(REMAT_NAMES)}, values device|offload|remat")
+        {"device": saved, "offload": offloaded, "remat": []}[where].extend(REMAT_NAMES[key])
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=saved,
+        names_which_can_be_offloaded=offloaded,
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
 
 
 class RMSNorm(eqx.Module):
@@ -131,9 +167,10 @@ class Attention(eqx.Module):
     ) -> Float[Array, "B T D"]:
         # exact phases from a float64 host table, shared by q and k (lcx.models.rotary)
         cos, sin = rope_cos_sin(positions, self.rope)
-        q = apply_rope(jnp.einsum("BTD,DNH->BTNH", x, self.wq), cos, sin)
-        k = apply_rope(jnp.einsum("BSD,DKH->BSKH", x, self.wk), cos, sin)
-        v = jnp.einsum("BSD,DKH->BSKH", x, self.wv)
+        # named for remat: custom (model.remat_qkv); the identity otherwise
+        q = checkpoint_name(apply_rope(jnp.einsum("BTD,DNH->BTNH", x, self.wq), cos, sin), "query")
+        k = checkpoint_name(apply_rope(jnp.einsum("BSD,DKH->BSKH", x, self.wk), cos, sin), "key")
+        v = checkpoint_name(jnp.einsum("BSD,DKH->BSKH", x, self.wv), "value")
         o = attention(q, k, v, plan=plan, mask=mask, positions=positions, segment_ids=segment_ids)
         return jnp.einsum("BTNH,NHD->BTD", o, self.wo)
 
@@ -245,6 +282,8 @@ class Llama(eqx.Module):
         dynamic, static = eqx.partition(self.blocks, eqx.is_array)
 
         def layer(x: Array, params: PyTree) -> tuple[Array, None]:
+            # every later use reads the named value, so an offloaded input is the only copy kept
+            x = checkpoint_name(x, "decoder_layer_input")
             block = _cast(eqx.combine(params, static), dtype)
             x = block(x, positions, segment_ids, mask=mask, plan=plan)
             return plan.constrain(x, ("batch", "seq", "embed")), None
@@ -252,7 +291,8 @@ class Llama(eqx.Module):
         if cfg.remat != "none":
             # prevent_cse=False: inside scan CSE cannot undo the rematerialisation, and the
             # barrier it would add only slows things down (jax.checkpoint docs)
-            layer = jax.checkpoint(layer, policy=remat_policy(cfg.remat), prevent_cse=False)
+            placements = {f: getattr(cfg, f) for f in REMAT_NAMES} if cfg.remat == "custom" else {}
+            layer = jax.checkpoint(layer, policy=remat_policy(cfg.remat, **placements), prevent_cse=False)
         x, _ = jax.lax.scan(layer, x, dynamic)
 
         x = self.final_norm(x)

@@ -243,8 +243,8 @@ def check_compatible(meta: Mapping[str, Any], model: Mapping[str, Any], *, where
       model: this run's resolved ``model`` config.
       where: the checkpoint's path, for the message.
 
-    ``model.remat`` and the RoPE fields (``model.rope_*``) may differ: neither changes a
-    parameter, and a length-extension stage changes RoPE scaling on purpose (logged).
+    ``model.remat`` (with its ``model.remat_*`` placements) and the RoPE fields
+    (``model.rope_*``) may differ: neither changes a parameter, and a length-extension stage changes RoPE scaling on purpose (logged).
 
     Raises:
       CheckpointMismatchError: some other ``model.<field>`` differs; the message names the field,
@@ -261,7 +261,8 @@ def check_compatible(meta: Mapping[str, Any], model: Mapping[str, Any], *, where
             where,
             ", ".join(f"model.{k}: {saved.get(k)!r} -> {model.get(k)!r}" for k in rope),
         )
-    ignore = {"remat", *rope}
+    # remat_* placements (absent from checkpoints written before they existed) likewise
+    ignore = {"remat", *rope, *(k for k in set(saved) | set(model) if k.startswith("remat_"))}
     diff = sorted(k for k in set(saved) | set(model) if k not in ignore and saved.get(k) != model.get(k))
     if diff:
         k = diff[0]

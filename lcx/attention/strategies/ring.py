@@ -42,6 +42,7 @@ from jaxtyping import Array, Float, Int
 
 from lcx.attention.kernels import Kernel
 from lcx.attention.masks import Mask
+from lcx.attention.names import name_context
 from lcx.attention.sinks import merge_sinks, sinks_grad
 from lcx.attention.strategies.base import Shape, Strategy
 
@@ -205,6 +206,7 @@ def _ring(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, si
 
 def _ring_fwd(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
     out, lse = _forward_sinks(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
+    out, lse = name_context(out, lse)  # remat: custom can keep or offload them (model.remat_context)
     return out.astype(q.dtype), (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks)
 
 
