@@ -15,7 +15,8 @@ usp           U | N; U | K or K | U                O(S / P); all-to-all over U, 
 
 U: Ulysses degree, P: context degree, S: sequence length, N/K: query/kv heads per device (after
 any tensor sharding of heads). Sequence length must be divisible by P (by 2P for zigzag, checked
-by the plan). Refusals are ValueErrors raised before compiling.
+by the plan). Refusals are ValueErrors raised before compiling. Every strategy and kernel takes
+optional per-head attention sinks (``attention(..., sinks=...)``, :mod:`lcx.attention.sinks`).
 
 Public API:
 
@@ -23,6 +24,7 @@ Public API:
 - :class:`Mask`, :data:`CAUSAL`, :data:`FULL`: mask predicates on global positions/segment ids.
 - :func:`reference_attention`: dense single-device float32 reference.
 - :func:`flash_attention`: local blockwise attention with a custom VJP.
+- :func:`merge_sinks`, :func:`sinks_grad`: the attention-sink merge and its gradient.
 - :class:`Kernel`, :class:`XlaKernel`, :func:`make_kernel`, :data:`KERNELS`: per-device kernels.
 - :class:`Strategy` and the final strategies :class:`AllGather`, :class:`Ulysses`,
   :class:`Ring`, :class:`USP`, registered by plan name in :data:`STRATEGIES`.
@@ -40,6 +42,8 @@ from lcx.attention.masks import CAUSAL as CAUSAL
 from lcx.attention.masks import FULL as FULL
 from lcx.attention.masks import Mask as Mask
 from lcx.attention.reference import reference_attention as reference_attention
+from lcx.attention.sinks import merge_sinks as merge_sinks
+from lcx.attention.sinks import sinks_grad as sinks_grad
 from lcx.attention.strategies import STRATEGIES as STRATEGIES
 from lcx.attention.strategies import USP as USP
 from lcx.attention.strategies import AllGather as AllGather

@@ -41,8 +41,9 @@ def _bytes(dtype: str) -> int:
 def param_arrays(cfg: ModelDims, param_dtype: str = "float32", *, tie_embeddings: bool = False) -> list[ArrayInfo]:
     """Every parameter kind of the Llama model with its logical axes and global shape.
 
-    Mirrors ``lcx.models.llama`` (Embedding, stacked Blocks with a leading ``layers`` axis,
-    final RMSNorm, untied head), so :func:`lcx.sharding.describe.describe` can lay them out
+    Mirrors ``lcx.models.llama`` (Embedding, stacked Blocks with a leading ``layers`` axis and,
+    if ``cfg.attention_sinks``, their ``[layers, heads]`` sink logits, final RMSNorm, untied
+    head), so :func:`lcx.sharding.describe.describe` can lay them out
     without building a model.
     """
     D, N, K, H, F, V, L = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim,
@@ -64,6 +65,8 @@ def param_arrays(cfg: ModelDims, param_dtype: str = "float32", *, tie_embeddings
     ]
     if not tie_embeddings:
         out.append(ArrayInfo("head", "param", (E, Vo), (D, V), b))
+    if getattr(cfg, "attention_sinks", False):  # one sink logit per query head and layer
+        out.append(ArrayInfo("sinks", "param", (Ly, Hs), (L, N), b))
     return out
 
 

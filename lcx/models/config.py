@@ -83,6 +83,12 @@ class ModelConfig:
       sliding_window: attention window in tokens (``q_pos - k_pos < window``), or None.
       document_mask: if True (default) packed documents never attend to each other: a key is
         visible only if its segment id equals the query's.
+      attention_sinks: if True every attention layer has a learnable sink logit per query head
+        (``[N]`` per layer, initialised to 0; gpt-oss; StreamingLLM, Xiao et al. 2023,
+        arXiv:2309.17453) that joins the softmax denominator as an extra key of value 0, so a
+        head can attend "nowhere" (:mod:`lcx.attention.sinks`). Hydra:
+        ``model.attention_sinks=true``. Default False: no sink parameters, the plain program. A
+        non-boolean value raises ValueError.
 
     Raises:
       ValueError: a size is not positive, N is not a multiple of K, an unknown remat policy,
@@ -117,6 +123,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     sliding_window: int | None = None
     document_mask: bool = True
+    attention_sinks: bool = False
 
     def __post_init__(self):
         # YAML may give 500000 for a float field; store floats so equal configs hash equal
@@ -179,6 +186,8 @@ class ModelConfig:
             raise ValueError(
                 f"model.sliding_window must be a positive number of tokens or null, got {self.sliding_window!r}"
             )
+        if not isinstance(self.attention_sinks, bool):
+            raise ValueError(f"model.attention_sinks must be true or false, got {self.attention_sinks!r}")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -224,10 +233,12 @@ class ModelConfig:
 
     @property
     def n_params(self) -> int:
-        """Every parameter: embedding, blocks (with norm gains), final norm, untied head."""
+        """Every parameter: embedding, blocks (with norm gains and, with ``attention_sinks``, N
+        sink logits each), final norm, untied head."""
         D, V = self.d_model, self.vocab_size
         head = 0 if self.tie_embeddings else V * D
-        return V * D + self.n_layers * (self.params_per_layer + 2 * D) + D + head
+        sinks = self.n_heads if self.attention_sinks else 0
+        return V * D + self.n_layers * (self.params_per_layer + 2 * D + sinks) + D + head
 
     def dims(self) -> dict[str, int]:
         """Sizes of the logical axes the parameters use, for :meth:`lcx.sharding.Plan.validate`."""

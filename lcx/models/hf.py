@@ -93,7 +93,9 @@ def hf_config(path_or_config: str | os.PathLike | Mapping[str, Any], **overrides
         ``document_mask=False``). ``param_dtype`` defaults to float32.
 
     Raises:
-      HFImportError: the config describes something lcx's Llama cannot represent.
+      HFImportError: the config describes something lcx's Llama cannot represent, or the
+        overrides ask for ``attention_sinks`` (Llama checkpoints have none, and zero-initialised
+        sinks would change the pretrained model's outputs).
     """
     if isinstance(path_or_config, Mapping):
         hf, name = dict(path_or_config), "hf"
@@ -156,6 +158,12 @@ def hf_config(path_or_config: str | os.PathLike | Mapping[str, Any], **overrides
         **rope,
     )
     fields.update(overrides)
+    if fields.get("attention_sinks"):
+        # zero sinks would change a pretrained model's outputs (every head gains a logit-0 key)
+        raise HFImportError(
+            "attention_sinks=true: Hugging Face Llama checkpoints have no attention sinks; load without it "
+            "(attention_sinks=false)"
+        )
     return ModelConfig(**fields)
 
 

@@ -136,13 +136,16 @@ class Attention(eqx.Module):
 
     The N query heads form K groups of G; K/V are computed once per kv head and never repeated
     (the attention kernels reshape q into ``[K, G]``). The score computation, masks and context
-    parallelism are delegated to :func:`lcx.attention.attention` with the given plan.
+    parallelism are delegated to :func:`lcx.attention.attention` with the given plan. With
+    ``cfg.attention_sinks`` each query head has a learnable sink logit (``sinks``, ``[N]``,
+    initialised to 0; :mod:`lcx.attention.sinks`), else ``sinks`` is None.
     """
 
     wq: Float[Array, "D N H"] = eqx.field(metadata={"axes": ("embed", "heads", "head_dim")})
     wk: Float[Array, "D K H"] = eqx.field(metadata={"axes": ("embed", "kv_heads", "head_dim")})
     wv: Float[Array, "D K H"] = eqx.field(metadata={"axes": ("embed", "kv_heads", "head_dim")})
     wo: Float[Array, "N H D"] = eqx.field(metadata={"axes": ("heads", "head_dim", "embed")})
+    sinks: Float[Array, " N"] | None = eqx.field(metadata={"axes": ("heads",)})
     rope: RopeConfig = eqx.field(static=True)
 
     def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):
@@ -154,6 +157,8 @@ class Attention(eqx.Module):
         self.wv = _normal(kv, (D, K, H), _INIT_STD, dt)
         # residual-branch outputs scaled by 1/sqrt(2L) so the residual variance stays O(1) in depth
         self.wo = _normal(ko, (N, H, D), _INIT_STD / math.sqrt(2 * cfg.n_layers), dt)
+        # zero sink logits: the sink starts as one extra key of logit 0 (value 0) per head
+        self.sinks = jnp.zeros((N,), dt) if cfg.attention_sinks else None
         self.rope = cfg.rope
 
     def __call__(
@@ -171,7 +176,7 @@ class Attention(eqx.Module):
         q = checkpoint_name(apply_rope(jnp.einsum("BTD,DNH->BTNH", x, self.wq), cos, sin), "query")
         k = checkpoint_name(apply_rope(jnp.einsum("BSD,DKH->BSKH", x, self.wk), cos, sin), "key")
         v = checkpoint_name(jnp.einsum("BSD,DKH->BSKH", x, self.wv), "value")
-        o = attention(q, k, v, plan=plan, mask=mask, positions=positions, segment_ids=segment_ids)
+        o = attention(q, k, v, plan=plan, mask=mask, positions=positions, segment_ids=segment_ids, sinks=self.sinks)
         return jnp.einsum("BTNH,NHD->BTD", o, self.wo)
 
 
@@ -307,7 +312,8 @@ def init_model(cfg: ModelConfig, *, key: PRNGKeyArray) -> Llama:
 
     Weights are normal(0, 0.02); the output projections of each residual branch (``wo``,
     ``w_down``) are scaled by ``1 / sqrt(2 L)`` (GPT-2, Radford et al. 2019) so the residual
-    stream's variance does not grow with depth; RMSNorm gains are one. To create a model that is
+    stream's variance does not grow with depth; RMSNorm gains are one; attention sinks (with
+    ``cfg.attention_sinks``) are zero. To create a model that is
     too large for one device directly sharded, use :func:`lcx.models.init_sharded`.
     """
     return Llama(cfg, key=key)
