@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.15)
     args = ap.parse_args(argv)
     cfg = preset("tiny").replace(remat=args.remat)
-    policy = cost.ActivationPolicy(args.remat)
+    policy = cost.ActivationPolicy.from_model(cfg)
     print(f"tiny Llama, remat={args.remat}, S={args.seq_len}, B={args.batch}, 8 CPU devices, float32")
     print(f"{'strategy':10s} {'ledger MiB':>11s} {'compiled MiB':>13s} {'temp MiB':>9s} {'ratio':>6s}")
     worst = 0.0

@@ -58,7 +58,7 @@ def compiled_memory(cfg, devices):
     m = steps.train.lower(params, opt_state, b).compile().memory_analysis()
     dt = time.perf_counter() - t0
     ledger = cost.memory_breakdown(model_cfg, plan, len(devices), seq_len=S, global_batch=B,
-                                   policy=cost.ActivationPolicy(model_cfg.remat), dtype=model_cfg.dtype,
+                                   policy=cost.ActivationPolicy.from_model(model_cfg), dtype=model_cfg.dtype,
                                    param_dtype=model_cfg.param_dtype, tie_embeddings=model_cfg.tie_embeddings)
     return m, ledger, dt
 

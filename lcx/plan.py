@@ -81,10 +81,11 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     hw = hardware_from_config(hwn, n, probe=bool(cfg.get("planner", {}).get("probe_cpu", False)))
     S, B = int(cfg.train.seq_len), int(cfg.train.global_batch)
     mem = OmegaConf.to_container(cfg.get("memory") or {}, resolve=True)
-    policy = ActivationPolicy(
-        remat=mem.get("remat") or model_cfg.remat,
-        decoder_layer_input=mem.get("decoder_layer_input", "device"),
-        context=mem.get("context", "remat"),
+    # the model's own remat policy and placements, unless the memory section prices another
+    placed = {k: mem[k] for k in ("remat", "decoder_layer_input", "context", "qkv") if mem.get(k) is not None}
+    policy = ActivationPolicy.from_model(
+        model_cfg,
+        **placed,
         offload_optimizer=bool(mem.get("offload_optimizer", False)),
         offload_params=bool(mem.get("offload_params", False)),
         vocab_tiling=int(mem.get("vocab_tiling", 1)),

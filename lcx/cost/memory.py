@@ -10,6 +10,8 @@ Activation accounting follows the block of ``lcx.models.llama`` (pre-norm GQA at
 MLP, scanned over layers) and the MaxText remat vocabulary (``remat_policy``, and per-tensor
 ``decoder_layer_input`` / ``context`` placement ``device | offload | remat``, MaxText
 ``base.yml``). Host offload moves saved tensors to host memory; they leave HBM.
+:meth:`ActivationPolicy.from_model` reads the policy ``lcx.models`` runs from a model config
+(``model.remat`` and its ``model.remat_*`` placements).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from lcx.sharding.describe import ArrayInfo, layout_arrays
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
 
 REMAT_POLICIES: tuple[str, ...] = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full", "custom")
-"""Remat policies the ledger prices: the four of ``lcx.models`` plus MaxText's ``custom`` (only
-the tensors named in :class:`ActivationPolicy` are kept, each on device or offloaded)."""
+"""Remat policies the ledger prices, those of ``lcx.models``: four ``jax.checkpoint_policies`` and
+MaxText's ``custom`` (only the tensors named in :class:`ActivationPolicy` are kept, each on device
+or offloaded)."""
 
 PLACEMENTS: tuple[str, ...] = ("device", "offload", "remat")
 
@@ -104,13 +107,17 @@ class ActivationPolicy:
       remat: one of :data:`REMAT_POLICIES`.
       decoder_layer_input: placement of each block's input ``[b, T, D]`` (``device`` or
         ``offload``; MaxText ``decoder_layer_input``). Every policy but ``none`` keeps it.
-      context: ``custom`` only: placement of the attention output ``[b, T, N, H]`` (MaxText
-        ``context``): ``device``/``offload`` keep it (attention is not replayed), ``remat``
-        replays it.
+      context: ``custom`` only: placement of the flash-attention residuals, the float32 output
+        ``[b, T, N, H]`` and logsumexp ``[b, T, N]`` (MaxText ``context``, ``lcx.models``
+        ``remat_context``): ``device``/``offload`` keep them (attention is not replayed),
+        ``remat`` replays it.
       offload_optimizer: optimizer state in host memory (MaxText ``optimizer_memory_host_offload``).
       offload_params: parameters in host memory (MaxText ``parameter_memory_host_offload``).
       vocab_tiling: chunks the output head and loss are computed in (MaxText
         ``num_vocab_tiling``); ``lcx.models`` computes the logits whole (1).
+      qkv: ``custom`` only: placement of q ``[b, T, N, H]`` and k, v ``[b, T, K, H]`` after RoPE
+        (``lcx.models`` ``remat_qkv``): ``device``/``offload`` keep them, ``remat`` replays the
+        norm, projections and RoPE that make them.
     """
 
     remat: str = "full"
@@ -119,6 +126,7 @@ class ActivationPolicy:
     offload_optimizer: bool = False
     offload_params: bool = False
     vocab_tiling: int = 1
+    qkv: str = "remat"
 
     def __post_init__(self):
         if self.remat not in REMAT_POLICIES:
@@ -127,6 +135,30 @@ class ActivationPolicy:
             raise ValueError(f"decoder_layer_input must be 'device' or 'offload', got {self.decoder_layer_input!r}")
         if self.context not in PLACEMENTS:
             raise ValueError(f"context must be one of {PLACEMENTS}, got {self.context!r}")
+        if self.qkv not in PLACEMENTS:
+            raise ValueError(f"qkv must be one of {PLACEMENTS}, got {self.qkv!r}")
+
+    @classmethod
+    def from_model(cls, cfg, **overrides) -> ActivationPolicy:
+        """The policy a model config trains with: ``model.remat`` and, for ``custom``, its
+        placements ``model.remat_layer_input``, ``model.remat_context``, ``model.remat_qkv``
+        (:class:`lcx.models.ModelConfig`; a config without them gets the defaults).
+
+        Args:
+          cfg: a model config.
+          overrides: fields to set instead (e.g. ``offload_optimizer=True``, or a remat policy
+            the model does not run, to price it).
+
+        Raises:
+          ValueError: an unknown policy or placement.
+        """
+        fields = dict(
+            remat=cfg.remat,
+            decoder_layer_input=getattr(cfg, "remat_layer_input", "device"),
+            context=getattr(cfg, "remat_context", "remat"),
+            qkv=getattr(cfg, "remat_qkv", "remat"),
+        )
+        return cls(**{**fields, **overrides})
 
     @property
     def keeps_context(self) -> bool:
@@ -139,6 +171,8 @@ class ActivationPolicy:
             parts.append("in>host")
         if self.remat == "custom":
             parts.append(f"ctx={self.context}")
+            if self.qkv != "remat":
+                parts.append(f"qkv={self.qkv}")
         if self.offload_optimizer:
             parts.append("opt>host")
         if self.offload_params:
@@ -160,7 +194,10 @@ def saved_bytes_per_token_per_layer(cfg: ModelDims, policy: ActivationPolicy, dt
       of the projection matmuls (``(N+2K)H + 2D + 2F``; attention's einsums have batch
       dimensions, so only ``dots_saveable`` adds the attention output ``NH``);
     - ``full``: the block input only (``D``);
-    - ``custom``: the block input and, unless ``context=remat``, the attention output.
+    - ``custom``: the block input, unless ``context=remat`` the flash residuals (float32 output
+      and logsumexp, ``4 (N H + N)``), unless ``qkv=remat`` q, k, v after RoPE (``a (N + 2K) H``);
+      each on device or host as placed (``jax.checkpoint_policies.
+      save_and_offload_only_these_names`` in ``lcx.models.remat_policy``).
     """
     D, N, K, H, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
     a = _bytes(dtype)
@@ -178,9 +215,12 @@ def saved_bytes_per_token_per_layer(cfg: ModelDims, policy: ActivationPolicy, dt
         )
     dev = layer_in if policy.decoder_layer_input == "device" else 0
     host = layer_in - dev
-    if r == "custom" and policy.context != "remat":
-        ctx = N * H * a
-        dev, host = (dev + ctx, host) if policy.context == "device" else (dev, host + ctx)
+    if r == "custom":
+        for where, size in ((policy.context, 4 * (N * H + N)), (policy.qkv, a * (N + 2 * K) * H)):
+            if where == "device":
+                dev += size
+            elif where == "offload":
+                host += size
     return dev, host
 
 

@@ -20,8 +20,9 @@ from lcx.cost.memory import ActivationPolicy
 from lcx.sharding import Plan, PlanError
 from lcx.sharding.plan import AttentionConfig
 
-LCX_REMAT: tuple[str, ...] = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
-"""Remat policies ``lcx.models`` implements today (``model.remat``)."""
+LCX_REMAT: tuple[str, ...] = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "custom")
+"""Remat policies ``lcx.models`` implements today (``model.remat``; ``custom`` with its
+``model.remat_*`` placements, host offload included)."""
 
 
 def default_policies(host_offload: bool = True) -> list[ActivationPolicy]:
@@ -73,10 +74,12 @@ class Candidate:
 
     @property
     def runnable_in_lcx(self) -> bool:
-        """``lcx.train`` runs it today: an ``lcx.models`` remat policy and no host offload."""
+        """``lcx.train`` runs it today: an ``lcx.models`` remat policy, activation offload only
+        through ``custom`` (``full`` with the block input offloaded is ``custom`` with every other
+        placement ``remat``), no optimizer or parameter offload, no vocabulary tiling."""
         p = self.policy
-        return (p.remat in LCX_REMAT and p.decoder_layer_input == "device" and not p.offload_optimizer
-                and not p.offload_params and p.vocab_tiling == 1)
+        return (p.remat in LCX_REMAT and (p.decoder_layer_input == "device" or p.remat in ("full", "custom"))
+                and not p.offload_optimizer and not p.offload_params and p.vocab_tiling == 1)
 
     @property
     def mesh_label(self) -> str:
