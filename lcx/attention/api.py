@@ -68,9 +68,10 @@ def attention(
       q, k, v and sinks.
 
     Raises:
-      ValueError: inconsistent shapes (``sinks`` not ``[N]`` or not floating point); batch, sequence or head counts not divisible by the mesh
-        axes the plan maps them to; a strategy that cannot serve these head counts (e.g. the
-        Ulysses degree does not divide the query heads). Raised before compiling.
+      ValueError: inconsistent shapes (``sinks`` not ``[N]`` or not floating point); batch,
+        sequence or head counts not divisible by the mesh axes the plan maps them to; a strategy
+        that cannot serve these head counts (e.g. the Ulysses degree does not divide the query
+        heads). Raised before compiling.
         The splash kernel also refuses block sizes that are not multiples of 128 (or > 16384).
       KernelNotAvailableError: the plan's kernel cannot run with this JAX (no Pallas splash).
     """
