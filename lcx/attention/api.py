@@ -10,6 +10,7 @@ user script.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -100,7 +101,7 @@ def attention(
         in_specs += (mp.plan.activation_spec((ax.HEADS,)),)
         args += (sinks,)
     fn = jax.shard_map(
-        strategy,
+        functools.partial(_tie_masks_to_queries, strategy),
         mesh=mp.mesh,
         in_specs=in_specs,
         out_specs=q_spec,
@@ -166,6 +167,26 @@ def build_strategy(
     P = degree(ax.SEQ)
     strategy.check((B // degree(ax.BATCH), T // P, N // tp, H), (B // degree(ax.BATCH), T // P, K // tp, H))
     return strategy, (q_spec, kv_spec, pos_spec)
+
+
+def _tie_masks_to_queries(strategy, q, k, v, q_pos, k_pos, q_seg, k_seg, *rest):
+    """Run ``strategy`` on this device's shards with positions and segment ids made data-dependent
+    on the local queries (adding an int32 zero computed from ``q``).
+
+    Why: a model calls attention inside ``lax.scan`` over layers, where positions and segment ids
+    are loop-invariant. When JAX linearizes the scan it hoists every residual that depends only
+    on loop-invariant values out of the loop and keeps it for the backward pass (``jax._src.lax.
+    control_flow.loops._scan_known_hoisting``). Everything the kernels derive from positions
+    alone -- the additive mask tile of every (query block, key block) pair of every ring step --
+    is such a residual: hoisted, it is a ``[P - 1, T / bq, T / bk, bq, bk]`` float32 stack per
+    device, i.e. O(S^2 / P) memory instead of O(block^2). Measured on the tiny Llama's train step
+    (ring, 8 devices, S = 16384): 205 MiB per device with the hoisting, 48.5 MiB without. The
+    zero ties the masks to this layer's queries, so they are recomputed tile by tile; XLA folds
+    the zero away. (NaN-safe: ``where(x == x, 0, 0)`` is 0 for every x.)
+    """
+    x = q[(0,) * q.ndim]
+    zero = jnp.where(x == x, 0, 0).astype(jnp.int32)
+    return strategy(q, k, v, q_pos + zero, k_pos + zero, q_seg + zero, k_seg + zero, *rest)
 
 
 def _check_shapes(q, k, v) -> None:
