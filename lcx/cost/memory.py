@@ -224,12 +224,150 @@ def saved_bytes_per_token_per_layer(cfg: ModelDims, policy: ActivationPolicy, dt
     return dev, host
 
 
-def layer_working_bytes_per_token(cfg: ModelDims, dtype: str = "bfloat16") -> int:
-    """Transient bytes per token while one block runs its backward: the recomputed forward of
-    that block (the ``none`` saved set of one layer) plus the float32 gradient of the residual
-    stream flowing through it (``2 x 4 D``: incoming and outgoing)."""
+def layer_working_bytes_per_token(cfg: ModelDims, policy: ActivationPolicy | None = None, dtype: str = "bfloat16") -> int:
+    """Bytes per token live in the MLP phase of one block's backward, beyond the saved activations
+    and beyond the attention's own residuals (:func:`attention_kernel_residual_bytes`).
+
+    In the backward of block ``l`` (``lcx.models.llama``: the layer scan's transpose, last layer
+    first) JAX first rebuilds the block's residuals -- replaying its forward (remat) or copying
+    offloaded ones back -- and then differentiates it in reverse: the MLP first, attention last.
+    While the MLP is differentiated every residual of the block is live, because attention's are
+    still to be used. So this phase holds, per token (``a`` activation bytes):
+
+    - the block's residuals not already on device: the ``none`` saved set of one layer
+      (:func:`saved_bytes_per_token_per_layer`) minus what ``policy`` keeps on device (0 for
+      ``none``: nothing is replayed; ``D a`` less for every other policy: the block input);
+    - ``sigmoid(gate)``, ``F a``: ``jax.nn.silu`` is ``x * sigmoid(x)`` and its derivative
+      reads the sigmoid, a fifth ``[T, F]`` residual besides gate, up, silu(gate) and h;
+    - the SwiGLU backward's four ``[T, F]`` cotangents: dh (from ``w_down``), d_up
+      ``= dh * silu(gate)``, d_silu ``= dh * up`` and d_gate (silu's derivative applied),
+      ``4 F a``;
+    - the residual stream's cotangent into and out of the block, ``2 D a``.
+
+    Args:
+      cfg: model dimensions.
+      policy: the remat policy (default ``full``).
+      dtype: activation (compute) dtype; cotangents have their primal's dtype.
+    """
+    policy = ActivationPolicy() if policy is None else policy
+    a = _bytes(dtype)
     full = saved_bytes_per_token_per_layer(cfg, ActivationPolicy("none"), dtype)[0]
-    return full + 8 * cfg.d_model
+    kept = saved_bytes_per_token_per_layer(cfg, policy, dtype)[0]
+    return max(0, full - kept) + 5 * cfg.mlp_dim * a + 2 * cfg.d_model * a
+
+
+def attention_kernel_residual_bytes(
+    cfg: ModelDims,
+    *,
+    strategy: str,
+    seq_len: int,
+    local_batch: int,
+    context_degree: int,
+    ulysses_degree: int = 1,
+    tensor_degree: int = 1,
+    dtype: str = "bfloat16",
+) -> int:
+    """Bytes a strategy's attention residuals exceed the local q, k, v (which the layer's saved
+    set already counts): what the kernel's custom VJP saves is the K/V it was CALLED with.
+
+    - ``allgather``: the gathered K/V, ``2 b (S - T) Kl H a`` more, and the gathered positions
+      and segment ids, ``2 b S`` int32;
+    - ``a2a`` (degree U = P): k/v of ``Kr / U`` kv heads over all S tokens instead of ``Kl``
+      heads over T (more when kv heads are replicated, ``Kr = max(Kl, U)``), and the four
+      gathered position / segment arrays ``4 b S`` int32 (q is the same size either way);
+    - ``usp``: the same over the Ulysses group's ``L = U T`` tokens;
+    - ``ring``: nothing (each step's K/V is fetched again in the backward).
+
+    Raises:
+      ValueError: unknown strategy.
+    """
+    S, b, P = seq_len, local_batch, context_degree
+    K, H = max(1, cfg.n_kv_heads // tensor_degree), cfg.head_dim
+    a = _bytes(dtype)
+    T = S // P
+    if strategy == "allgather":
+        return 2 * b * (S - T) * K * H * a + 2 * b * S * 4
+    if strategy in ("a2a", "usp"):
+        U = P if strategy == "a2a" else ulysses_degree
+        if U == 1:
+            return 0
+        kh, L = max(K, U) // U, T * U
+        return max(0, 2 * b * (L * kh - T * K) * H * a) + 4 * b * L * 4
+    if strategy == "ring":
+        return 0
+    raise ValueError(f"unknown strategy {strategy!r}")
+
+
+def attention_residual_bytes_per_token(cfg: ModelDims, policy: ActivationPolicy | None = None,
+                                       dtype: str = "bfloat16") -> int:
+    """Bytes per token of the block's residuals still live while its attention is differentiated
+    (the MLP's are dead by then), beyond what ``policy`` keeps on device: the attention norm's
+    output ``D a`` (for the q/k/v weight gradients), q, k, v after RoPE ``(N + 2K) H a`` and the
+    flash residuals, float32 output and logsumexp ``4 (N H + N)``; plus the residual stream's
+    cotangent in and out, ``2 D a``. With ``remat: none`` all of them are saved activations
+    (only the cotangents are new); ``custom`` subtracts what it keeps on device."""
+    policy = ActivationPolicy() if policy is None else policy
+    D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    a = _bytes(dtype)
+    stream = 2 * D * a
+    if policy.remat == "none":
+        return stream
+    qkv = (N + 2 * K) * H * a
+    ctx = 4 * (N * H + N)
+    if policy.remat == "custom":
+        qkv = 0 if policy.qkv == "device" else qkv
+        ctx = 0 if policy.context == "device" else ctx
+    return D * a + qkv + ctx + stream
+
+
+def kernel_backward_bytes(
+    *,
+    kernel: str,
+    local_batch: int,
+    q_len: int,
+    kv_len: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_q: int = 512,
+    block_kv: int = 512,
+    dtype: str = "bfloat16",
+) -> int:
+    """Bytes one attention kernel's backward call holds besides its inputs (q, k, v, out, lse).
+
+    ``xla`` (``lcx.attention.kernels.xla.XlaKernel.backward``), all float32, with
+    ``b, t, s, n, k, h`` = batch, ``q_len``, ``kv_len``, heads, kv heads, head width: the
+    incoming cotangent dout ``b t n h`` (``a`` bytes); q and dout regrouped into query blocks
+    and the dQ carry and per-block pieces, ``4 b t n h``; logsumexp and delta blocked,
+    ``2 b t n``; the stacked dK/dV blocks, ``2 b s k h``; and the tiles of one (query block,
+    key block) step, ``[b, k, bk, G bq]`` with ``G = n / k`` (GEMM rows): the probabilities,
+    dP and dS are live together (the logits are consumed by the exp that makes the
+    probabilities), ``3 b n bq bk``; ``bq, bk`` are the blocks clamped to the lengths
+    (``lcx.attention.kernels.xla.block_size``).
+
+    ``splash`` (Pallas): tiles live in VMEM (0 HBM); dout and the float32 dq, dk, dv outputs.
+
+    Raises:
+      ValueError: unknown kernel.
+    """
+    b, t, s, n, k, h = local_batch, q_len, kv_len, q_heads, kv_heads, head_dim
+    a, f32 = _bytes(dtype), 4
+    dout = b * t * n * h * a
+    if kernel == "xla":
+        bq, bk = _block_size(t, block_q), _block_size(s, block_kv)
+        return dout + f32 * b * (4 * t * n * h + 2 * t * n + 2 * s * k * h) + 3 * f32 * b * n * bq * bk
+    if kernel == "splash":
+        return dout + f32 * b * (t * n * h + 2 * s * k * h)
+    raise ValueError(f"unknown kernel {kernel!r}")
+
+
+def _block_size(length: int, block: int) -> int:
+    # lcx.attention.kernels.xla.block_size (the ledger reads no JAX module): the largest divisor
+    # of length that is <= block
+    bs = max(1, min(block, length))
+    while length % bs:
+        bs -= 1
+    return bs
 
 
 # ---------------------------------------------------------------------------------------------- attention
@@ -247,23 +385,26 @@ def attention_working_bytes(
     block_kv: int = 512,
     dtype: str = "bfloat16",
 ) -> int:
-    """Peak transient bytes of ONE attention layer's backward on one device.
+    """Peak transient bytes of ONE attention layer's backward on one device, beyond the
+    residuals it reads (q, k, v, flash output and logsumexp of the local tokens: see
+    :func:`attention_residual_bytes_per_token`).
 
     Per strategy (``lcx.attention.strategies``), with ``T = S / P`` local tokens, ``b`` local
-    sequences, ``a`` activation bytes, ``Nl = N / tp``, ``Kl = K / tp``:
+    sequences, ``a`` activation bytes, ``Nl = N / tp``, ``Kl = K / tp``, plus the kernel's own
+    backward (:func:`kernel_backward_bytes`) on the shapes it is called with:
 
-    - ``allgather``: the gathered K/V ``2 b S Kl H a`` (+ positions and segment ids, int32) and
-      their float32 gradients over the full length before the reduce-scatter, ``2 b S Kl H 4``;
-    - ``a2a`` (Ulysses, degree U): q/k/v/out of ``N/U`` heads over all S tokens (kv heads
-      replicated up to U), with float32 gradients;
-    - ``ring``: the K/V block being used and the one in flight (``2 x 2 b T Kl H a``), their
-      float32 dK/dV accumulators (also two), and the float32 dQ;
-    - ``usp``: the A2A over U, then a ring of ``P / U`` over blocks of ``U T`` tokens of
-      ``Kr / U`` heads.
-
-    Kernel: ``xla`` adds its float32 tiles (~5 of ``[b, K, G, block_q, block_kv]`` in backward:
-    logits, probabilities, mask, dP, dS); ``splash`` keeps tiles in VMEM (0 HBM). Both keep the
-    float32 output and logsumexp for the backward (flash-attention residuals).
+    - ``allgather``: the gathered K/V ``2 b S Kl H a`` and positions and segment ids
+      (``2 b S`` int32); the kernel on ``T`` queries x ``S`` keys (its dK/dV are full-length
+      before the reduce-scatter);
+    - ``a2a`` (Ulysses, degree U = P): q/k/v of ``N/U`` heads over all S tokens (kv heads
+      replicated up to U) and the gathered positions and segment ids (``4 b S`` int32); the
+      kernel on S x S tokens of ``N/U`` heads;
+    - ``ring``: the float32 dQ accumulator ``b T Nl H 4``, the K/V (+ positions, segment ids)
+      in flight to the next step, the float32 dK/dV accumulators and their next hop
+      (``2 x 2 b T Kl H 4``); the kernel on T x T;
+    - ``usp``: the all-to-all over U as for a2a (q/k/v of ``N/U`` heads over ``L = U T``
+      tokens), then the ring's buffers on blocks of ``L`` tokens of ``Kr / U`` kv heads; the
+      kernel on L x L.
 
     Raises:
       ValueError: unknown strategy or kernel.
@@ -273,36 +414,33 @@ def attention_working_bytes(
     a = _bytes(dtype)
     T = S // P
     f32 = 4
+
+    def ring_buffers(length, nh, kh):
+        return b * length * nh * H * f32 + 2 * b * length * kh * H * a + 2 * b * length * 4 + 4 * b * length * kh * H * f32
+
     if strategy == "allgather":
-        work = 2 * b * S * K * H * (a + f32) + 2 * b * S * 4
-        q_len, kv_heads = T, K
+        work = 2 * b * S * K * H * a + 2 * b * S * 4
+        shape = (T, S, N, K)
     elif strategy == "a2a":
         U = P
-        Kr = max(K, U)
-        nh, kh = N // U, Kr // U
-        work = b * S * H * (nh + 2 * kh) * (a + f32) + 4 * b * S * 4
-        q_len, kv_heads, N = S, kh, nh
+        nh, kh = N // U, max(K, U) // U
+        work = b * S * H * (nh + 2 * kh) * a + 4 * b * S * 4
+        shape = (S, S, nh, kh)
     elif strategy == "ring":
-        work = 2 * 2 * b * T * K * H * (a + f32) + b * T * N * H * f32
-        q_len, kv_heads = T, K
+        work = ring_buffers(T, N, K)
+        shape = (T, T, N, K)
     elif strategy == "usp":
         U = ulysses_degree
-        Kr = max(K, U)
-        nh, kh = N // U, Kr // U
+        nh, kh = N // U, max(K, U) // U
         L = T * U
-        work = 2 * 2 * b * L * kh * H * (a + f32) + b * L * nh * H * f32 + b * L * H * (nh + 2 * kh) * a
-        q_len, kv_heads, N = L, kh, nh
+        work = b * L * H * (nh + 2 * kh) * a + 4 * b * L * 4 + ring_buffers(L, nh, kh)
+        shape = (L, L, nh, kh)
     else:
         raise ValueError(f"unknown strategy {strategy!r}")
-    residuals = b * q_len * N * (H + 1) * f32
-    if kernel == "xla":
-        bq, bk = min(block_q, q_len), min(block_kv, q_len if strategy != "allgather" else S)
-        tiles = 5 * b * N * bq * bk * f32
-    elif kernel == "splash":
-        tiles = 0
-    else:
-        raise ValueError(f"unknown kernel {kernel!r}")
-    return int(work + residuals + tiles)
+    tq, tk, nq, nk = shape
+    return int(work + kernel_backward_bytes(kernel=kernel, local_batch=b, q_len=tq, kv_len=tk, q_heads=nq,
+                                            kv_heads=nk, head_dim=H, block_q=block_q, block_kv=block_kv,
+                                            dtype=dtype))
 
 
 # ---------------------------------------------------------------------------------------------- totals
@@ -310,13 +448,26 @@ def attention_working_bytes(
 class MemoryBreakdown:
     """Per-device memory of one training step, by component, in bytes.
 
+    The peak is counted as phases of the step, because the transients of different phases are
+    never live together: ``state + activations + max(layer_working, attention, logits)``.
+
+    - state (parameters, gradients, optimizer) and the saved activations live throughout;
+    - ``logits``: the loss phase (after the layer scan's forward, before its backward);
+    - ``layer_working``: the MLP phase of one block's backward, when all of that block's
+      residuals are live (:func:`layer_working_bytes_per_token`);
+    - ``attention``: the attention phase of the same block's backward (the MLP's residuals are
+      dead): the residuals attention still reads
+      (:func:`attention_residual_bytes_per_token`) plus its strategy's and kernel's backward
+      (:func:`attention_working_bytes`).
+
     Attributes:
       params, grads, optimizer: state under the plan's parameter sharding (0 on device when
         offloaded; see ``host``).
       activations: saved activations of all layers kept on device.
-      layer_working: transient of the block being differentiated (recomputed forward + grads).
-      attention: transient of one attention layer's backward (:func:`attention_working_bytes`).
-      logits: float32 logits and their gradient, ``2 b T V 4`` (divided by vocab tiling).
+      layer_working: the MLP phase's transient.
+      attention: the attention phase's transient.
+      logits: the loss phase's transient: float32 logits and their gradient, ``2 b T V 4``
+        (divided by vocab tiling).
       host: bytes per device in host memory (offloaded activations, optimizer, parameters).
     """
 
@@ -334,9 +485,14 @@ class MemoryBreakdown:
         return self.params + self.grads + self.optimizer
 
     @property
+    def working(self) -> int:
+        """The largest phase's transient (the phases are not live together)."""
+        return max(self.layer_working, self.attention, self.logits)
+
+    @property
     def total(self) -> int:
-        """Peak HBM per device: state + saved activations + the largest transients together."""
-        return self.state + self.activations + self.layer_working + self.attention + self.logits
+        """Peak HBM per device: state + saved activations + the largest phase's transient."""
+        return self.state + self.activations + self.working
 
     def as_dict(self) -> dict[str, int]:
         d = dataclasses.asdict(self)
@@ -396,6 +552,11 @@ def memory_breakdown(
     host += (p if policy.offload_params else 0) + (opt if policy.offload_optimizer else 0)
     a = plan.attention
     U = shape.get(a.ulysses_axis, 1) if a.strategy == "usp" else 1
+    # the attention call's residuals beyond the local q/k/v: live in both backward phases, unless
+    # the attention is not replayed (remat: none, or custom keeping its context)
+    replayed = policy.remat != "none" and not policy.keeps_context
+    att_res = attention_kernel_residual_bytes(cfg, strategy=a.strategy, seq_len=seq_len, local_batch=b,
+                                              context_degree=P, ulysses_degree=U, tensor_degree=tp, dtype=dtype)
     att = attention_working_bytes(
         cfg, strategy=a.strategy, kernel=a.kernel, seq_len=seq_len, local_batch=b, context_degree=P,
         ulysses_degree=U, tensor_degree=tp, block_q=a.block_q, block_kv=a.block_kv, dtype=dtype,
@@ -406,8 +567,8 @@ def memory_breakdown(
         grads=p,
         optimizer=opt_dev,
         activations=acts,
-        layer_working=tokens * layer_working_bytes_per_token(cfg, dtype),
-        attention=att,
+        layer_working=tokens * layer_working_bytes_per_token(cfg, policy, dtype) + att_res,
+        attention=tokens * attention_residual_bytes_per_token(cfg, policy, dtype) + att_res + att,
         logits=logits,
         host=host,
     )

@@ -278,7 +278,7 @@ def table(rec: Recommendation, *, per_group: bool = True) -> str:
         e, m = c.est, c.est.memory
         body.append((
             c.plan.name + ("*" if c is rec.best else ""), c.mesh_label, c.param_sharding, c.policy.label,
-            str(c.context_degree), _g(m.state), _g(m.activations), _g(m.layer_working + m.attention + m.logits),
+            str(c.context_degree), _g(m.state), _g(m.activations), _g(m.working),
             _g(m.total), _g(m.host), f"{e.compute_time:,.2f}", f"{e.exposed_comm_time:,.2f}",
             {None: "-", True: "yes", False: "NO"}[e.overlap], "yes" if e.fits else "NO", f"{100 * e.mfu:.1f}%",
         ))
