@@ -552,11 +552,14 @@ def memory_breakdown(
     host += (p if policy.offload_params else 0) + (opt if policy.offload_optimizer else 0)
     a = plan.attention
     U = shape.get(a.ulysses_axis, 1) if a.strategy == "usp" else 1
-    # the attention call's residuals beyond the local q/k/v: live in both backward phases, unless
-    # the attention is not replayed (remat: none, or custom keeping its context)
-    replayed = policy.remat != "none" and not policy.keeps_context
+    # the attention call's residuals beyond the local q/k/v (gathered K/V, post-all-to-all k/v):
+    # with remat: none every layer saves them; otherwise the replay rebuilds them for the block
+    # being differentiated, live in both of its backward phases
     att_res = attention_kernel_residual_bytes(cfg, strategy=a.strategy, seq_len=seq_len, local_batch=b,
                                               context_degree=P, ulysses_degree=U, tensor_degree=tp, dtype=dtype)
+    if policy.remat == "none":
+        acts += cfg.n_layers * att_res
+        att_res = 0
     att = attention_working_bytes(
         cfg, strategy=a.strategy, kernel=a.kernel, seq_len=seq_len, local_batch=b, context_degree=P,
         ulysses_degree=U, tensor_degree=tp, block_q=a.block_q, block_kv=a.block_kv, dtype=dtype,
