@@ -86,6 +86,13 @@ def memory_vs_degree() -> str:
                  _f(r["ledger_mib"]), ("refused: " + r["refused"][:90]) if r["refused"] else ""] for r in rows])
 
 
+def ledger_vs_compiled() -> str:
+    rows = C.read_csv(RES / "ledger_vs_compiled.csv")
+    return _md(["strategy", "S", "remat", "batch", "ledger (MiB)", "compiled (MiB)", "ledger / compiled"],
+               [[r["strategy"], r["seq_len"], r["remat"], r["global_batch"], _f(r["ledger_mib"]), _f(r["compiled_mib"]),
+                 _f(r["ratio"], 2)] for r in rows])
+
+
 def g(x) -> str:
     """A computed value: 4 significant digits in scientific notation above 1e7, else up to 4 decimals."""
     v = float(x)
@@ -134,6 +141,7 @@ def passkey_summary() -> str:
 
 
 TABLES = {f.__name__: f for f in (strategy_benchmark, ring_degree, strategy_sweep, load_balance, memory_vs_degree,
+                                  ledger_vs_compiled,
                                   ledger_reproduction, ring_overlap, passkey, passkey_dense,
                                   passkey_summary)}
 PATTERN = re.compile(r"(<!-- BEGIN (\w+) -->\n)(.*?)(<!-- END \2 -->)", re.S)
