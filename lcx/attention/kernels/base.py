@@ -71,6 +71,7 @@ class Kernel(eqx.Module):
         dout: Float[Array, "B T N H"],
         *,
         mask: Mask,
+        delta: Float[Array, "B T N"] | None = None,
     ) -> tuple[Float[Array, "B T N H"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
         """Gradient contributions of this K/V block, given the GLOBAL ``out`` and ``lse``.
 
@@ -83,6 +84,9 @@ class Kernel(eqx.Module):
           out: float32 ``[B, T, N, H]`` the final attention output over ALL key blocks.
           lse: float32 ``[B, T, N]`` the final logsumexp over ALL key blocks (``-inf``: no key).
           dout: cotangent of ``out`` ``[B, T, N, H]``.
+          delta: optional float32 ``[B, T, N]`` ``sum(dout * out, -1)`` computed once by a caller
+            that calls the backward for many K/V blocks (the ring); ``out`` is then not read and
+            may be None.
 
         Returns:
           ``(dq, dk, dv)`` float32 with the shapes of ``q``, ``k``, ``v``; zero (never NaN) for

@@ -332,6 +332,7 @@ class SplashKernel(Kernel):
         dout: Float[Array, "B T N H"],
         *,
         mask: Mask,
+        delta: Float[Array, "B T N"] | None = None,
     ) -> tuple[Float[Array, "B T N H"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
         sk, mi = _splash_modules()
         B, T, N, H = q.shape
@@ -340,12 +341,15 @@ class SplashKernel(Kernel):
         plan = _Plan(T, S, self.block_q, self.block_kv)
         interpret = _interpret()
 
-        def row(q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout):
+        if delta is None:
+            delta = jnp.sum(out.astype(_F32) * dout.astype(_F32), axis=-1)  # [B, T, N]
+
+        def row(q, k, v, q_pos, k_pos, q_seg, k_seg, delta, lse, dout):
             perm, lo, hi, empty = self._prepare(plan, mask, q_pos, q_seg, k_pos, k_seg)
             padq = ((0, plan.Tp - T), (0, 0), (0, 0))
             qh = _prescale(jnp.pad(q, padq)).transpose(1, 0, 2)  # [N, Tp, H]
             doh = jnp.pad(dout, padq).astype(q.dtype).transpose(1, 0, 2)
-            di = jnp.einsum("TNH,TNH->NT", jnp.pad(out, padq).astype(_F32), jnp.pad(dout, padq).astype(_F32))
+            di = jnp.pad(delta.astype(_F32), ((0, plan.Tp - T), (0, 0))).T  # [N, Tp]
             # a row that sees no key anywhere has lse = -inf: any finite value makes its masked
             # probabilities exp(mask_value - lse) = 0 (its dout/delta then contribute nothing)
             lse_h = jnp.pad(jnp.where(jnp.isfinite(lse), lse, 0.0).astype(_F32), ((0, plan.Tp - T), (0, 0))).T
@@ -368,7 +372,7 @@ class SplashKernel(Kernel):
             dv = dv.transpose(0, 2, 1, 3).reshape(plan.Sp, K, H)[:S]
             return _prescale(dq.transpose(1, 0, 2)[:T]), dk, dv
 
-        return jax.vmap(row)(q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout)
+        return jax.vmap(row)(q, k, v, q_pos, k_pos, q_seg, k_seg, delta, lse, dout)
 
 
 def _splash_bwd(sk, q, k, v, lse, do, di, fwd_info, dkv_info, plan: _Plan, interpret: bool):

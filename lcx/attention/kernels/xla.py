@@ -223,6 +223,7 @@ class XlaKernel(Kernel):
         dout: Float[Array, "B T N H"],
         *,
         mask: Mask,
+        delta: Float[Array, "B T N"] | None = None,
     ) -> tuple[Float[Array, "B T N H"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
         B, T, N, H = q.shape
         S, K = k.shape[1], k.shape[2]
@@ -231,7 +232,9 @@ class XlaKernel(Kernel):
         nq, nk = T // bq, S // bk
         R = G * bq
         scale = _scale(H)
-        delta = jnp.sum(dout.astype(_F32) * out.astype(_F32), axis=-1)  # [B, T, N]
+        if delta is None:
+            delta = jnp.sum(dout.astype(_F32) * out.astype(_F32), axis=-1)  # [B, T, N]
+        delta = delta.astype(_F32)
         # a row with no visible key anywhere has lse = -inf and every logit masked: p = 0 there
         lse_safe = jnp.where(jnp.isfinite(lse), lse, 0.0).astype(_F32)
         # query-side arrays pre-blocked once in GEMM row order: the inner loop slices nothing

@@ -232,12 +232,15 @@ def _ring_bwd(kernel, mask, axes, size, kvh, res, dout):
 
 
 def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout):
+    # delta = rowsum(dout * out) once for all P blocks (not once per block): the float32 output
+    # is then dead during the ring, one [B, T, N, H] buffer less per device
+    delta = jnp.sum(dout.astype(_F32) * out.astype(_F32), axis=-1)
 
     def block(dq, kv, dkv):
         kb, vb, kp, ks = kv
         dq_b, dk_b, dv_b = lax.cond(
             mask.may_be_visible(q_pos, kp, q_seg, ks),
-            lambda: kernel.backward(q, kb, vb, q_pos, kp, q_seg, ks, out, lse, dout, mask=mask),
+            lambda: kernel.backward(q, kb, vb, q_pos, kp, q_seg, ks, None, lse, dout, mask=mask, delta=delta),
             lambda: (jnp.zeros(q.shape, _F32), jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32)),
         )
         return dq + dq_b, (dkv[0] + dk_b, dkv[1] + dv_b)
