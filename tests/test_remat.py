@@ -215,3 +215,27 @@ def test_remat_policy_and_checkpoint_compatibility():
 
     old = {k: v for k, v in CFG.to_dict().items() if not k.startswith("remat_")}  # written before the placements
     check_compatible({"config": {"model": old}}, CFG.replace(**OFFLOAD).to_dict(), where="x")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_ledger_none_set_is_what_jax_saves(one_device, dtype):
+    """remat=none: the ledger's per-token saved bytes equal the residuals JAX's linearization of
+    the layer scan keeps (``print_saved_residuals``), per token: the difference between two
+    sequence lengths removes the per-layer constants (norm weights)."""
+    cfg = CFG.replace(remat="none", dtype=dtype)
+
+    def per_layer_bytes(T):
+        m = lm.init_model(cfg, key=jax.random.key(0))
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            print_saved_residuals(lambda m: _loss(m, *_batch(1, T), one_device), m)
+        total = 0
+        for line in buf.getvalue().splitlines():
+            r = re.match(r"(f32|bf16|i32)\[([\d,]+)\] output of scan", line)
+            if r and int(r[2].split(",")[0]) == cfg.n_layers:
+                total += math.prod(int(d) for d in r[2].split(",")) * (2 if r[1] == "bf16" else 4)
+        return total
+
+    per_token = (per_layer_bytes(24) - per_layer_bytes(12)) // (cfg.n_layers * 12)
+    want = cost.saved_bytes_per_token_per_layer(cfg, cost.ActivationPolicy("none"), dtype)
+    assert (per_token, 0) == want

@@ -187,9 +187,15 @@ def saved_bytes_per_token_per_layer(cfg: ModelDims, policy: ActivationPolicy, dt
 
     Counted from the block of ``lcx.models.llama`` with activations in ``dtype`` (a bytes):
 
-    - ``none``: block input, two norm outputs, q/k/v before and after RoPE, the attention
-      output, the flash residuals (float32 output and logsumexp), the residual after attention,
-      gate, up, silu(gate) and their product: ``a (4D + 2(N+2K)H - 2KH... )`` as coded below;
+    - ``none``: what JAX's linearization of the block keeps (listed with
+      ``jax.ad_checkpoint.print_saved_residuals``, float32 and bfloat16): per RMSNorm its input
+      and normalised input in float32 (``2 x 4D``), its two per-token statistics (``2 x 4``) and
+      its output in ``a`` (``D a``); q, k, v after RoPE (``(N + 2K) H a``; RoPE is linear, so
+      the pre-RoPE values are not needed); the four int32 position / segment-id rows the
+      attention call was given (``16``); the flash residuals, float32 output and logsumexp
+      (``4 (N H + N)``), plus the output cast to ``a`` when ``a`` is not float32 (``N H a``,
+      the input of ``wo``); and six ``[F]`` SwiGLU tensors (gate, up, sigmoid(gate),
+      silu(gate), the derivative's factor and h: ``6 F a``);
     - ``dots_saveable`` / ``dots_with_no_batch_dims_saveable``: the block input and the outputs
       of the projection matmuls (``(N+2K)H + 2D + 2F``; attention's einsums have batch
       dimensions, so only ``dots_saveable`` adds the attention output ``NH``);
@@ -204,10 +210,9 @@ def saved_bytes_per_token_per_layer(cfg: ModelDims, policy: ActivationPolicy, dt
     r = policy.remat
     layer_in = D * a
     if r == "none":
-        # x, norm1(x), q/k/v (pre-RoPE), q/k after RoPE, attention out, x + attn, norm2, gate, up,
-        # silu(gate), h; flash residuals in float32: out [N H] and lse [N]
-        other = a * (D + (N + 2 * K) * H + (N + K) * H + N * H + 2 * D + 4 * F) + 4 * (N * H + N)
-        return layer_in + other, 0
+        norms = 2 * (2 * 4 * D + 2 * 4 + D * a)  # attention norm and MLP norm
+        attn = (N + 2 * K) * H * a + 4 * 4 + 4 * (N * H + N) + (N * H * a if a != 4 else 0)
+        return norms + attn + 6 * F * a, 0
     if r in ("dots_saveable", "dots_with_no_batch_dims_saveable"):
         other = a * ((N + 2 * K) * H + 2 * D + 2 * F + (N * H if r == "dots_saveable" else 0))
         return (layer_in if policy.decoder_layer_input == "device" else 0) + other, (
@@ -237,8 +242,6 @@ def layer_working_bytes_per_token(cfg: ModelDims, policy: ActivationPolicy | Non
     - the block's residuals not already on device: the ``none`` saved set of one layer
       (:func:`saved_bytes_per_token_per_layer`) minus what ``policy`` keeps on device (0 for
       ``none``: nothing is replayed; ``D a`` less for every other policy: the block input);
-    - ``sigmoid(gate)``, ``F a``: ``jax.nn.silu`` is ``x * sigmoid(x)`` and its derivative
-      reads the sigmoid, a fifth ``[T, F]`` residual besides gate, up, silu(gate) and h;
     - the SwiGLU backward's four ``[T, F]`` cotangents: dh (from ``w_down``), d_up
       ``= dh * silu(gate)``, d_silu ``= dh * up`` and d_gate (silu's derivative applied),
       ``4 F a``;
@@ -253,7 +256,7 @@ def layer_working_bytes_per_token(cfg: ModelDims, policy: ActivationPolicy | Non
     a = _bytes(dtype)
     full = saved_bytes_per_token_per_layer(cfg, ActivationPolicy("none"), dtype)[0]
     kept = saved_bytes_per_token_per_layer(cfg, policy, dtype)[0]
-    return max(0, full - kept) + 5 * cfg.mlp_dim * a + 2 * cfg.d_model * a
+    return max(0, full - kept) + 4 * cfg.mlp_dim * a + 2 * cfg.d_model * a
 
 
 def attention_kernel_residual_bytes(
@@ -560,6 +563,11 @@ def memory_breakdown(
     if policy.remat == "none":
         acts += cfg.n_layers * att_res
         att_res = 0
+        if a.strategy in ("a2a", "usp") and _bytes(dtype) == 4:
+            # Ulysses returns the output through an all-to-all: the float32 flash output is in
+            # head layout, so the sequence-layout output ``wo`` reads is a second saved array
+            # (in 16-bit it is the cast the ``none`` set already counts)
+            acts += cfg.n_layers * tokens * cfg.n_heads // tp * cfg.head_dim * 4
     att = attention_working_bytes(
         cfg, strategy=a.strategy, kernel=a.kernel, seq_len=seq_len, local_batch=b, context_degree=P,
         ulysses_degree=U, tensor_degree=tp, block_q=a.block_q, block_kv=a.block_kv, dtype=dtype,
