@@ -127,3 +127,18 @@ def test_stage_learning_rate_schedule_is_shifted():
         assert float(stage(20 + c)) == pytest.approx(float(whole(c)))
     with pytest.raises(ValueError, match="schedule_start"):
         make_optimizer(lr=1.0, steps=20, warmup_steps=0, schedule_start=20)
+
+
+def test_generated_passkey_stream_continues_across_a_length_change(tmp_path, devices):
+    """data=passkey draws each row from (seed, row index): stage two continues at the next row
+    at its own length (with another batch size) instead of refusing the checkpoint's seq_len."""
+    ckpt = tmp_path / "ckpt"
+    stages = [{"name": "short", "seq_len": 256, "steps": 1, "lr": 3e-3, "warmup_steps": 1, "global_batch": 4},
+              {"name": "long", "seq_len": 512, "steps": 1, "lr": 1e-3, "warmup_steps": 1, "model": YARN}]
+    cfg = _config("model=tiny", "data=passkey", "plan=allgather", "train.global_batch=2", "train.eval_every=0",
+                  f"checkpoint.dir={ckpt}", "checkpoint.every=0", stages=stages)
+    with jax.numpy_dtype_promotion("standard"):
+        out = run_schedule(cfg, tmp_path / "run", devices)
+    assert [(s["first_step"], s["last_step"]) for s in out] == [(1, 1), (2, 2)]
+    data = _meta(ckpt, 2)["data"]
+    assert (data["seq_len"], data["row"]) == (512, 4 + 2)  # 4 rows of stage one, then 2 of stage two

@@ -293,8 +293,15 @@ def _restore_data(batches, state: dict[str, Any]) -> None:
     (the previous stage of a length-extension schedule, :mod:`lcx.training.schedule`), continue
     in the same epoch at the same fraction of its tokens (to within one row)."""
     old_len = state.get("seq_len")
-    if old_len is None or int(old_len) == batches.seq_len or not {"epoch", "row", "num_tokens"} <= set(state):
+    if old_len is None or int(old_len) == batches.seq_len:
         batches.restore(state)
+        return
+    if "num_tokens" not in state:
+        # a generated stream (data=passkey): rows are drawn from (seed, row index) at whatever
+        # length the stage asks for, so it simply continues at the next row
+        log.info("sequence length %s -> %d: generated data continues at row %s", old_len, batches.seq_len,
+                 state.get("row"))
+        batches.restore({**state, "seq_len": batches.seq_len})
         return
     fraction = min(1.0, int(state["row"]) * int(old_len) / max(1, int(state["num_tokens"])))
     row = min(batches.rows_per_epoch - 1, int(fraction * batches.rows_per_epoch))
