@@ -212,3 +212,19 @@ def test_attention_blocks_default_per_hardware(hardware, block):
     assert (p.attention.block_q, p.attention.block_kv) == (block, block)
     e = plan_from_config(explicit.plan, default_block=explicit.hardware.attention_block)
     assert (e.attention.block_q, e.attention.block_kv) == (256, block)
+
+
+@pytest.mark.parametrize("hardware,kernel", [("cpu", "xla"), ("tpu_v5p", "splash"), ("tpu7", "splash")])
+def test_attention_kernel_defaults_per_hardware(hardware, kernel):
+    """A plan that leaves plan.attention.kernel null runs the hardware preset's kernel (splash on
+    TPUs); one that names a kernel keeps it."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"hardware={hardware}", "plan=ring"])
+        explicit = compose(config_name="config", overrides=[f"hardware={hardware}", "plan=ring", "plan.attention.kernel=xla"])
+    assert cfg.plan.attention.kernel is None
+    p = plan_from_config(cfg.plan, default_kernel=cfg.hardware.attention_kernel)
+    assert p.attention.kernel == kernel
+    e = plan_from_config(explicit.plan, default_kernel=explicit.hardware.attention_kernel)
+    assert e.attention.kernel == "xla"

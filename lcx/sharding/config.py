@@ -22,7 +22,7 @@ PRESET_DIR = pathlib.Path(__file__).resolve().parent.parent / "conf" / "plan"
 @dataclasses.dataclass
 class AttentionSchema:
     strategy: str = "allgather"
-    kernel: str = "xla"
+    kernel: Optional[str] = None  # None: the hardware preset's attention_kernel (xla if none)
     layout: str = "zigzag"
     ulysses_axis: str = "ulysses"
     ring_axis: str = "ring"
@@ -59,12 +59,14 @@ def register_schema() -> None:
 register_schema()
 
 
-def plan_from_config(node: DictConfig | dict, *, default_block: int = 512) -> Plan:
+def plan_from_config(node: DictConfig | dict, *, default_block: int = 512, default_kernel: str = "xla") -> Plan:
     """Build a :class:`Plan` from a Hydra/OmegaConf ``plan`` node or a plain dict.
 
     ``plan.attention.block_q`` / ``block_kv`` left null take ``default_block`` tokens: the
     hardware preset's ``attention_block`` (1024 on TPU v5p, 2048 on TPU 7 as in MaxText's
-    long-context recipes, 512 on CPU).
+    long-context recipes, 512 on CPU). ``plan.attention.kernel`` left null takes
+    ``default_kernel``: the hardware preset's ``attention_kernel`` (``splash`` on TPUs, ``xla``
+    on CPU), so ``plan=ring hardware=tpu7`` runs and prices the splash kernel.
 
     Raises:
       PlanError: a key not in :class:`PlanSchema` (misspelt), a value of the wrong type, or any
@@ -80,6 +82,8 @@ def plan_from_config(node: DictConfig | dict, *, default_block: int = 512) -> Pl
     for b in ("block_q", "block_kv"):
         if d["attention"][b] is None:
             d["attention"][b] = int(default_block)
+    if d["attention"]["kernel"] is None:
+        d["attention"]["kernel"] = str(default_kernel)
     return Plan(
         mesh=tuple(d["mesh"].items()),
         params=tuple(d["params"].items()),
