@@ -1,8 +1,9 @@
 """Experiment (e): a tiny model learns passkey retrieval at 1024 tokens under ring attention.
 
-Trains ``python -m lcx.train experiment=passkey`` (lcx/conf/experiment/passkey.yaml: the tiny
+Trains ``python -m lcx.extend experiment=passkey`` (lcx/conf/experiment/passkey.yaml: the tiny
 Llama, 2-way data x 4-way ring context parallelism with the zigzag layout on 8 simulated CPU
-devices, data=passkey from lcx/data/passkey.py), then loads the final checkpoint and measures,
+devices, data=passkey from lcx/data/passkey.py; a three-stage schedule, 256 -> 512 -> 1024
+tokens), then loads the final checkpoint and measures,
 on held-out rows at each depth of ``data.eval_depths``, the teacher-forced argmax of each
 answer digit (the question and the previous answer digits are given; the model must produce
 each digit): ``exact_match`` (all digits right) and ``digit_accuracy``. Chance is 1e-5 and 0.1.
@@ -10,8 +11,8 @@ each digit): ``exact_match`` (all digits right) and ``digit_accuracy``. Chance i
 Writes ``experiments/results/passkey.csv`` (accuracy by depth) and ``.png`` (accuracy by depth,
 and the training / validation loss on the answer digits by step).
 
-    python experiments/passkey.py                       # train + evaluate, ~10-20 min on 2 busy cores
-    python experiments/passkey.py train.steps=100       # shorter (Hydra overrides pass through)
+    python experiments/passkey.py                       # train + evaluate, ~50 min on 2 busy cores
+    python experiments/passkey.py schedule.stages.0.steps=100   # shorter (Hydra overrides pass through)
     python experiments/passkey.py --run-dir outputs/passkey/<stamp>   # evaluate an existing run
 """
 
@@ -32,11 +33,31 @@ NAME = "passkey"
 
 
 def train(overrides) -> pathlib.Path:
+    """Run the experiment's length-extension schedule (``python -m lcx.extend``); its run dir."""
     run_dir = C.ROOT / "outputs" / NAME / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    cmd = [sys.executable, "-m", "lcx.train", f"experiment={NAME}", f"hydra.run.dir={run_dir}", *overrides]
+    cmd = [sys.executable, "-m", "lcx.extend", f"experiment={NAME}", f"hydra.run.dir={run_dir}", *overrides]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=C.ROOT, check=True)
     return run_dir
+
+
+def stage_dirs(run_dir: pathlib.Path) -> list[pathlib.Path]:
+    """The training run directories of ``run_dir`` in order: the stages of an ``lcx.extend`` run
+    (from its ``schedule.json``), or ``run_dir`` itself for an ``lcx.train`` run."""
+    sched = run_dir / "schedule.json"
+    if not sched.exists():
+        return [run_dir]
+    return [pathlib.Path(s["run_dir"]) for s in json.loads(sched.read_text())]
+
+
+def stage_metrics(run_dir: pathlib.Path) -> list[dict]:
+    """metrics.jsonl of every stage, concatenated (steps continue across stages), each row
+    tagged with its stage's sequence length."""
+    out = []
+    for d in stage_dirs(run_dir):
+        seq = json.loads((d / "run_info.json").read_text())["config"]["train"]["seq_len"]
+        out.extend({**m, "seq_len": int(seq)} for m in C.read_jsonl(d / "metrics.jsonl"))
+    return out
 
 
 def evaluate(run_dir: pathlib.Path, per_depth: int) -> tuple[list[dict], dict]:
@@ -59,7 +80,8 @@ def evaluate(run_dir: pathlib.Path, per_depth: int) -> tuple[list[dict], dict]:
     from lcx.training.step import put_batch
 
     devices = jax.devices()[: int(cfg["hardware"]["cpu_devices"])]
-    plan = plan_from_config(OmegaConf.create(cfg["plan"]), default_block=int(cfg["hardware"].get("attention_block") or 512))
+    plan = plan_from_config(OmegaConf.create(cfg["plan"]), default_block=int(cfg["hardware"].get("attention_block") or 512),
+                           default_kernel=str(cfg["hardware"].get("attention_kernel") or "xla"))
     mp = bind(plan, devices)
     model, meta = load_model(info["checkpoint_dir"], mp)
     S, B, d = int(cfg["train"]["seq_len"]), int(cfg["train"]["global_batch"]), cfg["data"]
@@ -112,6 +134,11 @@ def plot(rows, metrics, summary, path: pathlib.Path) -> pathlib.Path:
     v = [(m["step"], m["val_loss"]) for m in metrics if m.get("val_loss") is not None]
     if v:
         b.plot(*zip(*v), "o-", label="validation loss (answer digits)")
+    for prev, m in zip(metrics, metrics[1:]):
+        if m.get("seq_len") != prev.get("seq_len"):
+            b.axvline(m["step"] - 0.5, color="k", lw=0.8, ls="--")
+            b.annotate(f"{prev['seq_len']} -> {m['seq_len']} tokens", (m["step"], b.get_ylim()[1]), fontsize=7,
+                       ha="left", va="top")
     b.axhline(2.302585, color="gray", lw=0.8, ls=":", label="ln 10 (guessing digits)")
     b.set_xlabel("step")
     b.set_ylabel("nats / loss-bearing token")
@@ -130,12 +157,12 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the training run")
     a = ap.parse_args(argv)
     run_dir = (a.run_dir if a.run_dir.is_absolute() else C.ROOT / a.run_dir) if a.run_dir else train(a.overrides)
-    rows, summary = evaluate(run_dir, a.per_depth)
+    rows, summary = evaluate(stage_dirs(run_dir)[-1], a.per_depth)
     for r in rows:
         r.update(step=summary["step"], seq_len=summary["seq_len"], strategy=summary["strategy"],
                  context_degree=summary["context_degree"], run_dir=summary["run_dir"])
     C.write_csv(rows, a.out.with_suffix(".csv"))
-    plot(rows, C.read_jsonl(run_dir / "metrics.jsonl"), summary, a.out.with_suffix(".png"))
+    plot(rows, stage_metrics(run_dir), summary, a.out.with_suffix(".png"))
     for r in rows:
         print(f"depth {r['depth']:.1f}: exact match {r['exact_match']:.2f}, digits {r['digit_accuracy']:.2f}")
     return 0

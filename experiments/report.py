@@ -124,10 +124,19 @@ def passkey_dense() -> str:
     return passkey("passkey_dense")
 
 
+def passkey_1024only() -> str:
+    return passkey("passkey_1024only")
+
+
 def passkey_summary() -> str:
     out = []
-    for name, setup in (("passkey", "1: loss on the answer digits (+ the key's repeat), classic filler (experiment=passkey)"),
-                        ("passkey_dense", "2: loss on every token, filler of repeated random sentences")):
+    for name, setup in (
+        ("passkey", "curriculum 256 -> 512 -> 1024 tokens, plain RoPE (experiment=passkey as committed)"),
+        ("passkey_stage256", "its first stage alone (2500 steps at 256 tokens), evaluated at 256 tokens"),
+        ("passkey_yarn_2stage", "256 -> 1024 tokens in one jump with YaRN x4 (2500 + 400 steps)"),
+        ("passkey_1024only", "1024 tokens only, 8 rows/step, answer-digit loss (+ the key's repeat)"),
+        ("passkey_dense", "1024 tokens only, loss on every token, filler of repeated random sentences"),
+    ):
         try:
             rows = C.read_csv(RES / f"{name}.csv")
         except FileNotFoundError:
@@ -142,7 +151,7 @@ def passkey_summary() -> str:
 
 TABLES = {f.__name__: f for f in (strategy_benchmark, ring_degree, strategy_sweep, load_balance, memory_vs_degree,
                                   ledger_vs_compiled,
-                                  ledger_reproduction, ring_overlap, passkey, passkey_dense,
+                                  ledger_reproduction, ring_overlap, passkey, passkey_dense, passkey_1024only,
                                   passkey_summary)}
 PATTERN = re.compile(r"(<!-- BEGIN (\w+) -->\n)(.*?)(<!-- END \2 -->)", re.S)
 

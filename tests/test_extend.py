@@ -142,3 +142,17 @@ def test_generated_passkey_stream_continues_across_a_length_change(tmp_path, dev
     assert [(s["first_step"], s["last_step"]) for s in out] == [(1, 1), (2, 2)]
     data = _meta(ckpt, 2)["data"]
     assert (data["seq_len"], data["row"]) == (512, 4 + 2)  # 4 rows of stage one, then 2 of stage two
+
+
+def test_passkey_experiment_composes_and_every_stage_validates(devices):
+    """experiment=passkey (experiments/passkey.py): the 256 -> 512 -> 1024 curriculum under the
+    ring plan; setup() builds and validates each stage's plan, data and model."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["experiment=passkey", "checkpoint.dir=unused"])
+    stages = stages_from_config(cfg.schedule)
+    assert [(s.seq_len, s.global_batch) for s in stages] == [(256, 32), (512, 16), (1024, 8)]
+    for i in range(len(stages)):
+        ctx = setup(stage_config(cfg, stages, i), devices)
+        assert ctx["plan"].plan.attention.strategy == "ring" and ctx["plan"].context_degree == 4
