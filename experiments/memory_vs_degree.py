@@ -45,8 +45,7 @@ def compiled_memory(cfg, devices):
 
     model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
     S, B = int(cfg.train.seq_len), int(cfg.train.global_batch)
-    plan = plan_from_config(cfg.plan, default_block=int(cfg.hardware.get("attention_block") or 512),
-                           default_kernel=str(cfg.hardware.get("attention_kernel") or "xla"))
+    plan = plan_from_config(cfg.plan, hardware=cfg.hardware)
     plan.validate(len(devices), dims=model_cfg.dims(), seq_len=S, global_batch=B)
     mp = bind(plan, devices)
     abstract = eqx.filter_eval_shape(init_model, model_cfg, key=jax.random.key(0))

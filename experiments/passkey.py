@@ -80,8 +80,7 @@ def evaluate(run_dir: pathlib.Path, per_depth: int) -> tuple[list[dict], dict]:
     from lcx.training.step import put_batch
 
     devices = jax.devices()[: int(cfg["hardware"]["cpu_devices"])]
-    plan = plan_from_config(OmegaConf.create(cfg["plan"]), default_block=int(cfg["hardware"].get("attention_block") or 512),
-                           default_kernel=str(cfg["hardware"].get("attention_kernel") or "xla"))
+    plan = plan_from_config(OmegaConf.create(cfg["plan"]), hardware=cfg["hardware"])
     mp = bind(plan, devices)
     model, meta = load_model(info["checkpoint_dir"], mp)
     S, B, d = int(cfg["train"]["seq_len"]), int(cfg["train"]["global_batch"]), cfg["data"]

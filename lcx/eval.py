@@ -42,8 +42,7 @@ def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
         run = c.read_meta(step)["config"]
     finally:
         c.close()
-    plan = plan_from_config(OmegaConf.create(run["plan"]), default_block=int(cfg.hardware.get("attention_block") or 512),
-                           default_kernel=str(cfg.hardware.get("attention_kernel") or "xla"))
+    plan = plan_from_config(OmegaConf.create(run["plan"]), hardware=cfg.hardware)
     mp = bind(plan, devices)
     model, meta = load_model(ckpt, mp, step=step)
     S = int(run["train"]["seq_len"])

@@ -102,8 +102,7 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         f"the whole sequence")
     say("")
 
-    given = plan_from_config(cfg.plan, default_block=int(cfg.hardware.get("attention_block") or 512),
-                           default_kernel=str(cfg.hardware.get("attention_kernel") or "xla"))
+    given = plan_from_config(cfg.plan, hardware=cfg.hardware)
     arrays, source = _model_arrays(model_cfg, pdtype)
     given_report: dict[str, Any] = {"plan": given.to_config(), "policy": dataclasses.asdict(policy)}
     try:

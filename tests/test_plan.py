@@ -228,3 +228,6 @@ def test_attention_kernel_defaults_per_hardware(hardware, kernel):
     assert p.attention.kernel == kernel
     e = plan_from_config(explicit.plan, default_kernel=explicit.hardware.attention_kernel)
     assert e.attention.kernel == "xla"
+    # what the entry points call: both defaults from the hardware node
+    assert plan_from_config(cfg.plan, hardware=cfg.hardware).attention.kernel == kernel
+    assert plan_from_config(explicit.plan, hardware=explicit.hardware).attention.kernel == "xla"

@@ -59,19 +59,24 @@ def register_schema() -> None:
 register_schema()
 
 
-def plan_from_config(node: DictConfig | dict, *, default_block: int = 512, default_kernel: str = "xla") -> Plan:
+def plan_from_config(node: DictConfig | dict, *, default_block: int = 512, default_kernel: str = "xla",
+                     hardware: Any = None) -> Plan:
     """Build a :class:`Plan` from a Hydra/OmegaConf ``plan`` node or a plain dict.
 
     ``plan.attention.block_q`` / ``block_kv`` left null take ``default_block`` tokens: the
     hardware preset's ``attention_block`` (1024 on TPU v5p, 2048 on TPU 7 as in MaxText's
     long-context recipes, 512 on CPU). ``plan.attention.kernel`` left null takes
     ``default_kernel``: the hardware preset's ``attention_kernel`` (``splash`` on TPUs, ``xla``
-    on CPU), so ``plan=ring hardware=tpu7`` runs and prices the splash kernel.
+    on CPU), so ``plan=ring hardware=tpu7`` runs and prices the splash kernel. Pass the
+    ``hardware`` config node to take both defaults from it (what every entry point does).
 
     Raises:
       PlanError: a key not in :class:`PlanSchema` (misspelt), a value of the wrong type, or any
         check of :class:`Plan` itself.
     """
+    if hardware is not None:
+        default_block = int(hardware.get("attention_block") or default_block)
+        default_kernel = str(hardware.get("attention_kernel") or default_kernel)
     if isinstance(node, DictConfig | dict) and "defaults" in node:  # a preset file read directly
         node = {k: v for k, v in node.items() if k != "defaults"}
     try:

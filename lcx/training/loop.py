@@ -57,8 +57,7 @@ def setup(cfg: DictConfig, devices=None) -> dict[str, Any]:
         message that names the value and the fix.
     """
     devices = list(jax.devices() if devices is None else devices)
-    plan = plan_from_config(cfg.plan, default_block=int(cfg.hardware.get("attention_block") or 512),
-                           default_kernel=str(cfg.hardware.get("attention_kernel") or "xla"))
+    plan = plan_from_config(cfg.plan, hardware=cfg.hardware)
     model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
     plan.validate(
         len(devices), dims=model_cfg.dims(), seq_len=int(cfg.train.seq_len), global_batch=int(cfg.train.global_batch)
