@@ -13,7 +13,7 @@ import functools
 import jax
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels import Kernel, XlaKernel
+from lcx.attention.kernels import Kernel, XlaKernel, output_delta
 from lcx.attention.masks import Mask
 from lcx.attention.names import name_context
 from lcx.attention.sinks import merge_sinks, sinks_grad
@@ -78,8 +78,9 @@ def _flash_fwd(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
 def _flash_bwd(kernel, mask, res, dout):
     q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks = res
     # with sinks, out and lse already include them: the kernel's backward is then exact
-    dq, dk, dv = kernel.backward(q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout, mask=mask)
-    ds = None if sinks is None else sinks_grad(out, lse, dout, sinks).astype(sinks.dtype)
+    delta = output_delta(out, dout)
+    dq, dk, dv = kernel.backward(q, k, v, q_pos, k_pos, q_seg, k_seg, None, lse, dout, mask=mask, delta=delta)
+    ds = None if sinks is None else sinks_grad(delta, lse, sinks).astype(sinks.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, ds
 
 

@@ -57,22 +57,20 @@ def merge_sinks(
     return out * jnp.exp(lse - safe)[..., None], new
 
 
-def sinks_grad(
-    out: Float[Array, "B T N H"], lse: Float[Array, "B T N"], dout: Float[Array, "B T N H"], sinks: Float[Array, " N"]
-) -> Float[Array, " N"]:
+def sinks_grad(delta: Float[Array, "B T N"], lse: Float[Array, "B T N"], sinks: Float[Array, " N"]) -> Float[Array, " N"]:
     """Gradient of the sink logits from this device's rows.
 
     Args:
-      out: float32 ``[B, T, N, H]`` the output WITH the sink merged (``out'``).
+      delta: float32 ``[B, T, N]`` ``sum(dout * out', -1)`` with the output WITH the sink merged
+        (``out'``; :func:`lcx.attention.kernels.output_delta`, the same delta the kernels'
+        backward uses).
       lse: float32 ``[B, T, N]`` the logsumexp WITH the sink (``lse'``).
-      dout: cotangent of the output ``[B, T, N, H]``, any float dtype.
       sinks: ``[N]`` the sink logits.
 
     Returns:
-      float32 ``[N]``: ``-sum_{b,t} exp(s_n - lse'_{b,t,n}) sum_h dout * out'`` (0 where
+      float32 ``[N]``: ``-sum_{b,t} exp(s_n - lse'_{b,t,n}) delta_{b,t,n}`` (0 where
       ``lse' = -inf``). Sum it over the devices that hold other rows of the same heads.
     """
-    delta = jnp.sum(dout.astype(_F32) * out.astype(_F32), axis=-1)  # [B, T, N]
     fin = jnp.isfinite(lse)
     p_sink = jnp.where(fin, jnp.exp(sinks.astype(_F32) - jnp.where(fin, lse, 0.0)), 0.0)
     return -jnp.sum(p_sink * delta, axis=(0, 1))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lcx.attention.kernels.base import Kernel as Kernel
+from lcx.attention.kernels.base import output_delta as output_delta
 from lcx.attention.kernels.splash import KernelNotAvailableError as KernelNotAvailableError
 from lcx.attention.kernels.splash import SplashKernel as SplashKernel
 from lcx.attention.kernels.xla import XlaKernel as XlaKernel

@@ -16,9 +16,16 @@ from __future__ import annotations
 import abc
 
 import equinox as eqx
+import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from lcx.attention.masks import Mask
+
+
+def output_delta(out: Float[Array, "B T N H"], dout: Float[Array, "B T N H"]) -> Float[Array, "B T N"]:
+    """float32 ``delta = sum(dout * out, -1)`` ``[B, T, N]`` of the flash-attention backward
+    (Dao et al. 2022, arXiv:2205.14135, Algorithm 2), from the GLOBAL output."""
+    return jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
 
 
 class Kernel(eqx.Module):

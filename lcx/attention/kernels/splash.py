@@ -71,7 +71,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels.base import Kernel
+from lcx.attention.kernels.base import Kernel, output_delta
 from lcx.attention.masks import Mask
 
 _F32 = jnp.float32
@@ -342,7 +342,7 @@ class SplashKernel(Kernel):
         interpret = _interpret()
 
         if delta is None:
-            delta = jnp.sum(out.astype(_F32) * dout.astype(_F32), axis=-1)  # [B, T, N]
+            delta = output_delta(out, dout)  # [B, T, N]
 
         def row(q, k, v, q_pos, k_pos, q_seg, k_seg, delta, lse, dout):
             perm, lo, hi, empty = self._prepare(plan, mask, q_pos, q_seg, k_pos, k_seg)

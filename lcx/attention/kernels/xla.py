@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels.base import Kernel
+from lcx.attention.kernels.base import Kernel, output_delta
 from lcx.attention.masks import Mask
 
 _F32 = jnp.float32
@@ -233,7 +233,7 @@ class XlaKernel(Kernel):
         R = G * bq
         scale = _scale(H)
         if delta is None:
-            delta = jnp.sum(dout.astype(_F32) * out.astype(_F32), axis=-1)  # [B, T, N]
+            delta = output_delta(out, dout)  # [B, T, N]
         delta = delta.astype(_F32)
         # a row with no visible key anywhere has lse = -inf and every logit masked: p = 0 there
         lse_safe = jnp.where(jnp.isfinite(lse), lse, 0.0).astype(_F32)

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels import Kernel
+from lcx.attention.kernels import Kernel, output_delta
 from lcx.attention.masks import Mask
 from lcx.attention.names import name_context
 from lcx.attention.sinks import merge_sinks, sinks_grad
@@ -227,14 +227,15 @@ def _ring_bwd(kernel, mask, axes, size, kvh, res, dout):
 
         dq, dk, dv = lax.fori_loop(0, n, one, (jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype),
                                                  jnp.zeros(v.shape, v.dtype)))
-    ds = None if sinks is None else sinks_grad(out, lse, dout, sinks).astype(sinks.dtype)
+    # the sinks need delta over all heads; the passes above each take their own heads' slice
+    ds = None if sinks is None else sinks_grad(output_delta(out, dout), lse, sinks).astype(sinks.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, ds
 
 
 def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout):
     # delta = rowsum(dout * out) once for all P blocks (not once per block): the float32 output
     # is then dead during the ring, one [B, T, N, H] buffer less per device
-    delta = jnp.sum(dout.astype(_F32) * out.astype(_F32), axis=-1)
+    delta = output_delta(out, dout)
 
     def block(dq, kv, dkv):
         kb, vb, kp, ks = kv
