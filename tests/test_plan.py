@@ -83,6 +83,17 @@ def test_misspelt_key_is_an_error():
         plan_from_config({"mesh": {"data": 8}, "attention": {"stratgy": "ring"}})
 
 
+@pytest.mark.parametrize("override", ["+plan.foo=1", "+plan.attention.blockq=256"])
+def test_key_appended_with_plus_is_an_error(override):
+    # Hydra lets '+' append a key to the composed (PlanSchema-typed) node; the plan must refuse it
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="lcx.conf", version_base=None):
+        cfg = compose(config_name="config", overrides=["plan=ring", override])
+    with pytest.raises(PlanError, match=override.split(".")[-1].split("=")[0]):
+        plan_from_config(cfg.plan, hardware=cfg.hardware)
+
+
 def test_specs_and_named_shardings(devices):
     p = preset("fsdp_ring")
     assert p.param_spec(("layers", "embed", "heads", "head_dim")) == P(None, "fsdp", None, None)

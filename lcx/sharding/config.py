@@ -77,7 +77,11 @@ def plan_from_config(node: DictConfig | dict, *, default_block: int = 512, defau
     if hardware is not None:
         default_block = int(hardware.get("attention_block") or default_block)
         default_kernel = str(hardware.get("attention_kernel") or default_kernel)
-    if isinstance(node, DictConfig | dict) and "defaults" in node:  # a preset file read directly
+    if isinstance(node, DictConfig):
+        # plain values: a composed node keeps PlanSchema as its type, and merging a typed node
+        # would accept a key Hydra appended (``+plan.foo=1``) instead of refusing it
+        node = OmegaConf.to_container(node, resolve=True)
+    if isinstance(node, dict) and "defaults" in node:  # a preset file read directly
         node = {k: v for k, v in node.items() if k != "defaults"}
     try:
         merged = OmegaConf.merge(OmegaConf.structured(PlanSchema), node)
