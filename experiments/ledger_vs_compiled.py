@@ -13,7 +13,22 @@ at each sequence length and remat policy, and its ``memory_analysis()`` per-devi
 Prints one row per (strategy, S, remat), writes ``experiments/results/ledger_vs_compiled.csv``
 and exits non-zero if any row differs by more than the tolerance (15%).
 
-    python experiments/ledger_vs_compiled.py                      # all rows, ~3 min
+Two diagnostics per row (``--no-diagnostics`` skips them, halving the time):
+
+- ``live_peak_mib``: the same footprint with the temporaries replaced by the most bytes of XLA's
+  temporary allocation that hold live values at one instant -- the union of the byte ranges of
+  the values live at each point of XLA's schedule (its ``*-buffer-assignment.txt`` and
+  ``*-live-range.txt``, dumped for that compile). ``live_peak_mib < compiled_mib`` would be
+  XLA's heap packing (fragmentation); equal means every allocated byte is live at the peak.
+  (The "peak" XLA prints at the end of its own live-range report is lower: it leaves out the
+  while loops' phi values, e.g. the stacked residuals the layer scan carries into the backward.)
+- ``memopt_mib``: the footprint compiled with XLA:CPU's memory-optimised scheduler
+  (``xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED``; the CPU default is the
+  concurrency-optimised one, which starts independent work early: copies of the next layer's
+  residuals out of the scan's stacks, attention-backward buffers, all live during the MLP's
+  backward). Compile option for that one compile only, never set globally.
+
+    python experiments/ledger_vs_compiled.py                      # all rows, ~6 min
     python experiments/ledger_vs_compiled.py --seq-len 4096 --remat full --strategy ring
     XLA_FLAGS="--xla_dump_to=/tmp/d --xla_dump_hlo_pass_re=NONE --xla_dump_hlo_module_re=jit_train" \
         python experiments/ledger_vs_compiled.py ...            # XLA's buffer assignment per row
@@ -26,6 +41,7 @@ import csv
 import os
 import pathlib
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -58,10 +74,13 @@ PLANS = {
 }
 
 
-def compiled_bytes(cfg, plan, seq_len: int, batch: int, n_devices: int = 8):
-    """``(bytes per device, memory_analysis)`` of lcx.training's train step, compiled only."""
-    devices = jax.devices()[:n_devices]
-    plan.validate(n_devices, dims=cfg.dims(), seq_len=seq_len, global_batch=batch)
+MEMOPT = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
+
+
+def lower_train(cfg, plan, seq_len: int, batch: int, devices):
+    """lcx.training's train step for ``cfg`` under ``plan`` on ``devices``, lowered with abstract
+    inputs (nothing runs)."""
+    plan.validate(len(devices), dims=cfg.dims(), seq_len=seq_len, global_batch=batch)
     mp = bind(plan, devices)
     abstract = eqx.filter_eval_shape(init_model, cfg, key=jax.random.key(0))
     params = eqx.filter(abstract, lambda x: isinstance(x, jax.ShapeDtypeStruct))
@@ -70,13 +89,79 @@ def compiled_bytes(cfg, plan, seq_len: int, batch: int, n_devices: int = 8):
     steps = make_steps(abstract, opt, mp, model_shardings(abstract, mp))
     opt_state = jax.eval_shape(opt.init, params)
     b = {k: jax.ShapeDtypeStruct((batch, seq_len), np.float32 if k == "loss_mask" else np.int32) for k in BATCH_KEYS}
-    m = steps.train.lower(params, opt_state, b).compile().memory_analysis()
-    total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
-    return total, m
+    return steps.train.lower(params, opt_state, b)
 
 
-def compare(strategy: str, seq_len: int, remat: str, n_devices: int = 8) -> dict:
-    """One row: the ledger's and XLA's per-device bytes for the tiny model."""
+def footprint(m) -> int:
+    """Per-device bytes of a ``memory_analysis()``: arguments + outputs - aliased + temporaries."""
+    return m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+
+
+def compiled_bytes(cfg, plan, seq_len: int, batch: int, n_devices: int = 8):
+    """``(bytes per device, memory_analysis)`` of lcx.training's train step, compiled only."""
+    m = lower_train(cfg, plan, seq_len, batch, jax.devices()[:n_devices]).compile().memory_analysis()
+    return footprint(m), m
+
+
+def live_temp_peak(dump_dir) -> tuple[int, int]:
+    """``(temp allocation bytes, peak live bytes in it)`` from XLA:CPU's dump of one train step.
+
+    Reads ``*train*cpu_after_optimizations-buffer-assignment.txt`` (every value of the
+    preallocated temporary allocation with its offset and size) and ``-live-range.txt`` (each
+    value's interval in the flattened schedule). At each instant the bytes held are the union of
+    the byte ranges of the values live then (values that alias one buffer, such as a while
+    loop's phi values, overlap and count once); the peak is the largest such union.
+
+    Raises:
+      FileNotFoundError: no dump of a train step in ``dump_dir``.
+      ValueError: a value of the allocation has no live range (the dump format changed).
+    """
+    import re
+
+    d = pathlib.Path(dump_dir)
+    found = sorted(d.glob("*train*cpu_after_optimizations-buffer-assignment.txt"))
+    if not found:
+        raise FileNotFoundError(f"no train-step buffer assignment dumped in {d}")
+    ba = found[-1]
+    ranges, in_ranges = {}, False
+    for line in ba.with_name(ba.name.replace("-buffer-assignment.txt", "-live-range.txt")).read_text().splitlines():
+        s = line.strip()
+        if s.startswith("BufferLiveRange"):
+            in_ranges = True
+        elif s.startswith("Live ranges at"):
+            break
+        elif in_ranges and (m := re.fullmatch(r"(\S+?\{[^}]*\}):(\d+)-(\d+)", s)):
+            ranges[m.group(1)] = (int(m.group(2)), int(m.group(3)))
+    size, values, cur = 0, [], False
+    for line in ba.read_text().splitlines():
+        if line.startswith("allocation "):
+            cur = "preallocated-temp" in line
+            if cur:
+                size = int(re.match(r"allocation \d+: size (\d+)", line).group(1))
+        elif line.startswith("Total bytes used"):
+            break
+        elif cur and (m := re.match(r"\s*value: <\d+ (\S+?)(\{[^}]*\})?(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)", line)):
+            name = m.group(1) + (m.group(2) or "{}")
+            if name not in ranges:
+                raise ValueError(f"{name} has no live range in the dump")
+            values.append((*ranges[name], int(m.group(4)), int(m.group(4)) + int(m.group(3))))
+    # sweep the schedule: at each instant, the union of the live values' byte ranges
+    events = sorted({t for v in values for t in (v[0], v[1])})
+    peak = 0
+    for t in events:
+        spans = sorted((a, b) for s0, s1, a, b in values if s0 <= t <= s1)
+        held, end = 0, -1
+        for a, b in spans:
+            if b > end:
+                held += b - max(a, end)
+                end = b
+        peak = max(peak, held)
+    return size, peak
+
+
+def compare(strategy: str, seq_len: int, remat: str, n_devices: int = 8, *, diagnostics: bool = False) -> dict:
+    """One row: the ledger's and XLA's per-device bytes for the tiny model (with ``diagnostics``,
+    also XLA's live peak and the memory-optimised schedule's footprint: see the module doc)."""
     make, batch = PLANS[strategy]
     plan = make()
     cfg = preset("tiny").replace(remat=remat)
@@ -84,13 +169,31 @@ def compare(strategy: str, seq_len: int, remat: str, n_devices: int = 8) -> dict
                                 policy=cost.ActivationPolicy.from_model(cfg), dtype=cfg.dtype,
                                 param_dtype=cfg.param_dtype)
     t0 = time.perf_counter()
-    got, m = compiled_bytes(cfg, plan, seq_len, batch, n_devices)
+    lowered = lower_train(cfg, plan, seq_len, batch, jax.devices()[:n_devices])
+    extra = {}
+    if diagnostics:
+        with tempfile.TemporaryDirectory() as d:
+            m = lowered.compile(compiler_options=dump_options(d)).memory_analysis()
+            alloc, live = live_temp_peak(d)
+        assert alloc == m.temp_size_in_bytes, (alloc, m.temp_size_in_bytes)
+        live_total = footprint(m) - alloc + live
+        memopt = footprint(lowered.compile(compiler_options=MEMOPT).memory_analysis())
+        extra = {"live_peak_mib": live_total / MiB, "ratio_live": mem.total / live_total,
+                 "memopt_mib": memopt / MiB, "ratio_memopt": mem.total / memopt}
+    else:
+        m = lowered.compile().memory_analysis()
+    got = footprint(m)
     return {
         "strategy": strategy, "seq_len": seq_len, "remat": remat, "global_batch": batch,
         "ledger_mib": mem.total / MiB, "compiled_mib": got / MiB, "temp_mib": m.temp_size_in_bytes / MiB,
-        "ratio": mem.total / got, "compile_s": time.perf_counter() - t0,
+        "ratio": mem.total / got, **extra, "compile_s": time.perf_counter() - t0,
         **{f"ledger_{k}_mib": v / MiB for k, v in mem.as_dict().items() if k not in ("total", "host")},
     }
+
+
+def dump_options(d) -> dict:
+    """Compile options that dump XLA's buffer assignment and live ranges of the train step to ``d``."""
+    return {"xla_dump_to": str(d), "xla_dump_hlo_as_text": True, "xla_dump_hlo_module_re": ".*train.*"}
 
 
 def main(argv=None) -> int:
@@ -100,18 +203,22 @@ def main(argv=None) -> int:
     ap.add_argument("--strategy", nargs="+", default=list(PLANS), choices=list(PLANS))
     ap.add_argument("--tolerance", type=float, default=0.15)
     ap.add_argument("--csv", default=str(CSV), help="where to write the rows ('' for nowhere)")
+    ap.add_argument("--no-diagnostics", dest="diagnostics", action="store_false",
+                    help="skip XLA's live peak and the memory-optimised schedule (one compile per row)")
     args = ap.parse_args(argv)
     print("tiny Llama (float32), 8 CPU devices, xla kernel, blocks 512; MiB per device")
-    print(f"{'strategy':10s} {'S':>6s} {'remat':6s} {'ledger':>8s} {'compiled':>9s} {'ratio':>6s}")
+    print(f"{'strategy':10s} {'S':>6s} {'remat':6s} {'ledger':>8s} {'compiled':>9s} {'ratio':>6s}"
+          + (f" {'live peak':>9s} {'ratio':>6s} {'memopt':>8s} {'ratio':>6s}" if args.diagnostics else ""))
     rows = []
     for remat in args.remat:
         for S in args.seq_len:
             for name in args.strategy:
-                r = compare(name, S, remat)
+                r = compare(name, S, remat, diagnostics=args.diagnostics)
                 rows.append(r)
                 flag = "" if abs(r["ratio"] - 1) <= args.tolerance else "  <-- outside"
                 print(f"{name:10s} {S:6d} {remat:6s} {r['ledger_mib']:8.2f} {r['compiled_mib']:9.2f} "
-                      f"{r['ratio']:6.2f}{flag}", flush=True)
+                      f"{r['ratio']:6.2f}" + (f" {r['live_peak_mib']:9.2f} {r['ratio_live']:6.2f} {r['memopt_mib']:8.2f} "
+                                              f"{r['ratio_memopt']:6.2f}" if args.diagnostics else "") + flag, flush=True)
     if args.csv:
         path = pathlib.Path(args.csv)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,9 +10,14 @@ arguments (parameters, optimizer state, batch), temporaries, and the total live 
 prediction of the same total. A plan the validator refuses (e.g. Ulysses with more devices
 than heads) is recorded with its message instead of numbers.
 
+Two diagnostics per row, as in ``experiments/ledger_vs_compiled.py``: ``live_mib``, the total
+with the temporaries replaced by the peak of bytes live at one instant in XLA's buffer assignment
+(equal to ``total_mib`` when the heap has no packing loss), and ``memopt_mib``, the total compiled
+with XLA:CPU's memory-optimised scheduler instead of its default concurrency-optimised one.
+
 Writes ``experiments/results/memory_vs_degree.csv`` and ``.png``.
 
-    python experiments/memory_vs_degree.py        # ~1-2 min (compilation only)
+    python experiments/memory_vs_degree.py        # ~3-5 min (compilation only, three per row)
 """
 
 from __future__ import annotations
@@ -29,12 +34,18 @@ import _common as C  # noqa: E402
 NAME = "memory_vs_degree"
 
 
-def compiled_memory(cfg, devices):
-    """``(memory_analysis, ledger MemoryBreakdown, compile seconds)`` of cfg's train step."""
+def compiled_memory(cfg, devices, diagnostics: bool = False):
+    """``(memory_analysis, ledger MemoryBreakdown, compile seconds, diagnostics)`` of cfg's train
+    step; ``diagnostics`` (with ``diagnostics=True``, else empty): ``live`` and ``memopt``, bytes
+    per device (see the module doc)."""
+    import tempfile
+
     import equinox as eqx
     import jax
     import numpy as np
     from omegaconf import OmegaConf
+
+    import ledger_vs_compiled as lvc
 
     from lcx import cost
     from lcx.models import ModelConfig, init_model, model_shardings
@@ -55,12 +66,22 @@ def compiled_memory(cfg, devices):
     opt_state = jax.eval_shape(opt.init, params)
     b = {k: jax.ShapeDtypeStruct((B, S), np.float32 if k == "loss_mask" else np.int32) for k in BATCH_KEYS}
     t0 = time.perf_counter()
-    m = steps.train.lower(params, opt_state, b).compile().memory_analysis()
+    lowered = steps.train.lower(params, opt_state, b)
+    diag = {}
+    if diagnostics:
+        with tempfile.TemporaryDirectory() as d:
+            m = lowered.compile(compiler_options=lvc.dump_options(d)).memory_analysis()
+            alloc, live = lvc.live_temp_peak(d)
+        assert alloc == m.temp_size_in_bytes, (alloc, m.temp_size_in_bytes)
+        diag = {"live": lvc.footprint(m) - alloc + live,
+                "memopt": lvc.footprint(lowered.compile(compiler_options=lvc.MEMOPT).memory_analysis())}
+    else:
+        m = lowered.compile().memory_analysis()
     dt = time.perf_counter() - t0
     ledger = cost.memory_breakdown(model_cfg, plan, len(devices), seq_len=S, global_batch=B,
                                    policy=cost.ActivationPolicy.from_model(model_cfg), dtype=model_cfg.dtype,
                                    param_dtype=model_cfg.param_dtype, tie_embeddings=model_cfg.tie_embeddings)
-    return m, ledger, dt
+    return m, ledger, dt, diag
 
 
 def run(overrides=()) -> list[dict]:
@@ -77,17 +98,19 @@ def run(overrides=()) -> list[dict]:
                 cfg = C.compose(NAME, [*overrides, f"plan={strategy}", f"hardware.cpu_devices={P}", f"train.seq_len={S}"])
                 row = {"strategy": strategy, "seq_len": int(S), "degree": int(P), "tokens_per_device": int(S) // int(P)}
                 try:
-                    m, ledger, dt = compiled_memory(cfg, jax.devices()[: int(P)])
+                    m, ledger, dt, diag = compiled_memory(cfg, jax.devices()[: int(P)], diagnostics=True)
                 except ValueError as e:  # PlanError is a ValueError: a refused plan is a result too
-                    row.update(args_mib="", temp_mib="", total_mib="", ledger_mib="", compile_s="",
-                               refused=str(e).splitlines()[0][:200])
+                    row.update(args_mib="", temp_mib="", total_mib="", ledger_mib="", live_mib="", memopt_mib="",
+                               compile_s="", refused=str(e).splitlines()[0][:200])
                     print(f"  {strategy:9s} S={S:6d} P={P}: refused ({row['refused'][:80]})", flush=True)
                 else:
                     total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
                     row.update(args_mib=m.argument_size_in_bytes / C.MIB, temp_mib=m.temp_size_in_bytes / C.MIB,
-                               total_mib=total / C.MIB, ledger_mib=ledger.total / C.MIB, compile_s=dt, refused="")
+                               total_mib=total / C.MIB, ledger_mib=ledger.total / C.MIB,
+                               live_mib=diag["live"] / C.MIB, memopt_mib=diag["memopt"] / C.MIB, compile_s=dt, refused="")
                     print(f"  {strategy:9s} S={S:6d} P={P}: temp {row['temp_mib']:8.1f} MiB, total {row['total_mib']:8.1f}"
-                          f" MiB, ledger {row['ledger_mib']:8.1f} MiB", flush=True)
+                          f" MiB (live peak {row['live_mib']:8.1f}, memory-optimised schedule {row['memopt_mib']:8.1f}),"
+                          f" ledger {row['ledger_mib']:8.1f} MiB", flush=True)
                 rows.append(row)
     return rows
 
