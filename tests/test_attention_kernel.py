@@ -20,7 +20,7 @@ from lcx.attention import (
     merge_partials,
     reference_attention,
 )
-from lcx.attention.kernels import block_size
+from lcx.attention.kernels import Kernel, block_size, output_delta
 
 # XLA:CPU optimisation level 0 halves compile time at these tiny shapes; semantics unchanged.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
@@ -140,6 +140,64 @@ def test_kernel_backward_is_additive_over_key_blocks():
     np.testing.assert_allclose(parts[0][0] + parts[1][0], full[0], atol=1e-6, rtol=0)
     np.testing.assert_allclose(jnp.concatenate([parts[0][1], parts[1][1]], 1), full[1], atol=1e-6, rtol=0)
     np.testing.assert_allclose(jnp.concatenate([parts[0][2], parts[1][2]], 1), full[2], atol=1e-6, rtol=0)
+
+
+class ForwardBackwardOnly(Kernel):
+    """A kernel with only ``forward`` and ``backward`` (like SplashKernel): it runs on the
+    :class:`Kernel` defaults of the accumulating form (forward_start/step/finish, ...)."""
+
+    inner: Kernel
+
+    def forward(self, *args, mask):
+        return self.inner.forward(*args, mask=mask)
+
+    def backward(self, *args, mask, delta=None):
+        return self.inner.backward(*args, mask=mask, delta=delta)
+
+
+@pytest.mark.parametrize("kind", ["xla", "defaults"])
+def test_accumulating_form_equals_one_call(kind):
+    """forward_start/step/finish and backward_start/step/finish over three disjoint K/V blocks of
+    uneven lengths (what the ring does, one block per step) equal ONE forward/backward over all
+    of them; backward_step ADDS into the dk/dv accumulators it is given. GQA, a causal document
+    mask, queries that see no key at all."""
+    mask = Mask(document=True)
+    B, T, S, N, K, H = 2, 24, 40, 4, 2, 8
+    q, k, v, do = _inputs(B, T, S, N, K, H, seed=7)
+    qp, kp, qs, ks = _cross_positions(B, T, S, seed=8)
+    xla = XlaKernel(block_q=7, block_kv=16)
+    kern = xla if kind == "xla" else ForwardBackwardOnly(xla)
+    cuts = [(0, 8), (8, 30), (30, 40)]  # 8 (one block), 22 (two of 11) and 10 keys
+
+    @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
+    def run(q, k, v, qp, kp, qs, ks, do):
+        out, lse = xla.forward(q, k, v, qp, kp, qs, ks, mask=mask)
+        whole = xla.backward(q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
+        blocks = [tuple(x[:, a:b] for x in (k, v, kp, ks)) for a, b in cuts]
+        prep, acc = kern.forward_start(q, qp, qs, kv_heads=K)
+        for kb, vb, kpb, ksb in blocks:
+            acc = kern.forward_step(prep, acc, kb, vb, kpb, ksb, mask=mask)
+        out_s, lse_s = kern.forward_finish(prep, acc)
+        prep, dq = kern.backward_start(q, qp, qs, lse, do, output_delta(out, do), kv_heads=K)
+        dks, dvs = [], []
+        for kb, vb, kpb, ksb in blocks:
+            one = jnp.ones(kb.shape, jnp.float32)
+            dq, dk, dv = kern.backward_step(prep, dq, one, -one, kb, vb, kpb, ksb, mask=mask)
+            dks.append(dk - 1.0)
+            dvs.append(dv + 1.0)
+        dq = kern.backward_finish(prep, dq)
+        return (out, lse, whole), (out_s, lse_s, (dq, jnp.concatenate(dks, 1), jnp.concatenate(dvs, 1)))
+
+    (out, lse, whole), (out_s, lse_s, steps) = run(q, k, v, qp, kp, qs, ks, do)
+    assert out_s.dtype == lse_s.dtype == jnp.float32
+    np.testing.assert_allclose(out_s, out, atol=1e-5, rtol=0)
+    assert bool(jnp.any(jnp.isneginf(lse)))  # the case is exercised
+    assert bool(jnp.all(jnp.isneginf(lse_s) == jnp.isneginf(lse)))
+    fin = jnp.isfinite(lse)
+    np.testing.assert_allclose(jnp.where(fin, lse_s, 0), jnp.where(fin, lse, 0), atol=1e-5, rtol=0)
+    for g, r in zip(steps, whole):
+        assert g.dtype == jnp.float32 and g.shape == r.shape
+        np.testing.assert_allclose(g, r, atol=1e-5, rtol=0)
 
 
 def test_no_visible_key_gives_zero_and_finite_grads():

@@ -450,6 +450,36 @@ def test_ring_in_kv_head_passes_matches_reference(kv_heads_per_pass):
     assert _count_primitive(both.jaxpr, "ppermute") == passes * (8 * 3 + 2 * 4)
 
 
+def test_ring_with_a_forward_backward_only_kernel_matches_reference():
+    """The ring on a kernel that implements only forward and backward (like splash), i.e. on the
+    Kernel defaults of the accumulating form, with GQA and a document mask."""
+    from lcx.attention import Ring
+    from lcx.attention.kernels import Kernel, XlaKernel
+
+    class ForwardBackwardOnly(Kernel):
+        inner: Kernel
+
+        def forward(self, *args, mask):
+            return self.inner.forward(*args, mask=mask)
+
+        def backward(self, *args, mask, delta=None):
+            return self.inner.backward(*args, mask=mask, delta=delta)
+
+    mp = make_mesh_plan("ring", 4)
+    strategy = Ring(kernel=ForwardBackwardOnly(XlaKernel(BLOCK_Q, BLOCK_KV)), mask=MASKS["causal_doc"],
+                    axes=("context",), degree=4)
+    qs, ps = (mp.plan.activation_spec(a) for a in (("batch", "seq", "heads", "head_dim"), ("batch", "seq")))
+    fn = jax.shard_map(strategy, mesh=mp.mesh, in_specs=(qs, qs, qs, ps, ps, ps, ps), out_specs=qs, check_vma=False)
+    ref_out, ref_grads = reference("causal_doc", "gqa4")
+    q, k, v, pos, seg, do = (_lay(x, "zigzag", 4) for x in inputs("causal_doc", "gqa4"))
+    q, k, v, pos, seg, do = sharded(mp, q, k, v, pos, seg, do)
+    f = lambda q, k, v, p, s, do: _value_and_vjp(lambda q, k, v: fn(q, k, v, p, p, s, s), do, q, k, v)
+    out, grads = jax.jit(f, compiler_options=FAST_COMPILE)(q, k, v, pos, seg, do)
+    np.testing.assert_allclose(out, _lay(ref_out, "zigzag", 4), atol=OUT_TOL, rtol=0)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g, _lay(r, "zigzag", 4), atol=GRAD_TOL, rtol=0)
+
+
 def test_ring_heads_per_pass_rule():
     from lcx.attention.strategies.ring import heads_per_pass
 

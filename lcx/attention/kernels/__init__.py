@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lcx.attention.kernels.base import Kernel as Kernel
+from lcx.attention.kernels.base import merge_partials as merge_partials
 from lcx.attention.kernels.base import output_delta as output_delta
 from lcx.attention.kernels.splash import KernelNotAvailableError as KernelNotAvailableError
 from lcx.attention.kernels.splash import SplashKernel as SplashKernel

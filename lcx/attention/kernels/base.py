@@ -7,6 +7,15 @@ logsumexp, which is why the kernel returns it and why its backward takes the GLO
 logsumexp (flash-attention backward, Dao et al. 2022, arXiv:2205.14135, Algorithm 2): with those,
 the gradient contributions of disjoint key blocks simply add up.
 
+A caller that runs MANY blocks against the same queries (the ring: one block per ring step) uses
+the accumulating form instead: ``forward_start`` / ``forward_step`` / ``forward_finish`` and
+``backward_start`` / ``backward_step`` / ``backward_finish``. The query side is prepared once
+(a kernel may re-lay it out for its GEMMs) and the running results stay in the kernel's own
+layout between steps, so no step allocates whole-shard copies of q, dout, its partial output or
+its gradient pieces. The defaults compose :meth:`Kernel.forward` / :meth:`Kernel.backward` with
+:func:`merge_partials` and plain sums, so a kernel that implements only those two still serves
+every strategy.
+
 Einsum letters (Gemma convention): B batch, T query length, S key length, N query heads,
 K kv heads, G = N / K query heads per kv head, H head dim.
 """
@@ -14,10 +23,11 @@ K kv heads, G = N / K query heads per kv head, H head dim.
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Int, PyTree
 
 from lcx.attention.masks import Mask
 
@@ -26,6 +36,26 @@ def output_delta(out: Float[Array, "B T N H"], dout: Float[Array, "B T N H"]) ->
     """float32 ``delta = sum(dout * out, -1)`` ``[B, T, N]`` of the flash-attention backward
     (Dao et al. 2022, arXiv:2205.14135, Algorithm 2), from the GLOBAL output."""
     return jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+
+
+def merge_partials(
+    out: Float[Array, "B T N H"], lse: Float[Array, "B T N"], out_b: Float[Array, "B T N H"], lse_b: Float[Array, "B T N"]
+) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+    """Merge two normalised partial attention results over disjoint key sets (float32).
+
+    ``lse = log(exp(lse) + exp(lse_b))``; ``out = out * exp(lse - lse_new) + out_b * exp(lse_b -
+    lse_new)``. Rows where both are empty (``lse == lse_b == -inf``) stay ``out = 0``,
+    ``lse = -inf`` without producing NaN.
+    """
+    new = jnp.logaddexp(lse, lse_b)
+    safe = jnp.where(jnp.isfinite(new), new, 0.0)  # avoid (-inf) - (-inf) = NaN on empty rows
+    w, w_b = jnp.exp(lse - safe)[..., None], jnp.exp(lse_b - safe)[..., None]
+    return out * w + out_b * w_b, new
+
+
+# Opaque per-kernel state of the accumulating form (pytrees of arrays only the kernel reads).
+Prepared = PyTree[Any]
+Accumulator = PyTree[Any]
 
 
 class Kernel(eqx.Module):
@@ -99,3 +129,110 @@ class Kernel(eqx.Module):
           ``(dq, dk, dv)`` float32 with the shapes of ``q``, ``k``, ``v``; zero (never NaN) for
           rows without a visible key.
         """
+
+    # ------------------------------------------------------------------ accumulating form
+    # Defaults in terms of forward/backward; a kernel may override them with a layout of its own
+    # (XlaKernel keeps queries and accumulators blocked, in GEMM row order, across all steps).
+
+    def forward_start(
+        self, q: Float[Array, "B T N H"], q_pos: Int[Array, "B T"], q_seg: Int[Array, "B T"], *, kv_heads: int
+    ) -> tuple[Prepared, Accumulator]:
+        """Prepare the query side once for many :meth:`forward_step` calls (one per K/V block).
+
+        Args:
+          q: queries ``[B, T, N, H]``, any float dtype, unscaled.
+          q_pos, q_seg: int32 ``[B, T]`` global positions and segment ids.
+          kv_heads: K, the kv heads of every K/V block that will follow (``N % K == 0``).
+
+        Returns:
+          ``(prepared, acc)``: the prepared queries (read-only afterwards) and the running result
+          over no key yet; both opaque pytrees, only this kernel reads them.
+        """
+        B, T, N, H = q.shape
+        return (q, q_pos, q_seg), (jnp.zeros((B, T, N, H), jnp.float32), jnp.full((B, T, N), -jnp.inf, jnp.float32))
+
+    def forward_step(
+        self,
+        prepared: Prepared,
+        acc: Accumulator,
+        k: Float[Array, "B S K H"],
+        v: Float[Array, "B S K H"],
+        k_pos: Int[Array, "B S"],
+        k_seg: Int[Array, "B S"],
+        *,
+        mask: Mask,
+    ) -> Accumulator:
+        """Fold one K/V block (disjoint from the blocks folded before) into the running result.
+
+        Args:
+          prepared, acc: from :meth:`forward_start` (``acc`` possibly from earlier steps).
+          k, v: keys and values ``[B, S, K, H]`` (S may differ from step to step).
+          k_pos, k_seg: int32 ``[B, S]`` global positions and segment ids.
+          mask: which (query, key) pairs are visible.
+
+        Returns:
+          The updated running result (same structure, shapes and dtypes as ``acc``).
+        """
+        q, q_pos, q_seg = prepared
+        out_b, lse_b = self.forward(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=mask)
+        return merge_partials(*acc, out_b, lse_b)
+
+    def forward_finish(
+        self, prepared: Prepared, acc: Accumulator
+    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+        """``(out, lse)`` over every block folded into ``acc``, as :meth:`forward` returns them
+        for the union of those blocks (float32; empty rows ``out = 0``, ``lse = -inf``)."""
+        return acc
+
+    def backward_start(
+        self,
+        q: Float[Array, "B T N H"],
+        q_pos: Int[Array, "B T"],
+        q_seg: Int[Array, "B T"],
+        lse: Float[Array, "B T N"],
+        dout: Float[Array, "B T N H"],
+        delta: Float[Array, "B T N"],
+        *,
+        kv_heads: int,
+    ) -> tuple[Prepared, Accumulator]:
+        """Prepare the query side once for many :meth:`backward_step` calls (one per K/V block).
+
+        Args:
+          q, q_pos, q_seg: as in :meth:`forward_start`.
+          lse: float32 ``[B, T, N]`` the final logsumexp over ALL key blocks (``-inf``: no key).
+          dout: cotangent of the output ``[B, T, N, H]``.
+          delta: float32 ``[B, T, N]`` :func:`output_delta` of the final output and ``dout``.
+          kv_heads: K, the kv heads of every K/V block that will follow.
+
+        Returns:
+          ``(prepared, dq_acc)``: the prepared query side (read-only afterwards) and the dQ
+          accumulator (zero), both opaque pytrees.
+        """
+        return (q, q_pos, q_seg, lse, dout, delta), jnp.zeros(q.shape, jnp.float32)
+
+    def backward_step(
+        self,
+        prepared: Prepared,
+        dq_acc: Accumulator,
+        dk: Float[Array, "B S K H"],
+        dv: Float[Array, "B S K H"],
+        k: Float[Array, "B S K H"],
+        v: Float[Array, "B S K H"],
+        k_pos: Int[Array, "B S"],
+        k_seg: Int[Array, "B S"],
+        *,
+        mask: Mask,
+    ) -> tuple[Accumulator, Float[Array, "B S K H"], Float[Array, "B S K H"]]:
+        """Add this K/V block's gradient contributions (see :meth:`backward`) to the running dQ
+        and to this block's float32 ``dk``, ``dv`` accumulators (the ring's travelling ones).
+
+        Returns:
+          ``(dq_acc, dk, dv)`` updated, with the structures, shapes and dtypes passed in.
+        """
+        q, q_pos, q_seg, lse, dout, delta = prepared
+        dq_b, dk_b, dv_b = self.backward(q, k, v, q_pos, k_pos, q_seg, k_seg, None, lse, dout, mask=mask, delta=delta)
+        return dq_acc + dq_b, dk + dk_b, dv + dv_b
+
+    def backward_finish(self, prepared: Prepared, dq_acc: Accumulator) -> Float[Array, "B T N H"]:
+        """float32 ``dq`` ``[B, T, N, H]``: the sum of every folded block's contribution."""
+        return dq_acc

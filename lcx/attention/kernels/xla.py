@@ -1,11 +1,18 @@
 """Blockwise flash attention in plain JAX (the ``xla`` kernel).
 
-Forward: an outer sequential map over query blocks and an inner scan over key/value blocks with
-the online softmax (Milakov & Gimelshein 2018; Dao et al. 2022, arXiv:2205.14135), so the
-largest temporary is one ``[B, K, G * block_q, block_kv]`` float32 logits tile: memory is
-bounded by the block sizes, not by the sequence length. Backward: an outer scan over K/V blocks
-(accumulating dK/dV of the block) and an inner scan over query blocks (emitting dQ pieces),
-recomputing the probabilities from the saved logsumexp (flash-attention backward, Algorithm 2).
+Forward: an outer loop over query blocks and an inner scan over key/value blocks with the online
+softmax (Milakov & Gimelshein 2018; Dao et al. 2022, arXiv:2205.14135), so the largest
+temporary is one ``[B, K, G * block_q, block_kv]`` float32 logits tile: memory is bounded by the
+block sizes, not by the sequence length. Backward: an outer loop over K/V blocks (accumulating
+dK/dV of the block, then adding it into the caller's dK/dV) and an inner loop over query blocks
+(adding dQ pieces into one blocked dQ accumulator, in place), recomputing the probabilities from
+the saved logsumexp (flash-attention backward, Algorithm 2).
+
+Both are written as the accumulating form of :class:`Kernel` (``forward_start`` /
+``forward_step`` / ``forward_finish`` and the ``backward_`` three), ``forward`` and ``backward``
+being one step of it. A caller with many K/V blocks against the same queries (the ring) thus
+prepares the queries once, and the online softmax's state ``(m, l, acc)`` simply continues from
+one K/V block to the next: no per-block partial result, no merge, no whole-shard copies.
 
 Every tile is classified from the min/max of its positions and segment ids (O(block) work, not
 O(block^2)) into one of three cases, run with ``lax.switch``:
@@ -20,11 +27,14 @@ over another device's shard has none at all. On CPUs the per-element work of the
 max, exp, sum) costs as much as the two matmuls of a tile, so this is where the time goes.
 
 Layouts are chosen so that every matmul is ONE batched GEMM XLA:CPU runs without per-tile
-transposes of the large operands: queries are regrouped once per call to ``[B, K, G * T, H]``
-(GQA: the G query heads of a kv head form the rows of one GEMM against that kv head's keys,
-``[B, K, G * block_q, H] x [B, K, block_kv, H]``), K/V blocks are sliced from the caller's
-``[B, S, K, H]`` (no blocked copy of K/V: for the all-gather strategy they are the whole
-sequence) and transposed one small block at a time.
+transposes of the large operands: each query block is regrouped to ``[B, K, G * block_q, H]``
+where it is used (GQA: the G query heads of a kv head form the rows of one GEMM against that kv
+head's keys, ``[B, K, G * block_q, H] x [B, K, block_kv, H]``; with G = 1, the ring's one kv
+head per pass, that is a plain slice), K/V blocks are sliced from the caller's ``[B, S, K, H]``
+(no blocked copy of K/V: for the all-gather strategy they are the whole sequence) and
+transposed one small block at a time. The prepared queries stay in the caller's layout: a
+blocked copy of them made before a caller's loop over K/V blocks is kept by XLA:CPU in two
+layouts (one read inside the loop, one after it), a whole-shard buffer more than needed.
 
 All arithmetic is float32 whatever the input dtype (inputs are upcast one tile at a time): this
 kernel is the precise, portable one; speed on TPUs is the job of the splash kernel.
@@ -94,19 +104,9 @@ def _bias_t(mask: Mask, qp, kp, qs, ks) -> Array:
     return jnp.where(vis, 0.0, -jnp.inf).astype(_F32)[:, None, :, None, :]
 
 
-def _q_blocks(x: Array, n: int, K: int, G: int) -> Array:
-    """``[B, T, N, ...]`` -> ``[n, B, K, G * (T / n), ...]``: query-side arrays in GEMM row order
-    (query head ``k * G + g``, token ``t`` of block ``i`` is row ``g * (T / n) + t`` of block
-    ``i``, kv head ``k``)."""
-    B, T = x.shape[:2]
-    rest = x.shape[3:]
-    x = x.reshape(B, n, T // n, K, G, *rest)
-    x = jnp.moveaxis(x, (1, 3, 4), (0, 2, 3))  # [n, B, K, G, bq, ...]
-    return x.reshape(n, B, K, G * (T // n), *rest)
-
-
 def _q_unblocks(x: Array, K: int, G: int) -> Array:
-    """Inverse of :func:`_q_blocks`: ``[n, B, K, G * bq, ...]`` -> ``[B, n * bq, K * G, ...]``."""
+    """Blocked query-side results ``[n, B, K, G * bq, ...]`` (GEMM row order, see :func:`_q_tile`)
+    -> ``[B, n * bq, K * G, ...]``."""
     n, B = x.shape[:2]
     rest = x.shape[4:]
     bq = x.shape[3] // G
@@ -123,6 +123,23 @@ def _kv_block(x: Array, j, size: int) -> Array:
 
 def _seq_block(x: Array, j, size: int) -> Array:
     return lax.dynamic_slice_in_dim(x, j * size, size, axis=1)
+
+
+def _q_tile(x: Array, i, size: int, K: int, G: int) -> Array:
+    """Query block ``i`` of ``[B, T, N, ...]`` in GEMM row order, ``[B, K, G * size, ...]`` (row
+    ``g * size + t`` is token ``t`` of query head ``k * G + g``): a per-block transpose, free
+    when ``G == 1`` (the ring's one-kv-head passes)."""
+    B = x.shape[0]
+    rest = x.shape[3:]
+    x = lax.dynamic_slice_in_dim(x, i * size, size, axis=1).reshape(B, size, K, G, *rest)
+    return jnp.moveaxis(x, 1, 3).reshape(B, K, G * size, *rest)
+
+
+def _kv_add(acc: Array, tile: Array, j, size: int) -> Array:
+    """``acc[:, j * size : (j + 1) * size] += tile`` for ``acc`` ``[B, S, K, H]`` and a
+    ``[B, K, size, H]`` tile (transposed back one block at a time; in place in a loop carry)."""
+    part = lax.dynamic_slice_in_dim(acc, j * size, size, axis=1) + jnp.swapaxes(tile, 1, 2)
+    return lax.dynamic_update_slice_in_dim(acc, part, j * size, axis=1)
 
 
 class XlaKernel(Kernel):
@@ -152,62 +169,8 @@ class XlaKernel(Kernel):
         *,
         mask: Mask,
     ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
-        B, T, N, H = q.shape
-        S, K = k.shape[1], k.shape[2]
-        G = _groups(N, K)
-        bq, bk = block_size(T, self.block_q), block_size(S, self.block_kv)
-        nq, nk = T // bq, S // bk
-        R = G * bq  # GEMM rows of one query block
-        qb = _q_blocks(q.astype(_F32) * _scale(H), nq, K, G)  # [nq, B, K, R, H]
-        qpb = jnp.moveaxis(q_pos.reshape(B, nq, bq), 1, 0)  # [nq, B, bq]
-        qsb = jnp.moveaxis(q_seg.reshape(B, nq, bq), 1, 0)
-
-        def q_block(xs):
-            qi, qp, qs = xs
-
-            def kv_step(carry, j):
-                kp, ks = _seq_block(k_pos, j, bk), _seq_block(k_seg, j, bk)
-
-                def tile(carry, bias):
-                    m, l, acc = carry  # [B, K, R], [B, K, R], [B, K, R, H]
-                    ki, vi = _kv_block(k, j, bk), _kv_block(v, j, bk)
-                    s = _dot(qi, ki)  # [B, K, R, bk]
-                    if bias is not None:
-                        s = (s.reshape(B, K, G, bq, bk) + bias).reshape(B, K, R, bk)
-                    m_new = jnp.maximum(m, s.max(-1))
-                    if bias is not None:
-                        # rows with nothing visible so far keep m = -inf; shift them by 0 instead
-                        # so that exp() sees -inf - 0 = -inf (-> 0), never -inf - -inf (NaN). A
-                        # fully visible tile has finite logits, so m_new is finite there.
-                        m_new_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-                    else:
-                        m_new_safe = m_new
-                    p = jnp.exp(s - m_new_safe[..., None])
-                    corr = jnp.exp(m - m_new_safe)
-                    l = l * corr + p.sum(-1)
-                    acc = acc * corr[..., None] + _dot_n(p, vi)
-                    return m_new, l, acc
-
-                branches = [
-                    lambda c: c,
-                    lambda c: tile(c, None),
-                    lambda c: tile(c, _bias(mask, qp, kp, qs, ks)),
-                ]
-                return lax.switch(tile_class(mask, qp, kp, qs, ks), branches, carry), None
-
-            init = (
-                jnp.full((B, K, R), -jnp.inf, _F32),
-                jnp.zeros((B, K, R), _F32),
-                jnp.zeros((B, K, R, H), _F32),
-            )
-            (m, l, acc), _ = lax.scan(kv_step, init, jnp.arange(nk))
-            seen = l > 0
-            lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
-            out = acc / jnp.where(seen, l, 1.0)[..., None]
-            return out, lse
-
-        out, lse = lax.map(q_block, (qb, qpb, qsb))
-        return _q_unblocks(out, K, G), _q_unblocks(lse, K, G)
+        prepared, acc = self.forward_start(q, q_pos, q_seg, kv_heads=k.shape[2])
+        return self.forward_finish(prepared, self.forward_step(prepared, acc, k, v, k_pos, k_seg, mask=mask))
 
     def backward(
         self,
@@ -225,47 +188,180 @@ class XlaKernel(Kernel):
         mask: Mask,
         delta: Float[Array, "B T N"] | None = None,
     ) -> tuple[Float[Array, "B T N H"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
-        B, T, N, H = q.shape
-        S, K = k.shape[1], k.shape[2]
-        G = _groups(N, K)
-        bq, bk = block_size(T, self.block_q), block_size(S, self.block_kv)
-        nq, nk = T // bq, S // bk
-        R = G * bq
-        scale = _scale(H)
         if delta is None:
-            delta = output_delta(out, dout)  # [B, T, N]
-        delta = delta.astype(_F32)
+            delta = output_delta(out, dout)
+        prepared, dq = self.backward_start(q, q_pos, q_seg, lse, dout, delta, kv_heads=k.shape[2])
+        zero = jnp.zeros(k.shape, _F32)
+        dq, dk, dv = self.backward_step(prepared, dq, zero, zero, k, v, k_pos, k_seg, mask=mask)
+        return self.backward_finish(prepared, dq), dk, dv
+
+    # The accumulating form (Kernel.forward_start & co.): the query side is scaled and upcast
+    # ONCE, and the running results stay blocked in GEMM row order ([nq, B, K, G * bq, ...])
+    # across all steps: the forward carries the online softmax's (m, l, acc) itself from one K/V
+    # block to the next (a ring step is a continuation of the kernel's inner loop, not a separate
+    # result merged afterwards), the backward adds dQ pieces into one blocked accumulator, and
+    # dK/dV go straight into the caller's [B, S, K, H] accumulators, one K/V block at a time.
+
+    def forward_start(
+        self, q: Float[Array, "B T N H"], q_pos: Int[Array, "B T"], q_seg: Int[Array, "B T"], *, kv_heads: int
+    ) -> tuple[tuple, tuple]:
+        """Scaled float32 queries ``[B, T, N, H]`` with their positions and segment ids, in the
+        caller's layout (each query block is regrouped into GEMM rows where it is used); the
+        online softmax's running max and sum (float32 ``[nq, B, K, G * bq]``) and unnormalised
+        output (``[nq, B, K, G * bq, H]``), blocked in GEMM row order."""
+        B, T, N, H = q.shape
+        K = kv_heads
+        G = _groups(N, K)
+        bq = block_size(T, self.block_q)
+        nq, R = T // bq, G * bq
+        # the queries keep the caller's layout (a blocked copy made here would be read both in
+        # and after the caller's loop over K/V blocks, and XLA:CPU then keeps it in two layouts)
+        prepared = (q.astype(_F32) * _scale(H), q_pos, q_seg)
+        m, l = jnp.full((nq, B, K, R), -jnp.inf, _F32), jnp.zeros((nq, B, K, R), _F32)
+        return prepared, (m, l, jnp.zeros((nq, B, K, R, H), _F32))
+
+    def forward_step(
+        self,
+        prepared: tuple,
+        acc: tuple,
+        k: Float[Array, "B S K H"],
+        v: Float[Array, "B S K H"],
+        k_pos: Int[Array, "B S"],
+        k_seg: Int[Array, "B S"],
+        *,
+        mask: Mask,
+    ) -> tuple:
+        q_sc, q_pos, q_seg = prepared
+        nq, B, K, R, H = acc[2].shape
+        bq = q_pos.shape[1] // nq
+        G = R // bq
+        S = k.shape[1]
+        if k.shape[2] != K:
+            raise ValueError(f"forward_step: K/V have {k.shape[2]} heads, forward_start was told {K}")
+        bk = block_size(S, self.block_kv)
+        nk = S // bk
+
+        def q_block(i, acc):
+            qi = _q_tile(q_sc, i, bq, K, G)  # [B, K, R, H]
+            qp, qs = _seq_block(q_pos, i, bq), _seq_block(q_seg, i, bq)
+
+            def kv_step(carry, j):
+                kp, ks = _seq_block(k_pos, j, bk), _seq_block(k_seg, j, bk)
+
+                def tile(carry, bias):
+                    m, l, o = carry  # [B, K, R], [B, K, R], [B, K, R, H]
+                    ki, vi = _kv_block(k, j, bk), _kv_block(v, j, bk)
+                    s = _dot(qi, ki)  # [B, K, R, bk]
+                    if bias is not None:
+                        s = (s.reshape(B, K, G, bq, bk) + bias).reshape(B, K, R, bk)
+                    m_new = jnp.maximum(m, s.max(-1))
+                    if bias is not None:
+                        # rows with nothing visible so far keep m = -inf; shift them by 0 instead
+                        # so that exp() sees -inf - 0 = -inf (-> 0), never -inf - -inf (NaN). A
+                        # fully visible tile has finite logits, so m_new is finite there.
+                        m_new_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+                    else:
+                        m_new_safe = m_new
+                    p = jnp.exp(s - m_new_safe[..., None])
+                    corr = jnp.exp(m - m_new_safe)
+                    l = l * corr + p.sum(-1)
+                    o = o * corr[..., None] + _dot_n(p, vi)
+                    return m_new, l, o
+
+                branches = [
+                    lambda c: c,
+                    lambda c: tile(c, None),
+                    lambda c: tile(c, _bias(mask, qp, kp, qs, ks)),
+                ]
+                return lax.switch(tile_class(mask, qp, kp, qs, ks), branches, carry), None
+
+            block, _ = lax.scan(kv_step, tuple(a[i] for a in acc), jnp.arange(nk))
+            return tuple(a.at[i].set(b) for a, b in zip(acc, block))  # in place: acc is the loop carry
+
+        return lax.fori_loop(0, nq, q_block, acc)
+
+    def forward_finish(self, prepared: tuple, acc: tuple) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+        m, l, o = acc
+        nq, _, K, R, _ = o.shape
+        G = R // (prepared[1].shape[1] // nq)
+        seen = l > 0
+        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
+        out = o / jnp.where(seen, l, 1.0)[..., None]
+        return _q_unblocks(out, K, G), _q_unblocks(lse, K, G)
+
+    def backward_start(
+        self,
+        q: Float[Array, "B T N H"],
+        q_pos: Int[Array, "B T"],
+        q_seg: Int[Array, "B T"],
+        lse: Float[Array, "B T N"],
+        dout: Float[Array, "B T N H"],
+        delta: Float[Array, "B T N"],
+        *,
+        kv_heads: int,
+    ) -> tuple[tuple, Float[Array, "nq B K H R"]]:
+        """float32 scaled q and dout ``[B, T, N, H]``, logsumexp (0 where ``-inf``) and delta
+        ``[B, T, N]``, positions and segment ids, all in the caller's layout (see
+        :meth:`forward_start`); the dQ accumulator, float32 blocked ``[nq, B, K, H, G * bq]``
+        (transposed: the GEMM emits its pieces that way)."""
+        B, T, N, H = q.shape
+        K = kv_heads
+        G = _groups(N, K)
+        bq = block_size(T, self.block_q)
+        nq = T // bq
         # a row with no visible key anywhere has lse = -inf and every logit masked: p = 0 there
         lse_safe = jnp.where(jnp.isfinite(lse), lse, 0.0).astype(_F32)
-        # query-side arrays pre-blocked once in GEMM row order: the inner loop slices nothing
-        qb = _q_blocks(q.astype(_F32) * scale, nq, K, G)  # [nq, B, K, R, H]
-        dob = _q_blocks(dout.astype(_F32), nq, K, G)
-        lseb = _q_blocks(lse_safe, nq, K, G)  # [nq, B, K, R]
-        deltab = _q_blocks(delta, nq, K, G)
-        qpb = jnp.moveaxis(q_pos.reshape(B, nq, bq), 1, 0)  # [nq, B, bq]
-        qsb = jnp.moveaxis(q_seg.reshape(B, nq, bq), 1, 0)
+        prepared = (q.astype(_F32) * _scale(H), dout.astype(_F32), lse_safe, delta.astype(_F32), q_pos, q_seg)
+        return prepared, jnp.zeros((nq, B, K, H, G * bq), _F32)
 
-        def kv_block(dq, j):
+    def backward_step(
+        self,
+        prepared: tuple,
+        dq_acc: Float[Array, "nq B K H R"],
+        dk: Float[Array, "B S K H"],
+        dv: Float[Array, "B S K H"],
+        k: Float[Array, "B S K H"],
+        v: Float[Array, "B S K H"],
+        k_pos: Int[Array, "B S"],
+        k_seg: Int[Array, "B S"],
+        *,
+        mask: Mask,
+    ) -> tuple[Float[Array, "nq B K H R"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
+        q_sc, dos, lses, deltas, q_pos, q_seg = prepared
+        nq, B, K, H, R = dq_acc.shape
+        bq = q_pos.shape[1] // nq
+        G = R // bq
+        S = k.shape[1]
+        if k.shape[2] != K:
+            raise ValueError(f"backward_step: K/V have {k.shape[2]} heads, backward_start was told {K}")
+        bk = block_size(S, self.block_kv)
+        nk = S // bk
+
+        def kv_block(j, carry):
+            dq, dk, dv = carry
             ki, vi = _kv_block(k, j, bk), _kv_block(v, j, bk)  # [B, K, bk, H]
             kti = jnp.swapaxes(ki, 2, 3)  # [B, K, H, bk], once per K/V block
             kp, ks = _seq_block(k_pos, j, bk), _seq_block(k_seg, j, bk)
 
-            def q_step(carry, xs):
-                qi, doi, lsei, deltai, qp, qs = xs
+            def q_step(i, carry):
+                dkj, dvj, dq = carry
+                qi, doi = _q_tile(q_sc, i, bq, K, G), _q_tile(dos, i, bq, K, G)  # [B, K, R, H]
+                lsei, deltai = _q_tile(lses, i, bq, K, G), _q_tile(deltas, i, bq, K, G)  # [B, K, R]
+                qp, qs = _seq_block(q_pos, i, bq), _seq_block(q_seg, i, bq)
 
-                def tile(carry, bias):
+                def tile(c, bias):
                     # the tile is built TRANSPOSED, keys x query rows: then all five matmuls are
                     # A B or A B^T products (never A^T B, which XLA:CPU runs 2.5x slower)
-                    dk, dv = carry
+                    dkj, dvj = c
                     st = _dot(ki, qi)  # [B, K, bk, R]
                     if bias is not None:
                         st = (st.reshape(B, K, bk, G, bq) + bias).reshape(B, K, bk, R)
                     pt = jnp.exp(st - lsei[:, :, None, :])
                     dpt = _dot(vi, doi)  # [B, K, bk, R]
                     dst = pt * (dpt - deltai[:, :, None, :])
-                    dv = dv + _dot_n(pt, doi)  # [B, K, bk, H]
-                    dk = dk + _dot_n(dst, qi)
-                    return (dk, dv), _dot_n(kti, dst)  # dq piece, transposed: [B, K, H, R]
+                    dvj = dvj + _dot_n(pt, doi)  # [B, K, bk, H]
+                    dkj = dkj + _dot_n(dst, qi)
+                    return (dkj, dvj), _dot_n(kti, dst)  # dq piece, transposed: [B, K, H, R]
 
                 zero_dq = jnp.zeros((B, K, H, R), _F32)
                 branches = [
@@ -273,20 +369,22 @@ class XlaKernel(Kernel):
                     lambda c: tile(c, None),
                     lambda c: tile(c, _bias_t(mask, qp, kp, qs, ks)),
                 ]
-                return lax.switch(tile_class(mask, qp, kp, qs, ks), branches, carry)
+                (dkj, dvj), piece = lax.switch(tile_class(mask, qp, kp, qs, ks), branches, (dkj, dvj))
+                # added outside the switch, in place into the loop carry (a branch returning
+                # the whole accumulator could make XLA copy it per tile)
+                return dkj, dvj, dq.at[i].add(piece)
 
             zero_kv = jnp.zeros((B, K, bk, H), _F32)
-            (dk, dv), dq_parts = lax.scan(q_step, (zero_kv, zero_kv), (qb, dob, lseb, deltab, qpb, qsb))
-            return dq + dq_parts, (dk, dv)
+            dkj, dvj, dq = lax.fori_loop(0, nq, q_step, (zero_kv, zero_kv, dq))
+            return dq, _kv_add(dk, dkj, j, bk), _kv_add(dv, dvj, j, bk)
 
-        dq0 = jnp.zeros((nq, B, K, H, R), _F32)
-        dq, (dk, dv) = lax.scan(kv_block, dq0, jnp.arange(nk))
-        dq = _q_unblocks(jnp.swapaxes(dq, 3, 4), K, G) * scale
+        return lax.fori_loop(0, nk, kv_block, (dq_acc, dk.astype(_F32), dv.astype(_F32)))
 
-        def kv_unblock(x):  # [nk, B, K, bk, H] -> [B, S, K, H]
-            return jnp.moveaxis(x, (0, 3), (1, 2)).reshape(B, S, K, H)
-
-        return dq, kv_unblock(dk), kv_unblock(dv)
+    def backward_finish(self, prepared: tuple, dq_acc: Float[Array, "nq B K H R"]) -> Float[Array, "B T N H"]:
+        nq, _, K, H, R = dq_acc.shape
+        G = R // (prepared[4].shape[1] // nq)
+        # the scale of the chain rule for q -> q * scale, applied once to the sum
+        return _q_unblocks(jnp.swapaxes(dq_acc, 3, 4), K, G) * _scale(H)
 
 
 def _groups(n_heads: int, n_kv_heads: int) -> int:

@@ -14,6 +14,13 @@ travelling one hop behind it (the accumulator is updated by the kernel, then sen
 accumulates locally. After P-1 K/V hops a final hop returns every accumulator to its owner.
 Memory per device is O(S/P) in training as well as inference.
 
+Both directions use the kernel's accumulating form (:meth:`Kernel.forward_start` /
+``forward_step`` / ``forward_finish``, ``backward_start`` / ``backward_step`` /
+``backward_finish``): the query side (q; in backward also dout, logsumexp and delta) is prepared
+once per pass, not once per ring step, and every step folds its K/V block into running results
+kept in the kernel's own layout (for the xla kernel: the online softmax state, the blocked dQ,
+and the travelling dK/dV updated in place), so a step allocates no whole-shard partial results.
+
 Steps whose K/V block the mask hides entirely (decided from min/max of the block's positions and
 segment ids, :meth:`Mask.may_be_visible`) skip the kernel with ``lax.cond``: with a contiguous
 layout and a causal mask, device ``i`` computes only ``i + 1`` of its ``P`` steps. With the
@@ -23,9 +30,11 @@ straddle the two zigzag chunks of a shard: keep ``plan.attention.block_q <= S / 
 
 Large shards run the ring once per kv head (with its G query heads), one pass after another
 (:func:`heads_per_pass`): attention is independent per kv head, and every ring buffer (the K/V
-in use and in flight, the travelling dK/dV) shrinks K-fold, so per-device memory falls as 1/P
-(measured in docs/attention_benchmark.md: 29.6 / 17.4 / 9.3 MiB forward+backward at P = 2, 4, 8,
-S = 16384, 8 heads, against 138 / 90 / 50 MiB in one pass).
+in use and in flight, the travelling dK/dV) shrinks K-fold, so per-device memory falls as 1/P.
+Measured (compiled temporaries of forward+backward, S = 16384, 8 heads of 64, float32, zigzag,
+256-token blocks): 19.6 / 10.4 / 5.8 MiB at P = 2, 4, 8 (forward alone 12.8 / 6.8 / 3.7): nine
+one-head ``[B, T, 1, H]`` float32 buffers (prepared q and dout, dQ, dK/dV, the K/V in use and
+in flight) plus 1.3-1.6 MiB of per-tile temporaries that do not shrink with P.
 """
 
 from __future__ import annotations
@@ -40,28 +49,14 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels import Kernel, output_delta
+from lcx.attention.kernels.base import Kernel, output_delta
+from lcx.attention.kernels.base import merge_partials as merge_partials  # re-exported by lcx.attention.strategies
 from lcx.attention.masks import Mask
 from lcx.attention.names import name_context
 from lcx.attention.sinks import merge_sinks, sinks_grad
 from lcx.attention.strategies.base import Shape, Strategy
 
 _F32 = jnp.float32
-
-
-def merge_partials(
-    out: Float[Array, "B T N H"], lse: Float[Array, "B T N"], out_b: Float[Array, "B T N H"], lse_b: Float[Array, "B T N"]
-) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
-    """Merge two normalised partial attention results over disjoint key sets (float32).
-
-    ``lse = log(exp(lse) + exp(lse_b))``; ``out = out * exp(lse - lse_new) + out_b * exp(lse_b -
-    lse_new)``. Rows where both are empty (``lse == lse_b == -inf``) stay ``out = 0``,
-    ``lse = -inf`` without producing NaN.
-    """
-    new = jnp.logaddexp(lse, lse_b)
-    safe = jnp.where(jnp.isfinite(new), new, 0.0)  # avoid (-inf) - (-inf) = NaN on empty rows
-    w, w_b = jnp.exp(lse - safe)[..., None], jnp.exp(lse_b - safe)[..., None]
-    return out * w + out_b * w_b, new
 
 
 def ring_attention(
@@ -108,6 +103,13 @@ def ring_attention(
     kvh = heads_per_pass(k.shape, k.dtype) if kv_heads_per_pass is None else int(kv_heads_per_pass)
     if kvh < 1 or K % kvh:
         raise ValueError(f"ring: kv_heads_per_pass={kvh} must divide the {K} kv heads per device")
+    # K/V made data-dependent on the queries (a zero XLA folds away), for the reason positions are
+    # in lcx.attention.api._tie_masks_to_queries: when K/V are loop-invariant in a scan over
+    # layers (shared K/V), JAX hoists their P - 1 rotations out of the loop and keeps every
+    # rotated copy, a [P - 1, B, T, K, H] stack (O(S) per device, not O(S / P))
+    x = q[(0,) * q.ndim]
+    zero = jnp.where(x == x, 0, 0).astype(k.dtype)  # NaN-safe: 0 for every x
+    k, v = k + zero, v + zero
     return _ring(kernel, mask, tuple(axes), int(size), kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
 
 
@@ -140,26 +142,25 @@ def _shift(tree, axes, size):
 
 
 def _forward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    B, T, N, H = q.shape
+    # the query side is prepared once for all P steps; the running result stays in the kernel's
+    # layout (for the xla kernel: its online softmax state, continued block after block)
+    prepared, acc = kernel.forward_start(q, q_pos, q_seg, kv_heads=k.shape[2])
 
-    def block(out, lse, kv):
+    def block(acc, kv):
         kb, vb, kp, ks = kv
-        o_b, l_b = lax.cond(
+        return lax.cond(
             mask.may_be_visible(q_pos, kp, q_seg, ks),
-            lambda: kernel.forward(q, kb, vb, q_pos, kp, q_seg, ks, mask=mask),
-            lambda: (jnp.zeros((B, T, N, H), _F32), jnp.full((B, T, N), -jnp.inf, _F32)),
+            lambda: kernel.forward_step(prepared, acc, kb, vb, kp, ks, mask=mask),
+            lambda: acc,
         )
-        return merge_partials(out, lse, o_b, l_b)
 
     def step(carry, _):
-        out, lse, kv = carry
+        acc, kv = carry
         nxt = _shift(kv, axes, size)  # issued before the kernel: independent of it, so it overlaps
-        out, lse = block(out, lse, kv)
-        return (out, lse, nxt), None
+        return (block(acc, kv), nxt), None
 
-    init = (jnp.zeros((B, T, N, H), _F32), jnp.full((B, T, N), -jnp.inf, _F32), (k, v, k_pos, k_seg))
-    (out, lse, kv), _ = lax.scan(step, init, None, length=size - 1)
-    return block(out, lse, kv)  # last block: no transfer after it
+    (acc, kv), _ = lax.scan(step, (acc, (k, v, k_pos, k_seg)), None, length=size - 1)
+    return kernel.forward_finish(prepared, block(acc, kv))  # last block: no transfer after it
 
 
 def _head_slice(x, i, n):
@@ -236,15 +237,18 @@ def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out
     # delta = rowsum(dout * out) once for all P blocks (not once per block): the float32 output
     # is then dead during the ring, one [B, T, N, H] buffer less per device
     delta = output_delta(out, dout)
+    # the query side (q, dout, lse, delta) is prepared once for all P steps and dQ accumulates in
+    # the kernel's layout; the kernel adds dK/dV into the travelling accumulators in place
+    prepared, dq = kernel.backward_start(q, q_pos, q_seg, lse, dout, delta, kv_heads=k.shape[2])
 
     def block(dq, kv, dkv):
         kb, vb, kp, ks = kv
-        dq_b, dk_b, dv_b = lax.cond(
+        dq, dk, dv = lax.cond(
             mask.may_be_visible(q_pos, kp, q_seg, ks),
-            lambda: kernel.backward(q, kb, vb, q_pos, kp, q_seg, ks, None, lse, dout, mask=mask, delta=delta),
-            lambda: (jnp.zeros(q.shape, _F32), jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32)),
+            lambda: kernel.backward_step(prepared, dq, *dkv, kb, vb, kp, ks, mask=mask),
+            lambda: (dq, *dkv),
         )
-        return dq + dq_b, (dkv[0] + dk_b, dkv[1] + dv_b)
+        return dq, (dk, dv)
 
     def step(carry, _):
         dq, kv, dkv = carry
@@ -254,12 +258,12 @@ def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out
         return (dq, nxt, dkv), None
 
     zeros_kv = (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32))
-    init = (jnp.zeros(q.shape, _F32), (k, v, k_pos, k_seg), zeros_kv)
+    init = (dq, (k, v, k_pos, k_seg), zeros_kv)
     (dq, kv, dkv), _ = lax.scan(step, init, None, length=size - 1)
     dq, dkv = block(dq, kv, dkv)
     # device i now holds the accumulator of device i + 1's K/V: one last hop brings it home
     dk, dv = _shift(dkv, axes, size)
-    return dq, dk, dv
+    return kernel.backward_finish(prepared, dq), dk, dv
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
