@@ -9,6 +9,7 @@ the ``packages`` versions, export ``environment``, and run ``command``.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -35,9 +36,15 @@ def _git(here: str, *args: str) -> str:
     return subprocess.run(["git", "-C", here, *args], capture_output=True, text=True, timeout=5, check=True).stdout.strip()
 
 
+@functools.cache
 def git_state() -> dict:
     """The lcx source tree's git state: ``commit`` (``+dirty`` appended if tracked files differ),
-    ``dirty`` (paths of modified tracked files) and ``branch``; all None outside a git checkout."""
+    ``dirty`` (paths of modified tracked files) and ``branch``; all None outside a git checkout.
+
+    Read ONCE per process, at the first call (the first run's start, after lcx is imported): a
+    process keeps running the code it imported, so every later run of the same process (the
+    stages of ``lcx.extend``, the jobs of a Hydra multirun) records that state, not whatever the
+    checkout holds by the time it starts."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         sha = _git(here, "rev-parse", "HEAD")
