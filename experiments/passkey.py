@@ -1,12 +1,13 @@
 """Experiment (e): a tiny model learns passkey retrieval at 1024 tokens under ring attention.
 
 Trains ``python -m lcx.extend experiment=passkey`` (lcx/conf/experiment/passkey.yaml: the tiny
-Llama, 2-way data x 4-way ring context parallelism with the zigzag layout on 8 simulated CPU
+Llama with 4 kv heads, 2-way data x 4-way ring context parallelism with the zigzag layout on 8 simulated CPU
 devices, data=passkey from lcx/data/passkey.py; a three-stage schedule, 256 -> 512 -> 1024
 tokens), then loads the final checkpoint and measures,
 on held-out rows at each depth of ``data.eval_depths``, the teacher-forced argmax of each
 answer digit (the question and the previous answer digits are given; the model must produce
-each digit): ``exact_match`` (all digits right) and ``digit_accuracy``. Chance is 1e-5 and 0.1.
+each digit): ``exact_match`` (all digits right), ``digit_accuracy`` and ``digit_<i>`` (accuracy
+of the i-th answer digit). Chance is 1e-5 and 0.1.
 
 Writes ``experiments/results/passkey.csv`` (accuracy by depth) and ``.png`` (accuracy by depth,
 and the training / validation loss on the answer digits by step).
@@ -106,7 +107,9 @@ def evaluate(run_dir: pathlib.Path, per_depth: int) -> tuple[list[dict], dict]:
     for depth, res in sorted(by_depth.items()):
         ok = np.array([r[0] for r in res])
         rows.append({"depth": depth, "key_to_answer_tokens": int(np.mean([r[1] for r in res])), "rows": len(res),
-                     "exact_match": float(ok.all(axis=1).mean()), "digit_accuracy": float(ok.mean())})
+                     "exact_match": float(ok.all(axis=1).mean()), "digit_accuracy": float(ok.mean()),
+                     # accuracy of the i-th answer digit (which digits fail tells the mechanism apart)
+                     **{f"digit_{i + 1}": float(ok[:, i].mean()) for i in range(ok.shape[1])}})
     loss_on = "every token" if d.get("loss_on", "answer") == "all" else (
         "answer + key repeat" if d.get("recall_loss") else "answer digits")
     summary = {"step": int(meta["step"]), "seq_len": S, "loss_on": loss_on, "plan": plan.name, "strategy": plan.attention.strategy,
@@ -133,12 +136,14 @@ def plot(rows, metrics, summary, path: pathlib.Path) -> pathlib.Path:
     v = [(m["step"], m["val_loss"]) for m in metrics if m.get("val_loss") is not None]
     if v:
         b.plot(*zip(*v), "o-", label="validation loss (answer digits)")
-    for prev, m in zip(metrics, metrics[1:]):
-        if m.get("seq_len") != prev.get("seq_len"):
-            b.axvline(m["step"] - 0.5, color="k", lw=0.8, ls="--")
-            b.annotate(f"{prev['seq_len']} -> {m['seq_len']} tokens", (m["step"], b.get_ylim()[1]), fontsize=7,
-                       ha="left", va="top")
+    b.set_yscale("log")  # losses span 1e-3 .. 7 nats: a linear axis hides every stage's end
     b.axhline(2.302585, color="gray", lw=0.8, ls=":", label="ln 10 (guessing digits)")
+    changes = [(prev, m) for prev, m in zip(metrics, metrics[1:]) if m.get("seq_len") != prev.get("seq_len")]
+    for n, (prev, m) in enumerate(changes):
+        b.axvline(m["step"] - 0.5, color="k", lw=0.8, ls="--")
+        # stacked labels: stage boundaries can be close together
+        b.annotate(f"{prev['seq_len']} -> {m['seq_len']} tokens", (m["step"], 1.0 - 0.06 * n), fontsize=7,
+                   ha="left", va="top", xycoords=("data", "axes fraction"))
     b.set_xlabel("step")
     b.set_ylabel("nats / loss-bearing token")
     b.set_title("training")
