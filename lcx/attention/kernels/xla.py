@@ -220,6 +220,20 @@ class XlaKernel(Kernel):
         m, l = jnp.full((nq, B, K, R), -jnp.inf, _F32), jnp.zeros((nq, B, K, R), _F32)
         return prepared, (m, l, jnp.zeros((nq, B, K, R, H), _F32))
 
+    def _step_blocks(self, name: str, q_pos: Array, nq: int, R: int, K: int, k: Array) -> tuple[int, int, int, int]:
+        """``(bq, G, bk, nk)`` of a ``*_step`` call: query block and group size from the prepared
+        accumulator (``nq`` blocks of ``R = G * bq`` GEMM rows), key block and count of ``k``.
+
+        Raises:
+          ValueError: ``k`` has another number of kv heads than the ``*_start`` call was told.
+        """
+        bq = q_pos.shape[1] // nq
+        if k.shape[2] != K:
+            start = name.replace("_step", "_start")
+            raise ValueError(f"{name}: K/V have {k.shape[2]} heads, {start} was told {K}")
+        bk = block_size(k.shape[1], self.block_kv)
+        return bq, R // bq, bk, k.shape[1] // bk
+
     def forward_step(
         self,
         prepared: tuple,
@@ -233,13 +247,7 @@ class XlaKernel(Kernel):
     ) -> tuple:
         q_sc, q_pos, q_seg = prepared
         nq, B, K, R, H = acc[2].shape
-        bq = q_pos.shape[1] // nq
-        G = R // bq
-        S = k.shape[1]
-        if k.shape[2] != K:
-            raise ValueError(f"forward_step: K/V have {k.shape[2]} heads, forward_start was told {K}")
-        bk = block_size(S, self.block_kv)
-        nk = S // bk
+        bq, G, bk, nk = self._step_blocks("forward_step", q_pos, nq, R, K, k)
 
         def q_block(i, acc):
             qi = _q_tile(q_sc, i, bq, K, G)  # [B, K, R, H]
@@ -329,13 +337,7 @@ class XlaKernel(Kernel):
     ) -> tuple[Float[Array, "nq B K H R"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
         q_sc, dos, lses, deltas, q_pos, q_seg = prepared
         nq, B, K, H, R = dq_acc.shape
-        bq = q_pos.shape[1] // nq
-        G = R // bq
-        S = k.shape[1]
-        if k.shape[2] != K:
-            raise ValueError(f"backward_step: K/V have {k.shape[2]} heads, backward_start was told {K}")
-        bk = block_size(S, self.block_kv)
-        nk = S // bk
+        bq, G, bk, nk = self._step_blocks("backward_step", q_pos, nq, R, K, k)
 
         def kv_block(j, carry):
             dq, dk, dv = carry
