@@ -91,6 +91,12 @@ def test_every_stage_plan_is_validated_before_training(tmp_path, devices):
     with pytest.raises(PlanError, match=r"schedule stage 1 \('long', seq_len=260\)"):
         run_schedule(cfg, tmp_path / "run", devices)
     assert not (tmp_path / "run" / "stage0_short").exists()  # nothing trained
+    # a warmup longer than its stage: refused before stage 0 trains, naming the stage's own key
+    long_warmup = [STAGES[0], {**STAGES[1], "warmup_steps": STAGES[1]["steps"] + 5}]
+    cfg = _config(f"checkpoint.dir={tmp_path / 'ckpt'}", stages=long_warmup)
+    with pytest.raises(ValueError, match=r"schedule stage 1 .*set schedule\.stages\.1\.warmup_steps to at most"):
+        run_schedule(cfg, tmp_path / "run", devices)
+    assert not (tmp_path / "run" / "stage0_short").exists()
     with pytest.raises(ValueError, match="checkpoint.dir"):
         run_schedule(_config(stages=STAGES), tmp_path / "run", devices)
     with pytest.raises(ValueError, match="unknown keys \\['sequence_length'\\]"):

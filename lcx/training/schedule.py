@@ -144,12 +144,13 @@ def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> 
 
     Raises:
       ValueError: no ``checkpoint.dir`` (stages hand over through it) or a bad schedule.
-      PlanError / ValueError: some stage's plan, model or sequence length is invalid; raised
-        before the first stage trains.
+      PlanError / ValueError: some stage's plan, model, sequence length or optimizer schedule
+        (e.g. a warmup longer than the stage) is invalid; raised before the first stage trains.
       Whatever :func:`lcx.training.loop.train` raises.
     """
     from lcx.training.checkpoint import Checkpoints, checkpoint_config
     from lcx.training.loop import setup, train
+    from lcx.training.optim import optimizer_from_config
 
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -158,11 +159,16 @@ def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> 
     if not ckpt.enabled:
         raise ValueError("a schedule needs checkpoint.dir: each stage resumes from the previous stage's checkpoint")
     configs = [stage_config(cfg, stages, i) for i in range(len(stages))]
-    for i, c in enumerate(configs):  # fail fast: every stage's plan before any training
+    for i, c in enumerate(configs):  # fail fast: every stage's plan and optimizer before any training
         try:
             setup(c, devices)
+            optimizer_from_config(c.train)
         except ValueError as e:
-            raise type(e)(f"schedule stage {i} ({stages[i].name!r}, seq_len={stages[i].seq_len}): {e}") from None
+            hint = ""
+            if "warmup_steps" in str(e):  # the stage's value, not train.warmup_steps, is the one to change
+                hint = (f"; set schedule.stages.{i}.warmup_steps to at most {stages[i].steps} (the stage's steps) or "
+                        f"null (10% of them)")
+            raise type(e)(f"schedule stage {i} ({stages[i].name!r}, seq_len={stages[i].seq_len}): {e}{hint}") from None
     done = 0
     if ckpt.dir.exists():
         c = Checkpoints(ckpt.dir, read_only=True)
