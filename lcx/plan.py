@@ -52,6 +52,19 @@ def _model_arrays(model_cfg, param_dtype: str):
         return param_arrays(model_cfg, param_dtype, tie_embeddings=model_cfg.tie_embeddings), f"ledger shapes ({e})"
 
 
+def _positive_int(value: Any, key: str, what: str = "a count") -> int:
+    """``value`` as an int >= 1, or ValueError naming ``key`` (a float with a fraction, a string
+    or a value < 1 is refused, never rounded)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise ValueError(f"{key}={value!r}: must be a whole number >= 1 ({what})")
+    if value < 1:
+        raise ValueError(f"{key}={value}: must be >= 1 ({what})")
+    return value
+
+
 def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
     """Price the configured plan, search all plans, print, and write ``plan.json``.
 
@@ -59,8 +72,9 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
       The JSON-able report (also written to ``out_dir/plan.json`` when ``out_dir`` is given).
 
     Raises:
-      ValueError / PlanError: a hardware preset without ``chips`` and no device count, or a plan
-        that does not fit the device count.
+      ValueError / PlanError: a hardware preset without ``chips`` and no device count; chips,
+        sequence length or batch not a whole number >= 1; ``planner.rows`` not best/all; or a
+        plan that does not fit the device count.
     """
     from lcx.cost import ActivationPolicy, estimate, hardware_from_config, search, table
     from lcx.cost.memory import activation_arrays, kv_cache_bytes_per_token
@@ -72,14 +86,21 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
     hwn = cfg.hardware
     chips = hwn.get("chips")
-    devices_per_chip = int(hwn.get("devices_per_chip") or 1)
+    devices_per_chip = _positive_int(hwn.get("devices_per_chip") or 1, "hardware.devices_per_chip")
     if chips is None:
         chips = hwn.get("cpu_devices")
         if chips is None:
             raise ValueError(f"hardware={hwn.get('name')}: set hardware.chips (chips in the slice) for the planner")
-    n = int(chips) * devices_per_chip
+        chips = _positive_int(chips, "hardware.cpu_devices")
+    else:
+        chips = _positive_int(chips, "hardware.chips")
+    n = chips * devices_per_chip
+    rows = cfg.get("planner", {}).get("rows", "best")
+    if rows not in ("best", "all"):
+        raise ValueError(f"planner.rows={rows!r}: use best (the best policy per strategy and degree) or all")
     hw = hardware_from_config(hwn, n, probe=bool(cfg.get("planner", {}).get("probe_cpu", False)))
-    S, B = int(cfg.train.seq_len), int(cfg.train.global_batch)
+    S = _positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
+    B = _positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
     mem = OmegaConf.to_container(cfg.get("memory") or {}, resolve=True)
     # the model's own remat policy and placements, unless the memory section prices another
     placed = {k: mem[k] for k in ("remat", "decoder_layer_input", "context", "qkv") if mem.get(k) is not None}
@@ -143,7 +164,7 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         rec = search(model_cfg, hw, n, seq_len=S, global_batch=B, dtype=dtype, param_dtype=pdtype,
                      attention=dataclasses.replace(given.attention), window=model_cfg.sliding_window)
         say(f"== search: {len(rec.candidates)} candidates (strategy x mesh x param sharding x activation policy)")
-        say(table(rec, per_group=cfg.get("planner", {}).get("rows", "best") != "all"))
+        say(table(rec, per_group=rows != "all"))
         say("")
         say("== recommendation")
         lines.extend("  " + r for r in rec.reasons)
@@ -220,7 +241,9 @@ def _est_dict(e) -> dict[str, Any]:
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    run(cfg, HydraConfig.get().runtime.output_dir)
+    from lcx.train import explain_errors
+
+    explain_errors(run, cfg, HydraConfig.get().runtime.output_dir)
 
 
 if __name__ == "__main__":

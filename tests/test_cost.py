@@ -254,3 +254,23 @@ def test_plan_entry_point(tmp_path):
     # 70B KV per token
     cfg = preset("llama3_70b")
     assert cost.kv_cache_bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim) == 327_680
+
+
+@pytest.mark.parametrize("override,match", [
+    ("hardware.chips=-8", r"hardware.chips=-8: must be >= 1"),
+    ("hardware.chips=64.5", r"hardware.chips=64.5: must be a whole number"),
+    ("train.global_batch=0", r"train.global_batch=0: must be >= 1"),
+    ("train.seq_len=-5", r"train.seq_len=-5: must be >= 1"),
+    ("planner.rows=everything", r"planner.rows='everything': use best .* or all"),
+])
+def test_plan_entry_point_refuses_impossible_values(tmp_path, override, match):
+    from hydra import compose, initialize_config_dir
+
+    from lcx.plan import run
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        c = compose("plan_config", overrides=["model=llama3_70b", "hardware=tpu_v5p", "hardware.chips=64",
+                                              "train.seq_len=131072", override])
+    with pytest.raises(ValueError, match=match):
+        run(c, tmp_path)
+    assert not (tmp_path / "plan.json").exists()  # refused before anything is priced or written
