@@ -52,19 +52,6 @@ def _model_arrays(model_cfg, param_dtype: str):
         return param_arrays(model_cfg, param_dtype, tie_embeddings=model_cfg.tie_embeddings), f"ledger shapes ({e})"
 
 
-def _positive_int(value: Any, key: str, what: str = "a count") -> int:
-    """``value`` as an int >= 1, or ValueError naming ``key`` (a float with a fraction, a string
-    or a value < 1 is refused, never rounded)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise ValueError(f"{key}={value!r}: must be a whole number >= 1 ({what})")
-    if value < 1:
-        raise ValueError(f"{key}={value}: must be >= 1 ({what})")
-    return value
-
-
 def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
     """Price the configured plan, search all plans, print, and write ``plan.json``.
 
@@ -76,6 +63,7 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         sequence length or batch not a whole number >= 1; ``planner.rows`` not best/all; or a
         plan that does not fit the device count.
     """
+    from lcx.conf import positive_int
     from lcx.cost import ActivationPolicy, estimate, hardware_from_config, search, table
     from lcx.cost.memory import activation_arrays, kv_cache_bytes_per_token
     from lcx.models import ModelConfig
@@ -86,21 +74,21 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
     hwn = cfg.hardware
     chips = hwn.get("chips")
-    devices_per_chip = _positive_int(hwn.get("devices_per_chip") or 1, "hardware.devices_per_chip")
+    devices_per_chip = positive_int(hwn.get("devices_per_chip") or 1, "hardware.devices_per_chip")
     if chips is None:
         chips = hwn.get("cpu_devices")
         if chips is None:
             raise ValueError(f"hardware={hwn.get('name')}: set hardware.chips (chips in the slice) for the planner")
-        chips = _positive_int(chips, "hardware.cpu_devices")
+        chips = positive_int(chips, "hardware.cpu_devices")
     else:
-        chips = _positive_int(chips, "hardware.chips")
+        chips = positive_int(chips, "hardware.chips")
     n = chips * devices_per_chip
     rows = cfg.get("planner", {}).get("rows", "best")
     if rows not in ("best", "all"):
         raise ValueError(f"planner.rows={rows!r}: use best (the best policy per strategy and degree) or all")
     hw = hardware_from_config(hwn, n, probe=bool(cfg.get("planner", {}).get("probe_cpu", False)))
-    S = _positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
-    B = _positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
+    S = positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
+    B = positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
     mem = OmegaConf.to_container(cfg.get("memory") or {}, resolve=True)
     # the model's own remat policy and placements, unless the memory section prices another
     placed = {k: mem[k] for k in ("remat", "decoder_layer_input", "context", "qkv") if mem.get(k) is not None}

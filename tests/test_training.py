@@ -135,6 +135,18 @@ def test_invalid_plan_exits_fast_without_compiling(tmp_path):
     assert time.time() - t0 < 60
 
 
+@pytest.mark.parametrize("override,match", [
+    ("train.seq_len=512.5", r"train.seq_len=512.5: must be a whole number"),  # was run as 512 tokens
+    ("train.global_batch=abc", r"train.global_batch='abc': must be a whole number"),
+    ("train.steps=0", r"train.steps=0: must be >= 1"),
+])
+def test_settings_that_are_not_whole_numbers_are_refused(override, match, devices):
+    from lcx.training.loop import setup
+
+    with pytest.raises(ValueError, match=match):
+        setup(_config(override), devices)
+
+
 def test_all_strategies_train_to_the_same_losses(tmp_path, devices):
     """Issue 4's acceptance check at CI size: same seed, float32, every strategy gives the same
     losses at every step (within 1e-4)."""

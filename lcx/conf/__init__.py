@@ -1,3 +1,29 @@
-"""Hydra configs. Importing this package registers the structured plan schema."""
+"""Hydra configs. Importing this package registers the structured plan schema.
+
+Also :func:`positive_int`, the one check of the whole-number settings the entry points read
+(``train.seq_len``, ``train.global_batch``, ``train.steps``, ``hardware.chips``).
+"""
+
+from typing import Any
 
 from lcx.sharding import config as _plan_config  # noqa: F401  (registers plan/schema)
+
+
+def positive_int(value: Any, key: str, what: str = "a count") -> int:
+    """``value`` as an int >= 1, or ValueError naming ``key`` (a float with a fraction, a string
+    or a value < 1 is refused, never rounded).
+
+    Raises:
+      ValueError: ``value`` is not a whole number, or is below 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise ValueError(f"{key}={value!r}: must be a whole number >= 1 ({what})")
+    if value < 1:
+        raise ValueError(f"{key}={value}: must be >= 1 ({what})")
+    return value
+
+
+__all__ = ["positive_int"]

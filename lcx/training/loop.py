@@ -56,7 +56,13 @@ def setup(cfg: DictConfig, devices=None) -> dict[str, Any]:
       PlanError / ValueError: an invalid plan, model, batch or sequence configuration, with a
         message that names the value and the fix.
     """
+    from lcx.conf import positive_int
+
     devices = list(jax.devices() if devices is None else devices)
+    # whole numbers, never truncated: train.seq_len=512.5 is an error, not 512 tokens
+    positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
+    positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
+    positive_int(cfg.train.steps, "train.steps", "optimizer steps")
     plan = plan_from_config(cfg.plan, hardware=cfg.hardware)
     model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
     plan.validate(
