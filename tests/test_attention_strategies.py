@@ -427,6 +427,23 @@ def test_registry_maps_every_plan_strategy_to_a_strategy_class():
 # --------------------------------------------------------------------------------------------
 # Ring passes over kv-head groups (the default for large shards, see ring.heads_per_pass): the
 # same numbers as one pass, and every pass makes its own P-1 hops.
+def _check_ring_against_reference(mp, strategy, heads):
+    """Run ``strategy`` (a 4-device ring, zigzag, causal + document mask) forward and backward
+    and compare with the single-device float32 reference; returns the traced function and its
+    sharded inputs (for counting collectives)."""
+    qs, ps = (mp.plan.activation_spec(a) for a in (("batch", "seq", "heads", "head_dim"), ("batch", "seq")))
+    fn = jax.shard_map(strategy, mesh=mp.mesh, in_specs=(qs, qs, qs, ps, ps, ps, ps), out_specs=qs, check_vma=False)
+    ref_out, ref_grads = reference("causal_doc", heads)
+    q, k, v, pos, seg, do = (_lay(x, "zigzag", 4) for x in inputs("causal_doc", heads))
+    q, k, v, pos, seg, do = sharded(mp, q, k, v, pos, seg, do)
+    f = lambda q, k, v, p, s, do: _value_and_vjp(lambda q, k, v: fn(q, k, v, p, p, s, s), do, q, k, v)
+    out, grads = jax.jit(f, compiler_options=FAST_COMPILE)(q, k, v, pos, seg, do)
+    np.testing.assert_allclose(out, _lay(ref_out, "zigzag", 4), atol=OUT_TOL, rtol=0)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g, _lay(r, "zigzag", 4), atol=GRAD_TOL, rtol=0)
+    return f, (q, k, v, pos, seg, do)
+
+
 @pytest.mark.parametrize("kv_heads_per_pass", [1, 2])
 def test_ring_in_kv_head_passes_matches_reference(kv_heads_per_pass):
     from lcx.attention import Ring
@@ -435,16 +452,7 @@ def test_ring_in_kv_head_passes_matches_reference(kv_heads_per_pass):
     mp = make_mesh_plan("ring", 4)
     strategy = Ring(kernel=XlaKernel(BLOCK_Q, BLOCK_KV), mask=MASKS["causal_doc"], axes=("context",), degree=4,
                     kv_heads_per_pass=kv_heads_per_pass)
-    qs, ps = (mp.plan.activation_spec(a) for a in (("batch", "seq", "heads", "head_dim"), ("batch", "seq")))
-    fn = jax.shard_map(strategy, mesh=mp.mesh, in_specs=(qs, qs, qs, ps, ps, ps, ps), out_specs=qs, check_vma=False)
-    ref_out, ref_grads = reference("causal_doc", "mha")
-    q, k, v, pos, seg, do = (_lay(x, "zigzag", 4) for x in inputs("causal_doc", "mha"))
-    q, k, v, pos, seg, do = sharded(mp, q, k, v, pos, seg, do)
-    f = lambda q, k, v, p, s, do: _value_and_vjp(lambda q, k, v: fn(q, k, v, p, p, s, s), do, q, k, v)
-    out, grads = jax.jit(f, compiler_options=FAST_COMPILE)(q, k, v, pos, seg, do)
-    np.testing.assert_allclose(out, _lay(ref_out, "zigzag", 4), atol=OUT_TOL, rtol=0)
-    for g, r in zip(grads, ref_grads):
-        np.testing.assert_allclose(g, _lay(r, "zigzag", 4), atol=GRAD_TOL, rtol=0)
+    f, (q, k, v, pos, seg, do) = _check_ring_against_reference(mp, strategy, "mha")
     passes = KV_HEADS["mha"] // kv_heads_per_pass
     both = jax.make_jaxpr(f)(q, k, v, pos, seg, do)
     assert _count_primitive(both.jaxpr, "ppermute") == passes * (8 * 3 + 2 * 4)
@@ -468,16 +476,7 @@ def test_ring_with_a_forward_backward_only_kernel_matches_reference():
     mp = make_mesh_plan("ring", 4)
     strategy = Ring(kernel=ForwardBackwardOnly(XlaKernel(BLOCK_Q, BLOCK_KV)), mask=MASKS["causal_doc"],
                     axes=("context",), degree=4)
-    qs, ps = (mp.plan.activation_spec(a) for a in (("batch", "seq", "heads", "head_dim"), ("batch", "seq")))
-    fn = jax.shard_map(strategy, mesh=mp.mesh, in_specs=(qs, qs, qs, ps, ps, ps, ps), out_specs=qs, check_vma=False)
-    ref_out, ref_grads = reference("causal_doc", "gqa4")
-    q, k, v, pos, seg, do = (_lay(x, "zigzag", 4) for x in inputs("causal_doc", "gqa4"))
-    q, k, v, pos, seg, do = sharded(mp, q, k, v, pos, seg, do)
-    f = lambda q, k, v, p, s, do: _value_and_vjp(lambda q, k, v: fn(q, k, v, p, p, s, s), do, q, k, v)
-    out, grads = jax.jit(f, compiler_options=FAST_COMPILE)(q, k, v, pos, seg, do)
-    np.testing.assert_allclose(out, _lay(ref_out, "zigzag", 4), atol=OUT_TOL, rtol=0)
-    for g, r in zip(grads, ref_grads):
-        np.testing.assert_allclose(g, _lay(r, "zigzag", 4), atol=GRAD_TOL, rtol=0)
+    _check_ring_against_reference(mp, strategy, "gqa4")
 
 
 def test_ring_heads_per_pass_rule():
