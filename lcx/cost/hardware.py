@@ -35,6 +35,8 @@ class Hardware:
       ici_bandwidth_per_chip: bidirectional inter-chip interconnect bytes/s per chip, all links.
       ici_links_per_chip: ICI links per chip (6 in a 3D torus).
       host_memory_per_chip: host RAM in bytes per chip (VM RAM / chips per VM); None: unlimited.
+      host_bandwidth_per_chip: one-way host <-> chip bytes/s (the chip's PCIe link), which host
+        offload moves its bytes over; None: unknown, host transfers are not priced.
       chips: chips in the slice, or None (use the device count).
       libtpu_init_args: flags for ``LIBTPU_INIT_ARGS`` (TPU runtime).
       xla_flags: flags for ``XLA_FLAGS``.
@@ -48,6 +50,7 @@ class Hardware:
     ici_bandwidth_per_chip: float | None = None
     ici_links_per_chip: int = 6
     host_memory_per_chip: float | None = None
+    host_bandwidth_per_chip: float | None = None
     chips: int | None = None
     libtpu_init_args: tuple[str, ...] = ()
     xla_flags: tuple[str, ...] = ()
@@ -59,6 +62,11 @@ class Hardware:
             raise ValueError(
                 f"hardware.devices_per_chip ({self.devices_per_chip}) and ici_links_per_chip "
                 f"({self.ici_links_per_chip}) must be >= 1"
+            )
+        if self.host_bandwidth_per_chip is not None and self.host_bandwidth_per_chip <= 0:
+            raise ValueError(
+                f"hardware.host_bandwidth_per_chip must be positive bytes/s, got {self.host_bandwidth_per_chip} "
+                "(null: unknown, host transfers are not priced)"
             )
         object.__setattr__(self, "libtpu_init_args", tuple(self.libtpu_init_args))
         object.__setattr__(self, "xla_flags", tuple(self.xla_flags))
@@ -88,6 +96,12 @@ class Hardware:
     @property
     def host_memory_per_device(self) -> float | None:
         return None if self.host_memory_per_chip is None else self.host_memory_per_chip / self.devices_per_chip
+
+    @property
+    def host_bandwidth_per_device(self) -> float | None:
+        """One-way host <-> device bytes/s: the chip's PCIe link shared by its devices (None:
+        unknown)."""
+        return None if self.host_bandwidth_per_chip is None else self.host_bandwidth_per_chip / self.devices_per_chip
 
     def n_devices(self, chips: int | None = None) -> int | None:
         """Devices for ``chips`` chips (default: :attr:`chips`); None if neither is known."""
@@ -176,6 +190,7 @@ def hardware_from_config(node: Any, n_devices: int | None = None, *, probe: bool
         ici_bandwidth_per_chip=_float_or_none(_get(node, "ici_bandwidth_per_chip")),
         ici_links_per_chip=int(_get(node, "ici_links_per_chip", 6)),
         host_memory_per_chip=_float_or_none(_get(node, "host_memory_per_chip")),
+        host_bandwidth_per_chip=_float_or_none(_get(node, "host_bandwidth_per_chip")),
         chips=None if chips is None else int(chips),
         libtpu_init_args=_flags(_get(node, "libtpu_init_args")),
         xla_flags=_flags(_get(node, "xla_flags")),

@@ -64,6 +64,11 @@ class Estimate:
       compute_time: seconds of compute per step per device at peak (with causal imbalance).
       comm_time: seconds the communication takes if nothing overlaps.
       exposed_comm_time: seconds of communication not hidden behind compute.
+      host_bytes: bytes one device moves between HBM and host memory per step (host offload;
+        :func:`host_transfer_bytes`).
+      host_time: seconds those transfers take over the device's share of the host link
+        (0 when the hardware's ``host_bandwidth_per_chip`` is unknown).
+      exposed_host_time: seconds of host transfer not hidden behind compute.
       ring_block: K/V tokens per ring hop (0 if no ring).
       ring_min_block: tokens per hop needed to hide the hop (:func:`ring_overlap_min_block`).
       fits: per-device total <= HBM and host bytes <= host memory.
@@ -86,11 +91,15 @@ class Estimate:
     hbm_bytes: float | None
     host_bytes_per_device: float | None
     tokens_per_step: int
+    host_bytes: float = 0.0
+    host_time: float = 0.0
+    exposed_host_time: float = 0.0
 
     @property
     def step_time(self) -> float:
-        """Predicted seconds per step: compute plus the communication that does not overlap."""
-        return self.compute_time + self.exposed_comm_time
+        """Predicted seconds per step: compute plus the communication and host transfers that do
+        not overlap it."""
+        return self.compute_time + self.exposed_comm_time + self.exposed_host_time
 
     @property
     def overlap(self) -> bool | None:
@@ -146,6 +155,23 @@ def step_metrics(cfg: ModelDims, seq_len: int, global_batch: int, step_time_s: f
     }
 
 
+def host_transfer_bytes(mem: MemoryBreakdown, policy: ActivationPolicy) -> float:
+    """Bytes one device moves between HBM and host memory in one training step.
+
+    Offloaded activations (block inputs, attention context) are written in the forward and read
+    back in the backward: twice their bytes. Offloaded parameters are read for the forward and
+    again for the backward (nothing keeps them on device in between) and written back after the
+    update: three times. Offloaded optimizer state (AdamW's two tensors per parameter, as
+    :func:`~lcx.cost.memory.memory_breakdown` counts it) is read for the update and written
+    back: twice. The parameter bytes per device are ``mem.grads`` (gradients stay on device).
+    """
+    p = mem.grads
+    state_on_host = (p if policy.offload_params else 0) + (2 * p if policy.offload_optimizer else 0)
+    activations_on_host = max(0, mem.host - state_on_host)
+    return 2.0 * activations_on_host + (3.0 * p if policy.offload_params else 0.0) + (
+        2.0 * 2 * p if policy.offload_optimizer else 0.0)
+
+
 def estimate(
     cfg: ModelDims,
     plan: Plan,
@@ -168,7 +194,12 @@ def estimate(
     all-to-all, gradients) or the ring link (ring hops). Overlap: ring hops hide behind the
     attention compute (issued before each kernel), parameter all-gathers and gradient reductions
     behind the linear compute (asynchronous collectives); the K/V all-gather and the Ulysses
-    all-to-alls sit on the critical path and count in full.
+    all-to-alls sit on the critical path and count in full. Host offload: the bytes of
+    :func:`host_transfer_bytes` over the device's share of the chip's host link
+    (``hardware.host_bandwidth_per_chip``); the copies are asynchronous DMA on their own link,
+    so they hide behind the whole compute and only the excess counts. An offload that a long
+    sequence hides completely costs nothing; at short sequences it lengthens the step, so the
+    planner offloads only where HBM needs it.
 
     Raises:
       PlanError: the plan does not fit ``n_devices``.
@@ -220,11 +251,16 @@ def estimate(
     else:
         block, cmin = 0, 0.0
     host = hw.host_memory_per_device
+    host_bytes = host_transfer_bytes(mem, policy)
+    host_bw = hw.host_bandwidth_per_device
+    host_time = host_bytes / host_bw if host_bw else 0.0
+    exposed_host = max(0.0, host_time - (t_att + t_lin))
     return Estimate(
         flops=flops, recompute_flops=rec, memory=mem, comm=com, compute_time=t_att + t_lin, comm_time=comm_time,
         exposed_comm_time=exposed, ring_block=block, ring_min_block=cmin, n_devices=n_devices,
         peak_flops_per_device=peak, hbm_bytes=hw.hbm_bytes, host_bytes_per_device=host,
-        tokens_per_step=seq_len * global_batch,
+        tokens_per_step=seq_len * global_batch, host_bytes=host_bytes, host_time=host_time,
+        exposed_host_time=exposed_host,
     )
 
 
