@@ -86,7 +86,9 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     rows = cfg.get("planner", {}).get("rows", "best")
     if rows not in ("best", "all"):
         raise ValueError(f"planner.rows={rows!r}: use best (the best policy per strategy and degree) or all")
-    hw = hardware_from_config(hwn, n, probe=bool(cfg.get("planner", {}).get("probe_cpu", False)))
+    probe = bool(cfg.get("planner", {}).get("probe_cpu", False))
+    hw = hardware_from_config(hwn, n, probe=probe)
+    placeholder = hwn.get("peak_flops_per_device") is None and not probe  # cpu without the probe
     S = positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
     B = positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
     mem = OmegaConf.to_container(cfg.get("memory") or {}, resolve=True)
@@ -104,7 +106,9 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     say = lines.append
     say(f"lcx.plan: {model_cfg.name} ({model_cfg.n_params / 1e9:.2f}B parameters), {hw.name} x {chips} chips = {n} "
         f"devices, {S:,} tokens x {B} sequences per step")
-    say(f"  peak {hw.peak_flops_per_device / 1e12:,.1f} TFLOP/s per device, HBM "
+    tf = hw.peak_flops_per_device / 1e12
+    say(f"  peak {f'{tf:,.1f}' if tf >= 0.1 else f'{tf:.3g}'} TFLOP/s per device"
+        + (" (a placeholder: planner.probe_cpu=true measures this machine)" if placeholder else "") + ", HBM "
         f"{'unlimited' if hw.hbm_bytes is None else f'{hw.hbm_bytes / 2**30:,.1f} GiB'} per device")
     kv = kv_cache_bytes_per_token(model_cfg.n_layers, model_cfg.n_kv_heads, model_cfg.head_dim, 2)
     say(f"  KV per token (16-bit, all layers): {kv:,} bytes = {kv / 2**20:.4g} MiB; {kv * S / 2**30:,.1f} GiB for "
@@ -130,6 +134,10 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
             f"{k} {v / 2**30:,.2f} GiB" for k, v in dataclasses.asdict(e.comm).items() if k not in ("ring_hops", "ring_hop_bytes")))
         say(f"  compute {e.compute_time:,.2f} s, communication {e.comm_time:,.2f} s ({e.exposed_comm_time:,.2f} s exposed), "
             f"step {e.step_time:,.2f} s, fits {e.fits}, predicted MFU {100 * e.mfu:.1f}% (roofline)")
+        if e.host_bytes:
+            say(f"  host offload: {e.host_bytes / 2**30:,.2f} GiB per device per step over the host link, "
+                + (f"{e.host_time:,.2f} s ({e.exposed_host_time:,.2f} s not hidden behind compute)"
+                   if hw.host_bandwidth_per_chip else "not priced (hardware.host_bandwidth_per_chip is null)"))
         if e.overlap is not None:
             say(f"  ring: {e.ring_block:,} tokens per hop, overlap needs >= {e.ring_min_block:,.0f}: "
                 f"{'holds' if e.overlap else 'FAILS'}")
@@ -220,20 +228,27 @@ def _est_dict(e) -> dict[str, Any]:
     return {
         "memory_bytes_per_device": e.memory.as_dict(), "comm_bytes_per_device": dataclasses.asdict(e.comm),
         "model_flops_per_step": e.flops.total, "recompute_flops_per_step": e.recompute_flops,
-        "compute_time_s": e.compute_time, "exposed_comm_time_s": e.exposed_comm_time, "step_time_s": e.step_time,
+        "compute_time_s": e.compute_time, "exposed_comm_time_s": e.exposed_comm_time,
+        "host_bytes_per_device": e.host_bytes, "host_time_s": e.host_time, "exposed_host_time_s": e.exposed_host_time,
+        "step_time_s": e.step_time,
         "fits": e.fits, "overlap": e.overlap, "predicted_mfu": e.mfu,
     }
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="plan_config")
 def main(cfg: DictConfig) -> None:
+    import jax
     from hydra.core.hydra_config import HydraConfig
 
     from lcx.train import explain_errors
 
+    if not os.environ.get("JAX_PLATFORMS"):
+        # the planner never needs an accelerator; jax read the environment when lcx imported it,
+        # so set the platform here (before the backend starts), not in the environment: no probe
+        # of absent TPU/GPU runtimes, no log line about them
+        jax.config.update("jax_platforms", "cpu")
     explain_errors(run, cfg, HydraConfig.get().runtime.output_dir)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the planner never needs an accelerator
     main()
