@@ -274,3 +274,91 @@ def test_plan_entry_point_refuses_impossible_values(tmp_path, override, match):
     with pytest.raises(ValueError, match=match):
         run(c, tmp_path)
     assert not (tmp_path / "plan.json").exists()  # refused before anything is priced or written
+
+
+# ------------------------------------------------------------------ host transfers, lcx-runnable plans
+def test_host_transfer_bytes_and_time():
+    # offloaded activations go out in the forward and back in the backward; offloaded optimizer
+    # state in and out at the update; offloaded parameters in for the forward and the backward,
+    # out after the update
+    cfg = preset("llama3_1_8b_longctx")
+    t7 = hw("tpu7")
+    assert t7.host_bandwidth_per_chip == 32e9 and t7.host_bandwidth_per_device == 16e9
+    assert hw("tpu_v5p").host_bandwidth_per_device == 15e9 and hw("cpu").host_bandwidth_per_device is None
+    plan = plan_preset("ring").with_mesh(data=1, context=128).with_rule("embed", ("data", "context"), kind="params")
+    kw = dict(seq_len=1 << 20, global_batch=1)
+    pol = cost.ActivationPolicy("full", decoder_layer_input="offload")
+    e = cost.estimate(cfg, plan, t7, 128, policy=pol, **kw)
+    acts = cfg.n_layers * (1 << 20) // 128 * cfg.d_model * 2
+    assert e.memory.host == acts and e.host_bytes == 2 * acts
+    assert e.host_time == 2 * acts / 16e9
+    assert e.exposed_host_time == max(0.0, e.host_time - e.compute_time)
+    assert e.step_time == e.compute_time + e.exposed_comm_time + e.exposed_host_time
+    state = cost.ActivationPolicy("full", offload_optimizer=True, offload_params=True)
+    e = cost.estimate(cfg, plan, t7, 128, policy=state, **kw)
+    p = e.memory.grads
+    assert e.host_bytes == 3 * p + 2 * 2 * p
+    # nothing offloaded, nothing moved
+    assert cost.estimate(cfg, plan, t7, 128, policy=cost.ActivationPolicy("full"), **kw).host_bytes == 0
+
+
+def test_planner_offloads_only_where_hbm_needs_it():
+    # 32K tokens on 128 TPU7 TensorCores: the step computes for milliseconds, so moving parameters
+    # and optimizer state over PCIe each step would dominate it; nothing needs the HBM it frees.
+    # (With host transfers unpriced the planner recommended full host offload here.)
+    cfg = preset("llama3_1_8b_longctx")
+    rec = cost.search(cfg, hw("tpu7"), 128, seq_len=32768, global_batch=1)
+    p = rec.best.policy
+    assert not (p.offload_optimizer or p.offload_params or p.decoder_layer_input == "offload"
+                or p.context == "offload"), p.label
+    assert rec.best.est.host_bytes == 0
+    offloaded = [c for c in rec.candidates if c.policy.offload_optimizer and c.context_degree == 128]
+    assert offloaded and all(c.est.exposed_host_time > 0 for c in offloaded)
+    # at 14M tokens the same transfers hide behind the compute: offload costs no time there
+    rec = cost.search(cfg, hw("tpu7"), 128, seq_len=14_680_064, global_batch=1)
+    assert rec.best.est.host_bytes > 0 and rec.best.est.exposed_host_time == 0
+
+
+def test_planner_vs_lines_name_the_parameter_sharding():
+    cfg = preset("llama3_1_8b_longctx")
+    rec = cost.search(cfg, hw("tpu7"), 128, seq_len=32768, global_batch=1)
+    vs = [r for r in rec.reasons if r.lstrip().startswith("vs ")]
+    assert vs and all(", params zero3 (" in r or ", params replicated (" in r for r in vs), vs
+    assert len(set(vs)) == len(vs)
+
+
+def test_planner_names_the_best_plan_lcx_runs():
+    # 1M tokens x 4 on 64 v5p: the recommendation tiles the vocabulary, which lcx.train lacks
+    cfg = preset("llama3_1_8b_longctx")
+    rec = cost.search(cfg, hw("tpu_v5p"), 64, seq_len=1 << 20, global_batch=4)
+    assert not rec.best.runnable_in_lcx and rec.best_runnable is not None and rec.best_runnable.runnable_in_lcx
+    line = next(r for r in rec.reasons if "lcx.train runs today" in r)
+    assert "needs vocabulary tiling (16 tiles)" in line and rec.best_runnable.policy.label in line
+
+
+def test_planner_says_what_lcx_would_need_when_none_of_its_plans_fits():
+    # 14M tokens on 64 TPU7 chips: only vocabulary tiling brings the logits under 96 GiB
+    cfg = preset("llama3_1_8b_longctx")
+    rec = cost.search(cfg, hw("tpu7"), 128, seq_len=14_000_000, global_batch=1)
+    assert rec.best is not None and not rec.best.runnable_in_lcx and rec.best_runnable is None
+    line = next(r for r in rec.reasons if "no plan lcx.train runs today fits" in r)
+    assert "largest part: logits" in line
+    assert "hardware.chips=128, train.seq_len=14,000,128" in line  # 2x the chips, length split over them
+    seq = int(line.split("train.seq_len <= ")[1].split(" ")[0].replace(",", ""))
+    assert seq % 256 == 0 and seq < 14_000_000
+    pols = [p for p in cost.default_policies() if cost.missing_in_lcx(p) == []]
+    assert cost.search(cfg, hw("tpu7"), 128, seq_len=seq, global_batch=1, policies=pols).best is not None
+    assert cost.search(cfg, hw("tpu7"), 128, seq_len=seq + 256, global_batch=1, policies=pols).best is None
+
+
+def test_plan_default_run_prices_its_given_plan(tmp_path, capsys):
+    # `python -m lcx.plan` with no override: one sequence and the default plan agree
+    from hydra import compose, initialize_config_dir
+
+    from lcx.plan import run
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        c = compose("plan_config")
+    report = run(c, tmp_path)
+    assert "error" not in report["given"] and report["given"]["estimate"]["fits"]
+    assert "does not apply" not in capsys.readouterr().out

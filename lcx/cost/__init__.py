@@ -29,6 +29,7 @@ from lcx.cost.ledger import (
     causal_half_block_work as causal_half_block_work,
     causal_imbalance as causal_imbalance,
     estimate as estimate,
+    host_transfer_bytes as host_transfer_bytes,
     mfu as mfu,
     step_metrics as step_metrics,
 )
@@ -47,6 +48,7 @@ from lcx.cost.planner import (
     Recommendation as Recommendation,
     candidate_plans as candidate_plans,
     default_policies as default_policies,
+    missing_in_lcx as missing_in_lcx,
     search as search,
     table as table,
 )

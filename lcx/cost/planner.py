@@ -52,6 +52,28 @@ def default_policies(host_offload: bool = True) -> list[ActivationPolicy]:
     return out
 
 
+def missing_in_lcx(policy: ActivationPolicy) -> list[str]:
+    """What ``lcx.train`` lacks to run ``policy`` (empty: it runs it today).
+
+    ``lcx.models`` runs its remat policies (:data:`LCX_REMAT`), with activation offload only
+    through ``custom`` (``full`` with the block input offloaded is ``custom`` with every other
+    placement ``remat``); it has no optimizer or parameter host offload and no vocabulary tiling.
+    """
+    p = policy
+    out = []
+    if p.remat not in LCX_REMAT:
+        out.append(f"remat={p.remat}")
+    elif p.decoder_layer_input == "offload" and p.remat not in ("full", "custom"):
+        out.append(f"block-input offload under remat={p.remat}")
+    if p.offload_optimizer:
+        out.append("optimizer host offload")
+    if p.offload_params:
+        out.append("parameter host offload")
+    if p.vocab_tiling != 1:
+        out.append(f"vocabulary tiling ({p.vocab_tiling} tiles)")
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """One priced configuration.
@@ -74,12 +96,8 @@ class Candidate:
 
     @property
     def runnable_in_lcx(self) -> bool:
-        """``lcx.train`` runs it today: an ``lcx.models`` remat policy, activation offload only
-        through ``custom`` (``full`` with the block input offloaded is ``custom`` with every other
-        placement ``remat``), no optimizer or parameter offload, no vocabulary tiling."""
-        p = self.policy
-        return (p.remat in LCX_REMAT and (p.decoder_layer_input == "device" or p.remat in ("full", "custom"))
-                and not p.offload_optimizer and not p.offload_params and p.vocab_tiling == 1)
+        """``lcx.train`` runs it today (:func:`missing_in_lcx` is empty)."""
+        return not missing_in_lcx(self.policy)
 
     @property
     def mesh_label(self) -> str:
@@ -104,6 +122,9 @@ class Candidate:
             "compute_time_s": e.compute_time,
             "comm_time_s": e.comm_time,
             "exposed_comm_time_s": e.exposed_comm_time,
+            "host_bytes_per_device": e.host_bytes,
+            "host_time_s": e.host_time,
+            "exposed_host_time_s": e.exposed_host_time,
             "step_time_s": e.step_time,
             "ring_block_tokens": e.ring_block,
             "ring_min_block_tokens": e.ring_min_block,
@@ -191,13 +212,8 @@ def search(cfg, hw: Hardware, n_devices: int, *, seq_len: int, global_batch: int
            window: int | None = None) -> Recommendation:
     """Price every candidate and recommend one (see the module docstring for the rule)."""
     pols = list(policies) if policies is not None else default_policies(hw.host_memory_per_chip is not None)
-    cands: list[Candidate] = []
-    for plan, sharding in candidate_plans(cfg, n_devices, seq_len, global_batch, attention=attention):
-        for pol in pols:
-            est = estimate(cfg, plan, hw, n_devices, seq_len=seq_len, global_batch=global_batch, policy=pol,
-                           dtype=dtype, param_dtype=param_dtype, window=window,
-                           tie_embeddings=bool(getattr(cfg, "tie_embeddings", False)))
-            cands.append(Candidate(plan, pol, est, sharding))
+    kw = dict(dtype=dtype, param_dtype=param_dtype, attention=attention, window=window)
+    cands = _price(cfg, hw, n_devices, seq_len, global_batch, pols, **kw)
     fitting = [c for c in cands if c.est.fits]
     reasons: list[str] = []
     if not fitting:
@@ -205,8 +221,9 @@ def search(cfg, hw: Hardware, n_devices: int, *, seq_len: int, global_batch: int
         if smallest is not None:
             reasons.append(
                 f"nothing fits: the smallest footprint is {_gib(smallest.est.memory.total)} per device "
-                f"({smallest.plan.name}, {smallest.mesh_label}, {smallest.policy.label}) against "
-                f"{_gib(hw.hbm_bytes)} of HBM; use more chips, a shorter sequence or a smaller model")
+                f"({_where(smallest)}, {smallest.policy.label}; largest part: {_largest_part(smallest)}) against "
+                f"{_gib(hw.hbm_bytes)} of HBM; "
+                + _what_would_fit(cfg, hw, n_devices, seq_len, global_batch, pols, what="any plan", **kw))
         return Recommendation(None, None, tuple(cands), tuple(reasons))
     p_min = min(c.context_degree for c in fitting)
     at = sorted((c for c in fitting if c.context_degree == p_min), key=_rank)
@@ -223,7 +240,9 @@ def search(cfg, hw: Hardware, n_devices: int, *, seq_len: int, global_batch: int
     reasons.append(
         f"fastest at degree {p_min}: {best.plan.name} on {best.mesh_label}, params {best.param_sharding}, "
         f"{best.policy.label}: predicted {e.step_time:,.1f} s/step ({e.compute_time:,.1f} s compute, "
-        f"{e.exposed_comm_time:,.2f} s exposed communication), {_gib(e.memory.total)} per device, "
+        f"{e.exposed_comm_time:,.2f} s exposed communication"
+        + (f", {e.exposed_host_time:,.2f} s exposed host transfer" if e.exposed_host_time else "")
+        + f"), {_gib(e.memory.total)} per device, "
         f"roofline MFU {100 * e.mfu:.1f}%")
     if e.overlap is not None:
         reasons.append(
@@ -236,21 +255,118 @@ def search(cfg, hw: Hardware, n_devices: int, *, seq_len: int, global_batch: int
             f"{seq_len:,} tokens is not a multiple of 2P = {2 * p_min}, so the zigzag layout is impossible and the "
             f"contiguous layout costs a causal imbalance of up to (2P-1)/P; use train.seq_len={lo:,} or "
             f"{lo + 2 * p_min:,} to balance the work")
-    others = {}
+    if e.host_bytes:
+        reasons.append(
+            f"host offload moves {_gib(e.host_bytes)} per device per step: {e.host_time:,.2f} s over the host link"
+            + (f" ({e.exposed_host_time:,.2f} s not hidden behind compute)" if hw.host_bandwidth_per_chip
+               else " (not priced: hardware.host_bandwidth_per_chip is unknown)"))
+    # one line per (strategy, param sharding): two rows that differ only in how the parameters
+    # are sharded must be told apart
+    others: dict[tuple[str, str], Candidate] = {}
     for c in at[1:]:
-        others.setdefault(c.plan.name, c)
-    for name, c in list(others.items())[:4]:
-        reasons.append(f"  vs {name} ({c.policy.label}): {c.est.step_time:,.1f} s/step, {_gib(c.est.memory.total)}")
+        others.setdefault((c.plan.name, c.param_sharding), c)
+    for c in list(others.values())[:4]:
+        reasons.append(f"  vs {c.plan.name}, params {c.param_sharding} ({c.policy.label}): "
+                       f"{c.est.step_time:,.1f} s/step, {_gib(c.est.memory.total)}")
     rb = runnable[0] if runnable else None
     if rb is not None and rb is not best:
         reasons.append(
-            f"best plan lcx.train runs today (no host offload, lcx remat policies): {rb.plan.name} on "
-            f"{rb.mesh_label}, {rb.policy.label}: {rb.est.step_time:,.1f} s/step, {_gib(rb.est.memory.total)}")
+            f"the recommendation needs {', '.join(missing_in_lcx(best.policy))}, which lcx.train lacks; the best "
+            f"plan lcx.train runs today: {_where(rb)}, {rb.policy.label} (context degree {rb.context_degree}): "
+            f"{rb.est.step_time:,.1f} s/step, {_gib(rb.est.memory.total)} per device, roofline MFU "
+            f"{100 * rb.est.mfu:.1f}%")
+    elif rb is None:
+        runnable_pols = [p for p in pols if not missing_in_lcx(p)]
+        own = [c for c in cands if c.runnable_in_lcx]
+        line = (f"the recommendation needs {', '.join(missing_in_lcx(best.policy))}, which lcx.train lacks, and no "
+                f"plan lcx.train runs today fits")
+        if not own:
+            line += " (no policy it runs was priced)"
+        else:
+            sm = min(own, key=lambda c: c.est.memory.total)
+            line += (f": its smallest footprint is {_gib(sm.est.memory.total)} per device ({_where(sm)}, "
+                     f"{sm.policy.label}; largest part: {_largest_part(sm)}) against {_gib(hw.hbm_bytes)} of HBM; "
+                     + _what_would_fit(cfg, hw, n_devices, seq_len, global_batch, runnable_pols,
+                                       what="a plan lcx.train runs", **kw))
+        reasons.append(line)
     return Recommendation(best, rb, tuple(cands), tuple(reasons))
 
 
+def _price(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int, pols: Sequence[ActivationPolicy], *,
+           dtype: str, param_dtype: str, attention: AttentionConfig | None, window: int | None) -> list[Candidate]:
+    cands: list[Candidate] = []
+    for plan, sharding in candidate_plans(cfg, n_devices, seq_len, global_batch, attention=attention):
+        for pol in pols:
+            est = estimate(cfg, plan, hw, n_devices, seq_len=seq_len, global_batch=global_batch, policy=pol,
+                           dtype=dtype, param_dtype=param_dtype, window=window,
+                           tie_embeddings=bool(getattr(cfg, "tie_embeddings", False)))
+            cands.append(Candidate(plan, pol, est, sharding))
+    return cands
+
+
+def _fits(cfg, hw, n_devices, seq_len, global_batch, pols, **kw) -> Candidate | None:
+    """The fitting candidate with the smallest context degree, then the fastest (None: none fits)."""
+    fit = [c for c in _price(cfg, hw, n_devices, seq_len, global_batch, pols, **kw) if c.est.fits]
+    return min(fit, key=lambda c: (c.context_degree, *_rank(c))) if fit else None
+
+
+MAX_CHIP_FACTOR = 16
+"""How far :func:`search` looks for more chips (x2, x4, ... x16) when nothing fits."""
+
+
+def _what_would_fit(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int,
+                    pols: Sequence[ActivationPolicy], *, what: str, **kw) -> str:
+    """A sentence: the fewest more chips (doubling up to x :data:`MAX_CHIP_FACTOR`) and the
+    longest sequence (a multiple of ``2 n_devices``, bisected) at which one of ``pols`` fits.
+    Each probe is one pricing pass (milliseconds); at most ~30 of them."""
+    chips = n_devices // hw.devices_per_chip
+    parts = []
+    k = 2
+    while k <= MAX_CHIP_FACTOR:
+        # on k times the devices the length must split over them: round up to a multiple of 2 n k
+        unit_k = 2 * n_devices * k
+        s_k = -(-seq_len // unit_k) * unit_k if seq_len % (n_devices * k) else seq_len
+        c = _fits(cfg, hw, n_devices * k, s_k, global_batch, pols, **kw)
+        if c is not None:
+            parts.append(f"{k}x the chips (hardware.chips={chips * k}"
+                         + (f", train.seq_len={s_k:,}" if s_k != seq_len else "")
+                         + f": {_where(c)}, {c.policy.label}, {c.est.step_time:,.1f} s/step, "
+                         f"{_gib(c.est.memory.total)} per device)")
+            break
+        k *= 2
+    unit = 2 * n_devices  # zigzag-balanced at every context degree of this device count
+    lo, hi = 0, (seq_len - 1) // unit  # lo: fits (0 = none known); hi: largest multiple below seq_len
+    if hi >= 1 and _fits(cfg, hw, n_devices, unit, global_batch, pols, **kw) is not None:
+        lo = 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _fits(cfg, hw, n_devices, mid * unit, global_batch, pols, **kw) is not None:
+                lo = mid
+            else:
+                hi = mid - 1
+    if lo:
+        parts.append(f"train.seq_len <= {lo * unit:,} on {chips} chips")
+    if not parts:
+        return (f"{what} fits neither on up to {MAX_CHIP_FACTOR}x the chips nor at a shorter sequence on {chips} "
+                "chips: use a smaller model")
+    return f"{what} fits with " + " or with ".join(parts)
+
+
+def _where(c: Candidate) -> str:
+    return f"{c.plan.name} on {c.mesh_label}, params {c.param_sharding}"
+
+
+def _largest_part(c: Candidate) -> str:
+    m = c.est.memory
+    parts = {"parameter+gradient+optimizer state": m.state, "saved activations": m.activations,
+             "block backward": m.layer_working, "attention": m.attention, "logits": m.logits}
+    k = max(parts, key=parts.get)
+    return f"{k} {_gib(parts[k])}"
+
+
 def _rank(c: Candidate) -> tuple:
-    # host transfers are not priced, so among equal step times prefer fewer offloads, then less HBM
+    # host transfers hidden behind compute cost no time, so among equal step times prefer fewer
+    # offloads (less host memory, less PCIe traffic), then less HBM
     p = c.policy
     offloads = (p.decoder_layer_input == "offload") + (p.context == "offload") + p.offload_optimizer + p.offload_params
     return (round(c.est.step_time, 6), offloads, p.vocab_tiling, c.est.memory.total)
@@ -272,7 +388,7 @@ def table(rec: Recommendation, *, per_group: bool = True) -> str:
     rows = sorted(groups.values() if per_group else rec.candidates,
                   key=lambda c: (c.context_degree, not c.est.fits, c.est.step_time))
     hdr = ("strategy", "mesh", "params", "policy", "P", "state", "acts", "work", "total", "host", "compute s",
-           "exp.comm s", "overlap", "fits", "MFU")
+           "exp.comm s", "exp.host s", "overlap", "fits", "MFU")
     body = []
     for c in rows:
         e, m = c.est, c.est.memory
@@ -280,6 +396,7 @@ def table(rec: Recommendation, *, per_group: bool = True) -> str:
             c.plan.name + ("*" if c is rec.best else ""), c.mesh_label, c.param_sharding, c.policy.label,
             str(c.context_degree), _g(m.state), _g(m.activations), _g(m.working),
             _g(m.total), _g(m.host), f"{e.compute_time:,.2f}", f"{e.exposed_comm_time:,.2f}",
+            f"{e.exposed_host_time:,.2f}",
             {None: "-", True: "yes", False: "NO"}[e.overlap], "yes" if e.fits else "NO", f"{100 * e.mfu:.1f}%",
         ))
     w = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(hdr)]
@@ -287,6 +404,7 @@ def table(rec: Recommendation, *, per_group: bool = True) -> str:
     lines += ["  ".join(v.ljust(x) for v, x in zip(b, w)) for b in body]
     lines.append("memory in GiB per device: state = params + grads + optimizer on device; acts = saved "
                  "activations; work = block backward + attention + logits transients; host = offloaded. "
+                 "exp.comm / exp.host: seconds of communication / host transfer not hidden behind compute. "
                  "* = recommended. MFU: roofline (model FLOPs / peak), an upper bound.")
     return "\n".join(lines)
 
@@ -307,5 +425,5 @@ def recommended_degree(rec: Recommendation) -> int | None:
     return None if rec.best is None else rec.best.context_degree
 
 
-__all__ = ["Candidate", "Recommendation", "candidate_plans", "default_policies", "search", "table",
+__all__ = ["Candidate", "Recommendation", "candidate_plans", "default_policies", "missing_in_lcx", "search", "table",
            "recommended_degree"]
