@@ -99,13 +99,22 @@ def _main(cfg: DictConfig) -> float | None:
     from lcx.training.loop import train
 
     out = train(cfg, HydraConfig.get().runtime.output_dir, devices)
-    print(
+    print(done_message(out, int(cfg.train.steps)), file=sys.stderr)
+    return out["val_loss"]
+
+
+def done_message(out: dict, steps: int) -> str:
+    """The last line of a run: the losses this run computed, or, when a resumed run found its
+    checkpoint already at ``train.steps``, that there was nothing to train (no loss is printed
+    that this run did not compute)."""
+    if not out["losses"]:
+        return (f"done: checkpoint at step {out['start_step']} already reached train.steps={steps}; nothing to "
+                f"train (raise train.steps to continue); run directory {out['run_dir']}")
+    return (
         f"done: final train loss {out['final_loss']:.4f} nats/token"
         + (f", validation loss {out['val_loss']:.4f}" if out["val_loss"] is not None else "")
-        + f"; run directory {out['run_dir']}",
-        file=sys.stderr,
+        + f"; run directory {out['run_dir']}"
     )
-    return out["val_loss"]
 
 
 if __name__ == "__main__":

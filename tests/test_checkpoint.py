@@ -217,6 +217,30 @@ def test_sigterm_and_sigint_save_before_exit_and_resume_exactly(tmp_path, refere
     assert [r["resumed_from"] for r in _metrics(run) if "resumed_from" in r] == [s1, s2]
 
 
+def test_resume_with_no_steps_left_says_so_and_prints_no_loss(tmp_path, reference, env):
+    """Rerunning a finished run: nothing is trained, and the last line says so instead of
+    printing the checkpoint's loss as the run's "final train loss"."""
+    ckpt, run = tmp_path / "ckpt", tmp_path / "run"
+    shutil.copytree(reference["ckpt"], ckpt)
+    p = _start(run, ckpt, env)
+    assert _finish(p, run) == 0, _log(run)[-3000:]
+    out = _log(run)
+    assert f"checkpoint at step {STEPS} already reached train.steps={STEPS}; nothing to train" in out, out[-3000:]
+    assert "final train loss" not in out
+    assert _metrics(run) == []  # no step ran, nothing logged
+
+
+def test_done_message_prints_only_losses_this_run_computed():
+    from lcx.train import done_message
+
+    out = {"losses": [], "final_loss": None, "val_loss": 2.5, "start_step": 14, "run_dir": "r"}
+    msg = done_message(out, 10)
+    assert "checkpoint at step 14 already reached train.steps=10; nothing to train" in msg
+    assert "loss" not in msg.replace("nothing to train", "")
+    out = {"losses": [3.0, 2.0], "final_loss": 2.0, "val_loss": None, "start_step": 0, "run_dir": "r"}
+    assert done_message(out, 2).startswith("done: final train loss 2.0000 nats/token; run directory r")
+
+
 @pytest.mark.parametrize(
     "plan,mesh",
     [

@@ -82,9 +82,11 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
     schedule), data position, RNG key and step counter all come from the checkpoint.
 
     Returns:
-      Summary dict: ``losses`` (per step run by this call), ``final_loss``, ``val_loss`` (last),
-      ``params`` (final parameters, for tests), ``static``, ``run_dir``, ``compile_s``,
-      ``start_step`` (steps already done when this call began: 0, or the restored step).
+      Summary dict: ``losses`` (per step run by this call), ``final_loss`` (the last step's loss;
+      None when this call trained no step: the checkpoint already reached ``train.steps``),
+      ``val_loss`` (last; the checkpoint's when no step was trained), ``params`` (final
+      parameters, for tests), ``static``, ``run_dir``, ``compile_s``, ``start_step`` (steps
+      already done when this call began: 0, or the restored step).
 
     Raises:
       PlanError / ValueError: an invalid configuration, before anything compiles.
@@ -175,13 +177,13 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
     val_loss = restored.meta.get("val_loss") if restored is not None else None
     compile_s = None
     if start >= total_steps:
-        log.warning("checkpoint is at step %d >= train.steps=%d: nothing to train", start, total_steps)
+        # no step runs, so no loss is computed: the checkpoint's last loss is not this run's
+        log.info("checkpoint at step %d already reached train.steps=%d; nothing to train", start, total_steps)
         if ckpts is not None:
             ckpts.close()
-        last = restored.meta.get("loss") if restored is not None else None
         return {
             "losses": losses,
-            "final_loss": last,
+            "final_loss": None,
             "val_loss": val_loss,
             "params": params,
             "static": static,
