@@ -61,6 +61,35 @@ def stage_metrics(run_dir: pathlib.Path) -> list[dict]:
     return out
 
 
+RUN_DIR_HELP = ("the run directory of a finished `python -m lcx.extend experiment=passkey` run (it holds "
+                "schedule.json; this script's own runs are outputs/passkey/<stamp>) or of an `lcx.train` run "
+                "(run_info.json) that saved checkpoints (checkpoint.dir set)")
+
+
+def run_dir_problem(run_dir: pathlib.Path) -> str | None:
+    """Why ``run_dir`` cannot be evaluated (a one-line message naming the path and what is
+    expected there), or None when it can."""
+    if not run_dir.is_dir():
+        return f"--run-dir {run_dir}: {'not a directory' if run_dir.exists() else 'does not exist'}; expected {RUN_DIR_HELP}"
+    try:
+        stages = stage_dirs(run_dir)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"--run-dir {run_dir}: unreadable schedule.json ({e}); expected {RUN_DIR_HELP}"
+    last = stages[-1]
+    info_path = last / "run_info.json"
+    if not info_path.is_file():
+        return f"--run-dir {run_dir}: no run_info.json in {last}; expected {RUN_DIR_HELP}"
+    try:
+        ckpt = json.loads(info_path.read_text()).get("checkpoint_dir")
+    except (OSError, ValueError) as e:
+        return f"--run-dir {run_dir}: unreadable {info_path} ({e}); expected {RUN_DIR_HELP}"
+    if not ckpt:
+        return f"--run-dir {run_dir}: the run saved no checkpoint (checkpoint.dir was null) to evaluate; expected {RUN_DIR_HELP}"
+    if not pathlib.Path(ckpt).is_dir():
+        return f"--run-dir {run_dir}: its checkpoint directory {ckpt} does not exist; expected {RUN_DIR_HELP}"
+    return None
+
+
 def evaluate(run_dir: pathlib.Path, per_depth: int) -> tuple[list[dict], dict]:
     """Accuracy by depth of the run's final checkpoint on fresh evaluation rows."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -160,7 +189,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=pathlib.Path, default=C.RESULTS / NAME)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the training run")
     a = ap.parse_args(argv)
-    run_dir = (a.run_dir if a.run_dir.is_absolute() else C.ROOT / a.run_dir) if a.run_dir else train(a.overrides)
+    if a.run_dir:
+        run_dir = a.run_dir if a.run_dir.is_absolute() else C.ROOT / a.run_dir
+        problem = run_dir_problem(run_dir)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    else:
+        run_dir = train(a.overrides)
     rows, summary = evaluate(stage_dirs(run_dir)[-1], a.per_depth)
     for r in rows:
         r.update(step=summary["step"], seq_len=summary["seq_len"], strategy=summary["strategy"],

@@ -199,3 +199,21 @@ def test_ledger_reproduction_agrees_at_published_precision(tmp_path):
     assert lr.agrees(1.1215e15, "1.12e15") and not lr.agrees(1.1251e15, "1.12e15")
     assert lr.agrees(48.806, "48.80", truncated=True) and not lr.agrees(48.806, "48.80")
     assert lr.main(["--out", str(tmp_path / "ledger")]) == 0
+
+
+def test_passkey_run_dir_that_cannot_be_evaluated_is_one_line(tmp_path, capsys):
+    # a missing or wrong --run-dir gave a raw FileNotFoundError traceback
+    import passkey
+
+    missing = tmp_path / "nonexistent"
+    assert passkey.main(["--run-dir", str(missing), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--run-dir {missing}: does not exist" in err and "schedule.json" in err
+    assert passkey.run_dir_problem(tmp_path).startswith(f"--run-dir {tmp_path}: no run_info.json in {tmp_path}")
+    (tmp_path / "run_info.json").write_text(json.dumps({"checkpoint_dir": None, "config": {}}))
+    assert "saved no checkpoint" in passkey.run_dir_problem(tmp_path)
+    (tmp_path / "run_info.json").write_text(json.dumps({"checkpoint_dir": str(tmp_path / "ckpt")}))
+    assert f"checkpoint directory {tmp_path / 'ckpt'} does not exist" in passkey.run_dir_problem(tmp_path)
+    (tmp_path / "ckpt").mkdir()
+    assert passkey.run_dir_problem(tmp_path) is None
+    assert not (tmp_path / "out.csv").exists()
