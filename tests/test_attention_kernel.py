@@ -116,6 +116,50 @@ def test_kernel_forward_backward_matches_reference(mask_name, heads_name):
         np.testing.assert_allclose(g, r, atol=GRAD_TOL, rtol=0)
 
 
+# forward blocks, backward blocks (block_q_dkv, block_kv_dkv), and the backward's blocks after
+# block_size clamps them to T = 64 queries and S = 96 keys
+DKV_CASES = [
+    ("causal_doc", "gqa2", (64, 64), (32, 16), (32, 16)),  # dividing: 2 x 6 backward tiles
+    ("full_doc_window", "mqa", (64, 64), (20, 28), (16, 24)),  # not dividing: they shrink
+]
+
+
+@pytest.mark.parametrize("mask_name,heads_name,fwd,dkv,clamped", DKV_CASES, ids=["dividing", "clamped"])
+def test_kernel_backward_with_its_own_blocks_matches_reference(mask_name, heads_name, fwd, dkv, clamped):
+    """block_q_dkv / block_kv_dkv tile the backward (its dQ accumulator is blocked by them), the
+    forward keeps block_q / block_kv, and the gradients equal the dense reference's."""
+    mask = MASKS[mask_name]
+    N, K = HEADS[heads_name]
+    B, T, S, H = 2, 64, 96, 8
+    q, k, v, do = _inputs(B, T, S, N, K, H, seed=11)
+    qp, kp, qs, ks = _cross_positions(B, T, S, seed=12)
+    kern = XlaKernel(block_q=fwd[0], block_kv=fwd[1], block_q_dkv=dkv[0], block_kv_dkv=dkv[1])
+    assert kern.backward_blocks == dkv and XlaKernel(block_q=5, block_kv=6).backward_blocks == (5, 6)
+    # the blocks each pass really uses: the forward's accumulator has T / block_q query blocks,
+    # the backward's dQ accumulator T / bq_dkv, and its (transposed) tiles are [B, K, bk, G bq]
+    G = N // K
+    assert kern.forward_start(q, qp, qs, kv_heads=K)[1][0].shape[0] == T // fwd[0]
+    zero = jnp.zeros((B, T, N), jnp.float32)
+    assert kern.backward_start(q, qp, qs, zero, do, zero, kv_heads=K)[1].shape == (T // clamped[0], B, K, H, G * clamped[0])
+    bwd_jaxpr = str(jax.make_jaxpr(lambda *a: kern.backward(*a, mask=mask))(q, k, v, qp, kp, qs, ks, q, zero, do))
+    assert f"f32[{B},{K},{clamped[1]},{G * clamped[0]}]" in bwd_jaxpr
+    assert f"f32[{B},{K},{block_size(S, fwd[1])},{G * block_size(T, fwd[0])}]" not in bwd_jaxpr  # the forward's
+    out, lse = jax.jit(lambda *a: kern.forward(*a, mask=mask), compiler_options=FAST_COMPILE)(q, k, v, qp, kp, qs, ks)
+    ref = lambda q, k, v: reference_attention(
+        q, k, v, mask=mask, positions=qp, segment_ids=qs, kv_positions=kp, kv_segment_ids=ks
+    )
+    ref_out, ref_grads = jax.jit(lambda q, k, v, do: _value_and_vjp(ref, do, q, k, v), compiler_options=FAST_COMPILE)(
+        q, k, v, do
+    )
+    np.testing.assert_allclose(out, ref_out, atol=OUT_TOL, rtol=0)
+    grads = jax.jit(lambda *a: kern.backward(*a, mask=mask), compiler_options=FAST_COMPILE)(
+        q, k, v, qp, kp, qs, ks, out, lse, do
+    )
+    for g, r in zip(grads, ref_grads):
+        assert g.dtype == jnp.float32
+        np.testing.assert_allclose(g, r, atol=GRAD_TOL, rtol=0)
+
+
 def test_kernel_backward_is_additive_over_key_blocks():
     """The backward of a K/V block takes the GLOBAL out/lse, so summing the per-block gradients
     over disjoint key blocks gives the full gradient (what the ring backward relies on)."""
@@ -155,18 +199,20 @@ class ForwardBackwardOnly(Kernel):
         return self.inner.backward(*args, mask=mask, delta=delta)
 
 
-@pytest.mark.parametrize("kind", ["xla", "defaults"])
+@pytest.mark.parametrize("kind", ["xla", "xla_dkv", "defaults"])
 def test_accumulating_form_equals_one_call(kind):
     """forward_start/step/finish and backward_start/step/finish over three disjoint K/V blocks of
     uneven lengths (what the ring does, one block per step) equal ONE forward/backward over all
     of them; backward_step ADDS into the dk/dv accumulators it is given. GQA, a causal document
-    mask, queries that see no key at all."""
+    mask, queries that see no key at all. ``xla_dkv``: the backward on its own blocks (5 x 4
+    tokens -> 4-query blocks, 4- and 2-key blocks of the pieces), unlike the forward's."""
     mask = Mask(document=True)
     B, T, S, N, K, H = 2, 24, 40, 4, 2, 8
     q, k, v, do = _inputs(B, T, S, N, K, H, seed=7)
     qp, kp, qs, ks = _cross_positions(B, T, S, seed=8)
-    xla = XlaKernel(block_q=7, block_kv=16)
-    kern = xla if kind == "xla" else ForwardBackwardOnly(xla)
+    dkv = dict(block_q_dkv=5, block_kv_dkv=4) if kind == "xla_dkv" else {}
+    xla = XlaKernel(block_q=7, block_kv=16, **dkv)
+    kern = ForwardBackwardOnly(xla) if kind == "defaults" else xla
     cuts = [(0, 8), (8, 30), (30, 40)]  # 8 (one block), 22 (two of 11) and 10 keys
 
     @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
@@ -335,6 +381,14 @@ def test_make_kernel_refuses_unknown_names_and_untileable_splash_blocks():
         make_kernel("splash", 64, 128)
     with pytest.raises(ValueError, match="unknown attention kernel"):
         make_kernel("cudnn")
+
+
+def test_make_kernel_passes_the_backward_blocks_and_refuses_empty_ones():
+    kern = make_kernel("xla", 64, 32, 16, 8)
+    assert (kern.block_q, kern.block_kv, kern.block_q_dkv, kern.block_kv_dkv) == (64, 32, 16, 8)
+    assert make_kernel("xla", 64, 32).backward_blocks == (64, 32)
+    with pytest.raises(ValueError, match="block_kv_dkv=0"):
+        XlaKernel(block_q=4, block_kv=4, block_kv_dkv=0)
 
 
 @pytest.mark.parametrize("mask_name", list(MASKS))

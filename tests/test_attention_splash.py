@@ -159,6 +159,60 @@ def test_splash_pads_odd_lengths_chunks_long_kv_and_handles_empty_rows(monkeypat
     _assert_matches(out, lse, grads, ref_out, ref_grads, ref_lse)
 
 
+def _record_bwd_blocks(monkeypatch):
+    """Wrap splash's two backward kernels to record the ``(bq, bkv)`` each is called with."""
+    sk, _ = splash_mod._splash_modules()
+    seen = {"dq": set(), "dkv": set()}
+    for name, key in (("_splash_attention_bwd_dq", "dq"), ("_splash_attention_bwd_dkv", "dkv")):
+        inner = getattr(sk, name)
+
+        def wrapped(*a, _inner=inner, _key=key, **kw):
+            seen[_key].add((kw["bq"], kw["bkv"]))
+            return _inner(*a, **kw)
+
+        monkeypatch.setattr(sk, name, wrapped)
+    return seen
+
+
+def test_splash_backward_blocks_tile_the_dkv_kernel(monkeypatch):
+    """block_q_dkv / block_kv_dkv (splash's BlockSizes names) tile splash's dK/dV kernel with
+    its own block-sparsity grid, the dQ kernel keeps the forward's blocks, and the gradients
+    equal the reference's: on zigzag positions (ring-step halves), and on odd lengths cut into
+    several kv chunks (MAX_KV_CHUNK lowered to 256: two chunks of two 128-key dkv blocks)."""
+    seen = _record_bwd_blocks(monkeypatch)
+    mask = MASKS["causal_doc"]
+    N, K = HEADS["gqa2"]
+    B, S, H, P = 1, 512, 16, 2
+    T = S // P
+    q, k, v, do = _inputs(B, T, S, N, K, H, seed=21)
+    pos, seg = _zigzag_documents(B, S, P, seed=21)
+    qp, qs, kp, ks = (jnp.asarray(x) for x in (pos[:, :T], seg[:, :T], pos, seg))
+    kern = SplashKernel(block_q=256, block_kv=256, block_q_dkv=128, block_kv_dkv=128)
+    out, lse, grads = _two_block_run(kern, mask, q, k, v, qp, kp, qs, ks, do)
+    _assert_matches(out, lse, grads, *_reference(mask, q, k, v, qp, kp, qs, ks, do))
+    assert seen == {"dq": {(256, 256)}, "dkv": {(128, 128)}}
+
+    monkeypatch.setattr(splash_mod, "MAX_KV_CHUNK", 256)
+    seen["dq"].clear(), seen["dkv"].clear()
+    B, T, S, N, K, H = 1, 40, 300, 4, 2, 8
+    q, k, v, do = _inputs(B, T, S, N, K, H, seed=22)
+    rng = np.random.default_rng(22)
+    kp = jnp.asarray(rng.permutation(S)[None], jnp.int32)
+    ks = jnp.asarray(rng.random((B, S)) < 0.5, jnp.int32)
+    qp = jnp.asarray(rng.integers(-20, S, size=(B, T)), jnp.int32)
+    qs = jnp.asarray(rng.random((B, T)) < 0.5, jnp.int32)
+    kern = SplashKernel(block_q=256, block_kv=256, block_q_dkv=128, block_kv_dkv=128)
+
+    @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
+    def run(q, k, v, qp, kp, qs, ks, do):
+        out, lse = kern.forward(q, k, v, qp, kp, qs, ks, mask=mask)
+        return out, lse, kern.backward(q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
+
+    _assert_matches(*run(q, k, v, qp, kp, qs, ks, do), *_reference(mask, q, k, v, qp, kp, qs, ks, do))
+    # 40 queries: one 128-query block for both; kv: 256-key forward blocks, 128-key dkv blocks
+    assert seen == {"dq": {(128, 256)}, "dkv": {(128, 128)}}
+
+
 def test_intervals_equal_the_mask_predicate():
     """The core claim, checked without Pallas: after sorting keys by (segment, position), the
     keys each query sees are exactly the index range [lo, hi) -- for every mask kind, with
@@ -198,6 +252,16 @@ def test_splash_refuses_blocks_it_cannot_tile():
             make_kernel("splash", bq, bkv)
     with pytest.raises(ValueError, match="block_kv <= 16384"):
         make_kernel("splash", 128, 32768)
+    # the backward's blocks, by their own names
+    with pytest.raises(ValueError, match="block_q_dkv to be a positive multiple of 128 tokens.*got 64"):
+        make_kernel("splash", 128, 128, 64, None)
+    with pytest.raises(ValueError, match="block_kv_dkv to be a positive multiple of 128 tokens.*got 0"):
+        make_kernel("splash", 128, 128, None, 0)
+    with pytest.raises(ValueError, match="block_kv_dkv <= 16384"):
+        make_kernel("splash", 128, 128, None, 32768)
+    with pytest.raises(ValueError, match="least common multiple 49152 exceeds 16384"):
+        make_kernel("splash", 128, 16384, None, 384)
+    assert make_kernel("splash", 1024, 2048, 512, 1024).block_kv_dkv == 1024
     assert isinstance(make_kernel("splash", 1024, 2048), SplashKernel)
 
 

@@ -479,6 +479,19 @@ def test_ring_with_a_forward_backward_only_kernel_matches_reference():
     _check_ring_against_reference(mp, strategy, "gqa4")
 
 
+def test_ring_with_backward_blocks_of_its_own_matches_reference():
+    """plan.attention.block_q_dkv / block_kv_dkv reach the ring's kernel through ``attention``
+    (8 devices, 8 tokens each: forward 8 x 8, backward 4 x 2 and, not dividing, 3 x 5 -> 2 x 4)
+    and the gradients still equal the reference's, in both layouts."""
+    from lcx.attention.api import build_strategy
+
+    for dkv in ((4, 2), (3, 5)):
+        mp = make_mesh_plan("ring", 8, block_q_dkv=dkv[0], block_kv_dkv=dkv[1])
+        strategy, _ = build_strategy(mp, MASKS["causal_doc"], (B, T, N, H), (B, T, KV_HEADS["gqa4"], H))
+        assert (strategy.kernel.block_q_dkv, strategy.kernel.block_kv_dkv) == dkv
+        check_against_reference(mp, "causal_doc", "gqa4")
+
+
 def test_ring_heads_per_pass_rule():
     from lcx.attention.strategies.ring import heads_per_pass
 

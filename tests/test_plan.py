@@ -218,11 +218,33 @@ def test_attention_blocks_default_per_hardware(hardware, block):
 
     with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"hardware={hardware}", "plan=ring"])
-        explicit = compose(config_name="config", overrides=[f"hardware={hardware}", "plan=ring", "plan.attention.block_q=256"])
+        explicit = compose(config_name="config", overrides=[f"hardware={hardware}", "plan=ring", "plan.attention.block_q=256",
+                                                            "plan.attention.block_kv_dkv=128"])
     p = plan_from_config(cfg.plan, default_block=cfg.hardware.attention_block)
     assert (p.attention.block_q, p.attention.block_kv) == (block, block)
+    # the backward's blocks are no hardware default: null means the forward's blocks
+    assert (p.attention.block_q_dkv, p.attention.block_kv_dkv) == (None, None)
     e = plan_from_config(explicit.plan, default_block=explicit.hardware.attention_block)
     assert (e.attention.block_q, e.attention.block_kv) == (256, block)
+    assert (e.attention.block_q_dkv, e.attention.block_kv_dkv) == (None, 128)
+
+
+def test_backward_blocks_round_trip_and_stay_null_when_null():
+    """plan.attention.block_q_dkv / block_kv_dkv: set, they round-trip through the Hydra-style
+    dict; null, they stay None (the forward's blocks), NOT the hardware's default block; 0 is
+    refused with the key and the value named."""
+    node = {"mesh": {"context": 8}, "activations": {"seq": "context"},
+            "attention": {"strategy": "ring", "block_q": 256, "block_q_dkv": 128, "block_kv_dkv": 64}}
+    p = plan_from_config(node, default_block=1024)
+    a = p.attention
+    assert (a.block_q, a.block_kv, a.block_q_dkv, a.block_kv_dkv) == (256, 1024, 128, 64)
+    assert plan_from_config(p.to_config()) == p
+    n = plan_from_config({"mesh": {"context": 8}, "attention": {"block_q_dkv": None}}, default_block=1024).attention
+    assert (n.block_q, n.block_kv, n.block_q_dkv, n.block_kv_dkv) == (1024, 1024, None, None)
+    with pytest.raises(PlanError, match=r"plan\.attention\.block_kv_dkv must be >= 1 token.*got 0"):
+        plan_from_config({"mesh": {"context": 8}, "attention": {"block_kv_dkv": 0}})
+    with pytest.raises(PlanError, match=r"plan\.attention\.block_q_dkv must be >= 1 token.*got -2"):
+        RING.with_attention(block_q_dkv=-2)
 
 
 @pytest.mark.parametrize("hardware,kernel", [("cpu", "xla"), ("tpu_v5p", "splash"), ("tpu7", "splash")])

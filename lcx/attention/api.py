@@ -73,7 +73,8 @@ def attention(
         sequence or head counts not divisible by the mesh axes the plan maps them to; a strategy
         that cannot serve these head counts (e.g. the Ulysses degree does not divide the query
         heads). Raised before compiling.
-        The splash kernel also refuses block sizes that are not multiples of 128 (or > 16384).
+        The splash kernel also refuses block sizes (forward or backward) that are not multiples of
+        128 (or > 16384).
       KernelNotAvailableError: the plan's kernel cannot run with this JAX (no Pallas splash).
     """
     mp = plan if isinstance(plan, MeshPlan) else bind(plan)
@@ -162,7 +163,7 @@ def build_strategy(
             f"attention: {K} kv heads cannot follow the query heads' sharding over mesh axes "
             f"{rules.get(ax.HEADS)} (size {tp}); use a tensor degree dividing {K} for the heads"
         )
-    kernel = make_kernel(cfg.kernel, cfg.block_q, cfg.block_kv)
+    kernel = make_kernel(cfg.kernel, cfg.block_q, cfg.block_kv, cfg.block_q_dkv, cfg.block_kv_dkv)
     strategy = STRATEGIES[cfg.strategy].from_plan(kernel, mask, plan.seq_axes, sizes, cfg)
     P = degree(ax.SEQ)
     strategy.check((B // degree(ax.BATCH), T // P, N // tp, H), (B // degree(ax.BATCH), T // P, K // tp, H))

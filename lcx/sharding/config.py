@@ -29,6 +29,8 @@ class AttentionSchema:
     allow_kv_replication: bool = True
     block_q: Optional[int] = None  # None: the hardware preset's attention_block (512 if none)
     block_kv: Optional[int] = None
+    block_q_dkv: Optional[int] = None  # None: the same as block_q (NOT the hardware default)
+    block_kv_dkv: Optional[int] = None  # None: the same as block_kv
 
 
 @dataclasses.dataclass
@@ -69,6 +71,8 @@ def plan_from_config(node: DictConfig | dict, *, default_block: int = 512, defau
     ``default_kernel``: the hardware preset's ``attention_kernel`` (``splash`` on TPUs, ``xla``
     on CPU), so ``plan=ring hardware=tpu7`` runs and prices the splash kernel. Pass the
     ``hardware`` config node to take both defaults from it (what every entry point does).
+    ``plan.attention.block_q_dkv`` / ``block_kv_dkv`` (the backward pass's blocks) stay null
+    when null: the backward then uses the forward's blocks, whatever they resolved to.
 
     Raises:
       PlanError: a key not in :class:`PlanSchema` (misspelt), a value of the wrong type, or any

@@ -66,6 +66,13 @@ class AttentionConfig:
         a multiple of it, replicate each KV head only as many times as needed. If False, refuse.
       block_q: query block in tokens for the blockwise kernels.
       block_kv: key/value block in tokens for the blockwise kernels.
+      block_q_dkv: query block in tokens of the backward pass (None: ``block_q``); named after
+        splash's ``BlockSizes.block_q_dkv`` (MaxText's ``sa_block_q_dkv``). The xla kernel uses
+        it in its one fused dQ/dK/dV pass, splash in its dK/dV pass.
+      block_kv_dkv: key/value block in tokens of the backward pass (None: ``block_kv``). The
+        xla kernel's backward holds three float32 ``[B, K, block_kv_dkv, G * block_q_dkv]``
+        tiles at once (the forward about one), so a smaller backward block halves that fixed
+        cost without slowing the forward.
     """
 
     strategy: str = "allgather"
@@ -76,6 +83,8 @@ class AttentionConfig:
     allow_kv_replication: bool = True
     block_q: int = 512
     block_kv: int = 512
+    block_q_dkv: int | None = None
+    block_kv_dkv: int | None = None
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -87,6 +96,13 @@ class AttentionConfig:
         for name in ("block_q", "block_kv"):
             if getattr(self, name) < 1:
                 raise PlanError(f"plan.attention.{name} must be >= 1 token, got {getattr(self, name)}")
+        for name in ("block_q_dkv", "block_kv_dkv"):
+            b = getattr(self, name)
+            if b is not None and b < 1:
+                raise PlanError(
+                    f"plan.attention.{name} must be >= 1 token (or null: the same as "
+                    f"plan.attention.{name.removesuffix('_dkv')}), got {b}"
+                )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Per-device attention kernels behind one interface, selected by ``plan.attention.kernel``.
 
-Adding a kernel is one file with a final :class:`Kernel` subclass plus one line in
+Adding a kernel is one file with a final :class:`Kernel` subclass (taking the four block
+sizes ``block_q``, ``block_kv``, ``block_q_dkv``, ``block_kv_dkv`` as keywords) plus one line in
 :data:`KERNELS`.
 """
 
@@ -16,15 +17,15 @@ from lcx.attention.kernels.splash import SplashKernel as SplashKernel
 from lcx.attention.kernels.xla import XlaKernel as XlaKernel
 from lcx.attention.kernels.xla import block_size as block_size
 
-KERNELS: dict[str, Callable[[int, int], Kernel]] = {
-    "xla": lambda block_q, block_kv: XlaKernel(block_q=block_q, block_kv=block_kv),
-    "splash": lambda block_q, block_kv: SplashKernel(block_q=block_q, block_kv=block_kv),
-}
-"""Kernel name (``plan.attention.kernel``) -> factory ``(block_q, block_kv) -> Kernel``."""
+KERNELS: dict[str, Callable[..., Kernel]] = {"xla": XlaKernel, "splash": SplashKernel}
+"""Kernel name (``plan.attention.kernel``) -> factory ``(block_q, block_kv, block_q_dkv,
+block_kv_dkv) -> Kernel`` (keyword arguments)."""
 
 
-def make_kernel(name: str, block_q: int = 512, block_kv: int = 512) -> Kernel:
-    """The kernel ``name`` with these block sizes (tokens).
+def make_kernel(name: str, block_q: int = 512, block_kv: int = 512, block_q_dkv: int | None = None,
+                block_kv_dkv: int | None = None) -> Kernel:
+    """The kernel ``name`` with these block sizes (tokens); ``block_q_dkv`` / ``block_kv_dkv``
+    are the backward pass's (None: ``block_q`` / ``block_kv``).
 
     Raises:
       ValueError: unknown kernel name.
@@ -33,4 +34,4 @@ def make_kernel(name: str, block_q: int = 512, block_kv: int = 512) -> Kernel:
     """
     if name not in KERNELS:
         raise ValueError(f"unknown attention kernel {name!r}; choose one of {tuple(KERNELS)}")
-    return KERNELS[name](block_q, block_kv)
+    return KERNELS[name](block_q=block_q, block_kv=block_kv, block_q_dkv=block_q_dkv, block_kv_dkv=block_kv_dkv)

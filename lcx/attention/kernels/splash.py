@@ -56,6 +56,10 @@ them; the adapter knows them exactly (``lo >= hi``) and returns ``out = 0``, ``l
 backward their ``lse`` is replaced by 0, which makes every masked probability
 ``exp(mask_value) = 0``.
 
+**Backward blocks.** ``block_q_dkv`` / ``block_kv_dkv`` (splash's ``BlockSizes`` names; None:
+the forward's blocks) tile splash's dK/dV kernel, with its own block-sparsity metadata; the dQ
+kernel uses the forward's blocks. Padded lengths and kv chunks are then multiples of both blocks.
+
 Interpret mode (Pallas on CPU/GPU) is chosen automatically when ``jax.default_backend()`` is
 not ``"tpu"``. Block sizes must be multiples of 128 (splash's lane width); shorter sequences are
 padded up to one block with invisible queries/keys.
@@ -122,17 +126,34 @@ def _mask_fn(q_sequence, kv_index):
 
 
 class _Plan:
-    """Static tiling of one kernel call: padded lengths, blocks, kv chunks (all in tokens)."""
+    """Static tiling of one kernel call: padded lengths, blocks, kv chunks (all in tokens).
 
-    def __init__(self, T: int, S: int, block_q: int, block_kv: int):
+    ``bq, bkv`` tile the forward and the dQ kernel, ``bq_dkv, bkv_dkv`` the dK/dV kernel
+    (the forward's when ``block_q_dkv`` / ``block_kv_dkv`` are None); ``Tp`` and ``chunk`` are
+    multiples of both.
+
+    Raises:
+      ValueError: the two kv blocks' least common multiple exceeds :data:`MAX_KV_CHUNK`.
+    """
+
+    def __init__(self, T: int, S: int, block_q: int, block_kv: int, block_q_dkv: int | None = None,
+                 block_kv_dkv: int | None = None):
         self.bq = min(block_q, _round_up(T, LANES))
-        self.Tp = _round_up(T, self.bq)
-        bkv = min(block_kv, _round_up(S, LANES))
-        nkb = -(-S // bkv)  # kv blocks
-        per_chunk = MAX_KV_CHUNK // bkv
+        self.bq_dkv = min(block_q if block_q_dkv is None else block_q_dkv, _round_up(T, LANES))
+        self.Tp = _round_up(T, math.lcm(self.bq, self.bq_dkv))
+        self.bkv = min(block_kv, _round_up(S, LANES))
+        self.bkv_dkv = min(block_kv if block_kv_dkv is None else block_kv_dkv, _round_up(S, LANES))
+        unit = math.lcm(self.bkv, self.bkv_dkv)  # kv chunks are whole blocks of both
+        if unit > MAX_KV_CHUNK:
+            raise ValueError(
+                f"plan.attention.kernel='splash': kv blocks {self.bkv} (block_kv) and {self.bkv_dkv} (block_kv_dkv) "
+                f"have a least common multiple {unit} > {MAX_KV_CHUNK} tokens, the most keys of one splash call; "
+                "make one a multiple of the other"
+            )
+        nkb = -(-S // unit)  # kv units
+        per_chunk = MAX_KV_CHUNK // unit
         self.n_chunks = -(-nkb // per_chunk)
-        self.chunk = -(-nkb // self.n_chunks) * bkv
-        self.bkv = bkv
+        self.chunk = -(-nkb // self.n_chunks) * unit
         self.Sp = self.n_chunks * self.chunk
         self.T, self.S = T, S
 
@@ -214,6 +235,10 @@ class SplashKernel(Kernel):
     Attributes:
       block_q: query block in tokens, a multiple of 128 (clamped to the padded query length).
       block_kv: key/value block in tokens, a multiple of 128 and ``<= 16384``.
+      block_q_dkv: query block in tokens of the dK/dV backward kernel (splash's
+        ``BlockSizes.block_q_dkv``), a multiple of 128; None: ``block_q``.
+      block_kv_dkv: key/value block in tokens of the dK/dV backward kernel (splash's
+        ``BlockSizes.block_kv_dkv``), a multiple of 128 and ``<= 16384``; None: ``block_kv``.
 
     Raises:
       ValueError: block sizes that splash cannot tile.
@@ -222,20 +247,31 @@ class SplashKernel(Kernel):
 
     block_q: int = 512
     block_kv: int = 512
+    block_q_dkv: int | None = None
+    block_kv_dkv: int | None = None
 
     def __check_init__(self):
-        for name in ("block_q", "block_kv"):
+        for name in ("block_q", "block_kv", "block_q_dkv", "block_kv_dkv"):
             b = getattr(self, name)
-            if b < LANES or b % LANES:
+            if b is not None and (b < LANES or b % LANES):
                 raise ValueError(
                     f"plan.attention.kernel='splash' needs plan.attention.{name} to be a positive multiple of {LANES} "
                     f"tokens (the TPU lane width splash tiles by), got {b}; e.g. {max(LANES, _round_up(b, LANES))}, "
                     "or use kernel='xla' for other block sizes"
                 )
-        if self.block_kv > MAX_KV_CHUNK:
+        for name in ("block_kv", "block_kv_dkv"):
+            b = getattr(self, name)
+            if b is not None and b > MAX_KV_CHUNK:
+                raise ValueError(
+                    f"plan.attention.kernel='splash' needs plan.attention.{name} <= {MAX_KV_CHUNK} tokens (two "
+                    f"15-bit key indices share one int32 of mask data), got {b}"
+                )
+        if self.block_kv_dkv is not None and math.lcm(self.block_kv, self.block_kv_dkv) > MAX_KV_CHUNK:
             raise ValueError(
-                f"plan.attention.kernel='splash' needs plan.attention.block_kv <= {MAX_KV_CHUNK} tokens (two "
-                f"15-bit key indices share one int32 of mask data), got {self.block_kv}"
+                f"plan.attention.kernel='splash' needs kv chunks of whole blocks of both plan.attention.block_kv "
+                f"({self.block_kv}) and block_kv_dkv ({self.block_kv_dkv}), whose least common multiple "
+                f"{math.lcm(self.block_kv, self.block_kv_dkv)} exceeds {MAX_KV_CHUNK} tokens; make one a multiple of "
+                "the other"
             )
         _splash_modules()
 
@@ -338,7 +374,7 @@ class SplashKernel(Kernel):
         B, T, N, H = q.shape
         S, K = k.shape[1], k.shape[2]
         _groups(N, K)
-        plan = _Plan(T, S, self.block_q, self.block_kv)
+        plan = _Plan(T, S, self.block_q, self.block_kv, self.block_q_dkv, self.block_kv_dkv)
         interpret = _interpret()
 
         if delta is None:
@@ -361,6 +397,9 @@ class SplashKernel(Kernel):
                 kc = kh[perm_c].transpose(1, 0, 2)
                 vc = vh[perm_c].transpose(1, 0, 2)
                 fwd_info, dkv_info = _block_info(mi, lo_c, hi_c, plan.bq, plan.bkv, plan.chunk // plan.bkv, empty_c)
+                if (plan.bq_dkv, plan.bkv_dkv) != (plan.bq, plan.bkv):  # the dK/dV kernel's own grid
+                    _, dkv_info = _block_info(mi, lo_c, hi_c, plan.bq_dkv, plan.bkv_dkv, plan.chunk // plan.bkv_dkv,
+                                              empty_c)
                 dq_c, dk_c, dv_c = _splash_bwd(sk, qh, kc, vc, lse_h, doh, di, fwd_info, dkv_info, plan, interpret)
                 # sorted chunk order -> the caller's kv order
                 inv = jnp.argsort(perm_c)
@@ -379,15 +418,16 @@ def _splash_bwd(sk, q, k, v, lse, do, di, fwd_info, dkv_info, plan: _Plan, inter
     """Splash's own backward kernels with the GLOBAL ``lse`` and ``di = sum(dout * out)``.
 
     The only use of JAX-private splash functions (signatures of JAX 0.10.2); ``q`` is already
-    scaled, so dK comes out right and dQ is w.r.t. the scaled q.
+    scaled, so dK comes out right and dQ is w.r.t. the scaled q. The dQ kernel runs on the
+    forward's blocks, the dK/dV kernel on ``plan.bq_dkv x plan.bkv_dkv`` (``dkv_info``'s grid).
     """
     layout = sk.QKVLayout.HEAD_DIM_MINOR
     common = dict(is_mqa=False, mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None, q_layout=layout,
                   k_layout=layout, v_layout=layout, mask_function=_mask_fn, interpret=interpret)
     dq = sk._splash_attention_bwd_dq(q, k, v, None, None, lse, do, di, bq=plan.bq, bkv=plan.bkv,
                                      mask_info=fwd_info, **common)
-    _, dk, dv = sk._splash_attention_bwd_dkv(q, k, v, None, None, lse, do, di, bq=plan.bq, bkv=plan.bkv,
-                                             bkv_compute=plan.bkv, use_fused_bwd_kernel=False,
+    _, dk, dv = sk._splash_attention_bwd_dkv(q, k, v, None, None, lse, do, di, bq=plan.bq_dkv, bkv=plan.bkv_dkv,
+                                             bkv_compute=plan.bkv_dkv, use_fused_bwd_kernel=False,
                                              mask_info=dkv_info, **common)
     return dq, dk, dv
 

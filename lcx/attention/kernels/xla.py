@@ -14,6 +14,11 @@ being one step of it. A caller with many K/V blocks against the same queries (th
 prepares the queries once, and the online softmax's state ``(m, l, acc)`` simply continues from
 one K/V block to the next: no per-block partial result, no merge, no whole-shard copies.
 
+The backward has its own blocks, ``block_q_dkv`` x ``block_kv_dkv`` (default: the forward's;
+named after splash's ``BlockSizes``): it holds three float32 ``[B, K, bk, G * bq]`` tiles at once
+(the probabilities, dP and dS), the forward about one, so smaller backward blocks shrink that
+fixed cost (128 instead of 256 keys halves it) while the forward keeps its own, faster blocks.
+
 Every tile is classified from the min/max of its positions and segment ids (O(block) work, not
 O(block^2)) into one of three cases, run with ``lax.switch``:
 
@@ -148,14 +153,35 @@ class XlaKernel(Kernel):
     Attributes:
       block_q: query block in tokens (clamped to the local query length; see :func:`block_size`).
       block_kv: key/value block in tokens (clamped likewise).
+      block_q_dkv: query block in tokens of the backward (``backward_start``/``backward_step``);
+        None: ``block_q``. Clamped likewise.
+      block_kv_dkv: key/value block in tokens of the backward; None: ``block_kv``. The backward's
+        three float32 tiles are ``[B, K, block_kv_dkv, G * block_q_dkv]`` each.
+
+    Raises:
+      ValueError: a block < 1 token.
     """
 
     block_q: int = 512
     block_kv: int = 512
+    block_q_dkv: int | None = None
+    block_kv_dkv: int | None = None
 
     def __check_init__(self):
-        if self.block_q < 1 or self.block_kv < 1:
-            raise ValueError(f"kernel blocks must be >= 1 token, got block_q={self.block_q}, block_kv={self.block_kv}")
+        blocks = {n: getattr(self, n) for n in ("block_q", "block_kv", "block_q_dkv", "block_kv_dkv")}
+        if any(b is not None and b < 1 for b in blocks.values()):
+            raise ValueError(
+                "kernel blocks must be >= 1 token (the *_dkv ones may be None: the forward's), got "
+                + ", ".join(f"{n}={b}" for n, b in blocks.items())
+            )
+
+    @property
+    def backward_blocks(self) -> tuple[int, int]:
+        """``(query, key)`` blocks of the backward in tokens, before clamping: the ``*_dkv``
+        ones, or the forward's where those are None."""
+        bq = self.block_q if self.block_q_dkv is None else self.block_q_dkv
+        bk = self.block_kv if self.block_kv_dkv is None else self.block_kv_dkv
+        return bq, bk
 
     def forward(
         self,
@@ -220,9 +246,12 @@ class XlaKernel(Kernel):
         m, l = jnp.full((nq, B, K, R), -jnp.inf, _F32), jnp.zeros((nq, B, K, R), _F32)
         return prepared, (m, l, jnp.zeros((nq, B, K, R, H), _F32))
 
-    def _step_blocks(self, name: str, q_pos: Array, nq: int, R: int, K: int, k: Array) -> tuple[int, int, int, int]:
+    def _step_blocks(
+        self, name: str, q_pos: Array, nq: int, R: int, K: int, k: Array, block_kv: int
+    ) -> tuple[int, int, int, int]:
         """``(bq, G, bk, nk)`` of a ``*_step`` call: query block and group size from the prepared
-        accumulator (``nq`` blocks of ``R = G * bq`` GEMM rows), key block and count of ``k``.
+        accumulator (``nq`` blocks of ``R = G * bq`` GEMM rows), key block (``block_kv`` tokens,
+        the forward's or the backward's, clamped by :func:`block_size`) and count of ``k``.
 
         Raises:
           ValueError: ``k`` has another number of kv heads than the ``*_start`` call was told.
@@ -231,7 +260,7 @@ class XlaKernel(Kernel):
         if k.shape[2] != K:
             start = name.replace("_step", "_start")
             raise ValueError(f"{name}: K/V have {k.shape[2]} heads, {start} was told {K}")
-        bk = block_size(k.shape[1], self.block_kv)
+        bk = block_size(k.shape[1], block_kv)
         return bq, R // bq, bk, k.shape[1] // bk
 
     def forward_step(
@@ -247,7 +276,7 @@ class XlaKernel(Kernel):
     ) -> tuple:
         q_sc, q_pos, q_seg = prepared
         nq, B, K, R, H = acc[2].shape
-        bq, G, bk, nk = self._step_blocks("forward_step", q_pos, nq, R, K, k)
+        bq, G, bk, nk = self._step_blocks("forward_step", q_pos, nq, R, K, k, self.block_kv)
 
         def q_block(i, acc):
             qi = _q_tile(q_sc, i, bq, K, G)  # [B, K, R, H]
@@ -311,11 +340,12 @@ class XlaKernel(Kernel):
         """float32 scaled q and dout ``[B, T, N, H]``, logsumexp (0 where ``-inf``) and delta
         ``[B, T, N]``, positions and segment ids, all in the caller's layout (see
         :meth:`forward_start`); the dQ accumulator, float32 blocked ``[nq, B, K, H, G * bq]``
-        (transposed: the GEMM emits its pieces that way)."""
+        (transposed: the GEMM emits its pieces that way), ``bq`` being the backward's query
+        block (``block_q_dkv``, or ``block_q``)."""
         B, T, N, H = q.shape
         K = kv_heads
         G = _groups(N, K)
-        bq = block_size(T, self.block_q)
+        bq = block_size(T, self.backward_blocks[0])
         nq = T // bq
         # a row with no visible key anywhere has lse = -inf and every logit masked: p = 0 there
         lse_safe = jnp.where(jnp.isfinite(lse), lse, 0.0).astype(_F32)
@@ -337,7 +367,7 @@ class XlaKernel(Kernel):
     ) -> tuple[Float[Array, "nq B K H R"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
         q_sc, dos, lses, deltas, q_pos, q_seg = prepared
         nq, B, K, H, R = dq_acc.shape
-        bq, G, bk, nk = self._step_blocks("backward_step", q_pos, nq, R, K, k)
+        bq, G, bk, nk = self._step_blocks("backward_step", q_pos, nq, R, K, k, self.backward_blocks[1])
 
         def kv_block(j, carry):
             dq, dk, dv = carry
