@@ -334,6 +334,8 @@ def kernel_backward_bytes(
     head_dim: int,
     block_q: int = 512,
     block_kv: int = 512,
+    block_q_dkv: int | None = None,
+    block_kv_dkv: int | None = None,
     dtype: str = "bfloat16",
 ) -> int:
     """Bytes one attention kernel's backward call holds besides its inputs (q, k, v, out, lse).
@@ -347,7 +349,8 @@ def kernel_backward_bytes(
     adds into, ``2 b s k h``; and the tiles of one (query block, key block) step,
     ``[b, k, bk, G bq]`` with ``G = n / k`` (GEMM rows): the probabilities, dP and dS are live
     together (the logits are consumed by the exp that makes the probabilities),
-    ``3 b n bq bk``; ``bq, bk`` are the blocks clamped to the lengths
+    ``3 b n bq bk``; ``bq, bk`` are the BACKWARD's blocks, ``block_q_dkv`` / ``block_kv_dkv``
+    (None: ``block_q`` / ``block_kv``), clamped to the lengths
     (``lcx.attention.kernels.xla.block_size``).
 
     ``splash`` (Pallas): tiles live in VMEM (0 HBM); dout and the float32 dq, dk, dv outputs.
@@ -359,7 +362,8 @@ def kernel_backward_bytes(
     a, f32 = _bytes(dtype), 4
     dout = b * t * n * h * a
     if kernel == "xla":
-        bq, bk = _block_size(t, block_q), _block_size(s, block_kv)
+        bq = _block_size(t, block_q if block_q_dkv is None else block_q_dkv)
+        bk = _block_size(s, block_kv if block_kv_dkv is None else block_kv_dkv)
         dout_f32 = 0 if a == f32 else b * t * n * h * f32
         return dout + dout_f32 + f32 * b * (2 * t * n * h + 2 * t * n + 2 * s * k * h) + 3 * f32 * b * n * bq * bk
     if kernel == "splash":
@@ -389,6 +393,8 @@ def attention_working_bytes(
     tensor_degree: int = 1,
     block_q: int = 512,
     block_kv: int = 512,
+    block_q_dkv: int | None = None,
+    block_kv_dkv: int | None = None,
     dtype: str = "bfloat16",
 ) -> int:
     """Peak transient bytes of ONE attention layer's backward on one device, beyond the
@@ -412,6 +418,9 @@ def attention_working_bytes(
     - ``usp``: the all-to-all over U as for a2a (q/k/v of ``N/U`` heads over ``L = U T``
       tokens), then the ring's buffers on blocks of ``L`` tokens of ``Kr / U`` kv heads; the
       kernel on L x L.
+
+    The kernel's tiles are those of its backward blocks, ``block_q_dkv`` x ``block_kv_dkv``
+    (None: ``block_q`` / ``block_kv``; ``plan.attention``'s keys of those names).
 
     Raises:
       ValueError: unknown strategy or kernel.
@@ -447,7 +456,7 @@ def attention_working_bytes(
     tq, tk, nq, nk = shape
     return int(work + kernel_backward_bytes(kernel=kernel, local_batch=b, q_len=tq, kv_len=tk, q_heads=nq,
                                             kv_heads=nk, head_dim=H, block_q=block_q, block_kv=block_kv,
-                                            dtype=dtype))
+                                            block_q_dkv=block_q_dkv, block_kv_dkv=block_kv_dkv, dtype=dtype))
 
 
 # ---------------------------------------------------------------------------------------------- totals
@@ -574,7 +583,8 @@ def memory_breakdown(
             acts += cfg.n_layers * tokens * cfg.n_heads // tp * cfg.head_dim * 4
     att = attention_working_bytes(
         cfg, strategy=a.strategy, kernel=a.kernel, seq_len=seq_len, local_batch=b, context_degree=P,
-        ulysses_degree=U, tensor_degree=tp, block_q=a.block_q, block_kv=a.block_kv, dtype=dtype,
+        ulysses_degree=U, tensor_degree=tp, block_q=a.block_q, block_kv=a.block_kv, block_q_dkv=a.block_q_dkv,
+        block_kv_dkv=a.block_kv_dkv, dtype=dtype,
     )
     logits = 2 * tokens * cfg.vocab_size * 4 // max(1, policy.vocab_tiling)
     return MemoryBreakdown(
