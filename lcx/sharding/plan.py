@@ -71,8 +71,8 @@ class AttentionConfig:
         it in its one fused dQ/dK/dV pass, splash in its dK/dV pass.
       block_kv_dkv: key/value block in tokens of the backward pass (None: ``block_kv``). The
         xla kernel's backward holds three float32 ``[B, K, block_kv_dkv, G * block_q_dkv]``
-        tiles at once (the forward about one), so a smaller backward block halves that fixed
-        cost without slowing the forward.
+        tiles at once (the forward about one), so smaller backward blocks shrink that fixed
+        cost (128 instead of 256 keys halves it) while the forward keeps its own blocks.
     """
 
     strategy: str = "allgather"
