@@ -166,3 +166,27 @@ def test_all_strategies_train_to_the_same_losses(tmp_path, devices):
     for plan, losses in runs.items():
         np.testing.assert_allclose(losses, runs["allgather"], rtol=0, atol=1e-4, err_msg=plan)
     assert runs["allgather"][-1] < runs["allgather"][0]
+
+
+def test_a_step_that_cannot_fit_is_refused_before_compiling(devices, monkeypatch):
+    """model=llama3_70b compiled for minutes on this CPU machine, then ran out of memory."""
+    import lcx.cost
+    from lcx.training.loop import setup
+
+    with pytest.raises(ValueError, match=r"model=llama3_70b does not fit: the cost ledger estimates .* GiB per device x 8 "
+                                         r"simulated CPU devices = .* of host RAM, but this machine has .* available.*"
+                                         r"state alone need .* even sharded over all 8 devices.*model=tiny.*"
+                                         r"train.check_memory=false skips this check"):
+        setup(_config("model=llama3_70b"), devices)
+    setup(_config("model=llama3_70b", "train.check_memory=false"), devices)  # the escape hatch
+    # an accelerator preset: each device's estimate against its HBM
+    with pytest.raises(ValueError, match=r"GiB of HBM per device, but hardware.hbm_bytes is 95.00 GiB"):
+        setup(_config("model=llama3_70b", "hardware=tpu_v5p"), devices)
+    # the default run needs ~54 MiB per device (56 MiB compiled): it fits in 1 GiB, not in 256 MiB
+    setup(_config(), devices)
+    monkeypatch.setattr(lcx.cost, "host_memory_available", lambda: (1 << 30, "test"))
+    setup(_config(), devices)
+    monkeypatch.setattr(lcx.cost, "host_memory_available", lambda: (256 << 20, "test"))
+    with pytest.raises(ValueError, match=r"model=tiny does not fit: .* but this machine has 0.25 GiB available \(test\); "
+                                         r"the largest part is saved activations.*more context parallelism.*remat"):
+        setup(_config(), devices)

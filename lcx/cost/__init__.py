@@ -23,6 +23,7 @@ from lcx.cost.hardware import (
     apply_hardware_flags as apply_hardware_flags,
     cpu_peak_flops as cpu_peak_flops,
     hardware_from_config as hardware_from_config,
+    host_memory_available as host_memory_available,
 )
 from lcx.cost.ledger import (
     Estimate as Estimate,

@@ -144,6 +144,42 @@ def cpu_peak_flops(n: int = 2048, repeats: int = 3) -> float:
     return rate
 
 
+def host_memory_available() -> tuple[int, str] | None:
+    """Bytes of host RAM a new allocation can use now, and where the number comes from.
+
+    ``MemAvailable`` of ``/proc/meminfo`` (free memory plus what the kernel can reclaim), capped
+    by the cgroup's limit less its usage when the process runs in a memory-limited container
+    (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``); ``os.sysconf`` available pages
+    where ``/proc`` is missing. None when none of these can be read.
+    """
+    avail: tuple[int, str] | None = None
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = (int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo")
+                break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = (os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "os.sysconf available pages")
+        except (OSError, ValueError, AttributeError):
+            pass
+    cg = pathlib.Path("/sys/fs/cgroup")
+    for limit, usage in (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            lim = (cg / limit).read_text().strip()
+            if lim == "max" or int(lim) >= 1 << 60:  # no limit (v1 writes a huge number)
+                break
+            left = int(lim) - int((cg / usage).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if avail is None or left < avail[0]:
+            avail = (max(0, left), f"the container's memory limit ({cg / limit}) less its usage")
+        break
+    return avail
+
+
 def _get(node: Any, key: str, default=None):
     if isinstance(node, Mapping) or hasattr(node, "get"):
         v = node.get(key, default)

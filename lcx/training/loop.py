@@ -68,7 +68,81 @@ def setup(cfg: DictConfig, devices=None) -> dict[str, Any]:
     plan.validate(
         len(devices), dims=model_cfg.dims(), seq_len=int(cfg.train.seq_len), global_batch=int(cfg.train.global_batch)
     )
+    if cfg.train.get("check_memory", True):
+        check_memory(cfg, model_cfg, plan, devices)
     return {"plan": bind(plan, devices), "model_cfg": model_cfg, "devices": devices}
+
+
+def check_memory(cfg: DictConfig, model_cfg: ModelConfig, plan, devices) -> None:
+    """Refuse, before anything compiles, a step the cost ledger says cannot fit in memory.
+
+    The per-device estimate is :func:`lcx.cost.memory_breakdown` of the model's own remat policy
+    under ``plan`` (within ~20% of XLA's compiled peak, docs/cost_ledger.md; 54 MiB vs the
+    56 MiB compiled per device for the default run). The limit: on ``hardware=cpu`` the
+    simulated devices of this process share the host's RAM, so their sum must fit in the RAM
+    available now (:func:`lcx.cost.host_memory_available`); on an accelerator preset each
+    device's total must fit in ``hardware.hbm_bytes`` and its offloaded bytes in its share of
+    the host memory. No margin is added: the ledger can be up to ~20% under XLA's peak, so a run
+    estimated just under the limit may still run out. ``train.check_memory=false`` skips the
+    check.
+
+    Raises:
+      ValueError: the estimate exceeds the limit; names both, the largest part and the fixes.
+    """
+    from lcx.cost import ActivationPolicy, host_memory_available, memory_breakdown
+    from lcx.cost.memory import DTYPE_BYTES
+
+    n = len(devices)
+    t = cfg.train
+    m = memory_breakdown(model_cfg, plan, n, seq_len=int(t.seq_len), global_batch=int(t.global_batch),
+                         policy=ActivationPolicy.from_model(model_cfg), dtype=model_cfg.dtype,
+                         param_dtype=model_cfg.param_dtype, tie_embeddings=model_cfg.tie_embeddings)
+    hw = hardware_from_config(cfg.hardware, n, probe=False)
+    gib = lambda b: f"{b / 2**30:,.2f} GiB"  # noqa: E731
+    # parameters, gradients and AdamW's two states, sharded over every device: no plan does better
+    state_min = model_cfg.n_params * DTYPE_BYTES[model_cfg.param_dtype] * 4 / n
+    if hw.name == "cpu":
+        local = [d for d in devices if getattr(d, "process_index", 0) == jax.process_index()] or devices
+        avail = host_memory_available()
+        if avail is None:
+            log.warning("train.check_memory: this machine's available RAM cannot be read; memory not checked")
+            return
+        limit, source = avail
+        k = len(local)  # the simulated devices of this process share its host's RAM
+        need = (m.total + m.host) * k
+        if need <= limit:
+            return
+        what = (f"{gib(m.total + m.host)} per device x {k} simulated CPU devices = {gib(need)} of host RAM, "
+                f"but this machine has {gib(limit)} available ({source})")
+        state_alone = state_min * k > limit
+    else:
+        over_hbm = hw.hbm_bytes is not None and m.total > hw.hbm_bytes
+        host_dev = hw.host_memory_per_device
+        over_host = host_dev is not None and m.host > host_dev
+        if not (over_hbm or over_host):
+            return
+        what = (f"{gib(m.total)} of HBM per device, but hardware.hbm_bytes is {gib(hw.hbm_bytes)}" if over_hbm
+                else f"{gib(m.host)} of offloaded bytes per device, but its share of host memory is {gib(host_dev)}")
+        state_alone = over_hbm and state_min > hw.hbm_bytes
+    parts = {"parameters + gradients + optimizer state": m.state, "saved activations": m.activations,
+             "block backward": m.layer_working, "attention backward": m.attention, "logits": m.logits}
+    big = max(parts, key=parts.get)
+    if state_alone:
+        fixes = (f"the parameters, gradients and AdamW state alone need {gib(state_min)} per device even sharded over "
+                 f"all {n} devices: use a smaller model (e.g. model=tiny) or more devices")
+    else:
+        opts = []
+        if m.state > 1.01 * state_min:
+            opts.append("parameters sharded over every device (plan.params.embed=[data,context], or plan=fsdp)")
+        opts.append("more context parallelism (a larger plan.mesh.context: fewer tokens per device)")
+        if model_cfg.remat != "full":
+            opts.append("remat (model.remat=full keeps only each block's input)")
+        opts += ["a shorter train.seq_len or smaller train.global_batch", "a smaller model (e.g. model=tiny)"]
+        fixes = "use " + ", or ".join(opts)
+    raise ValueError(
+        f"model={model_cfg.name} does not fit: the cost ledger estimates {what}; the largest part is {big} "
+        f"({gib(parts[big])} per device); {fixes}. train.check_memory=false skips this check"
+    )
 
 
 def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[str, Any]:
