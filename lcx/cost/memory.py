@@ -197,8 +197,11 @@ def saved_bytes_per_token_per_layer(cfg: ModelDims, policy: ActivationPolicy, dt
       the input of ``wo``); and six ``[F]`` SwiGLU tensors (gate, up, sigmoid(gate),
       silu(gate), the derivative's factor and h: ``6 F a``);
     - ``dots_saveable`` / ``dots_with_no_batch_dims_saveable``: the block input and the outputs
-      of the projection matmuls (``(N+2K)H + 2D + 2F``; attention's einsums have batch
-      dimensions, so only ``dots_saveable`` adds the attention output ``NH``);
+      of the projection matmuls (``(N+2K)H + 2D + 2F``); ``dots_saveable`` also keeps the flash
+      residuals, float32 output and logsumexp (``4 (N H + N)``: ``lcx.models.remat_policy``
+      adds them, else the backward would rebuild them from the attention kernel's saved logits
+      tiles); the attention kernel's own matmuls have batch dimensions, so
+      ``dots_with_no_batch_dims_saveable`` keeps nothing of attention and replays it;
     - ``full``: the block input only (``D``);
     - ``custom``: the block input, unless ``context=remat`` the flash residuals (float32 output
       and logsumexp, ``4 (N H + N)``), unless ``qkv=remat`` q, k, v after RoPE (``a (N + 2K) H``);
@@ -214,7 +217,7 @@ def saved_bytes_per_token_per_layer(cfg: ModelDims, policy: ActivationPolicy, dt
         attn = (N + 2 * K) * H * a + 4 * 4 + 4 * (N * H + N) + (N * H * a if a != 4 else 0)
         return norms + attn + 6 * F * a, 0
     if r in ("dots_saveable", "dots_with_no_batch_dims_saveable"):
-        other = a * ((N + 2 * K) * H + 2 * D + 2 * F + (N * H if r == "dots_saveable" else 0))
+        other = a * ((N + 2 * K) * H + 2 * D + 2 * F) + (4 * (N * H + N) if r == "dots_saveable" else 0)
         return (layer_in if policy.decoder_layer_input == "device" else 0) + other, (
             layer_in if policy.decoder_layer_input == "offload" else 0
         )

@@ -77,7 +77,10 @@ def remat_policy(name: str, **placements: str):
     """
     policies = {
         "full": None,
-        "dots_saveable": jax.checkpoint_policies.dots_saveable,
+        # and the flash output and logsumexp: the custom VJP's residuals are no dots, so the
+        # backward would rebuild them from the kernel's saved logits tiles, O(S^2 / P) bytes
+        "dots_saveable": jax.checkpoint_policies.save_from_both_policies(
+            jax.checkpoint_policies.dots_saveable, jax.checkpoint_policies.save_only_these_names(CONTEXT)),
         "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
         "custom": None,
     }
