@@ -232,23 +232,42 @@ def saved_bytes_per_token_per_layer(cfg: ModelDims, policy: ActivationPolicy, dt
     return dev, host
 
 
+def _non_mlp_residual_bytes_per_token(cfg: ModelDims, dtype: str) -> int:
+    """The ``none`` saved set of one block without its six ``[F]`` SwiGLU tensors: the norms'
+    inputs, outputs and statistics, q/k/v, positions and segment ids, the flash output and
+    logsumexp (:func:`saved_bytes_per_token_per_layer`), per token."""
+    full = saved_bytes_per_token_per_layer(cfg, ActivationPolicy("none"), dtype)[0]
+    return full - 6 * cfg.mlp_dim * _bytes(dtype)
+
+
 def layer_working_bytes_per_token(cfg: ModelDims, policy: ActivationPolicy | None = None, dtype: str = "bfloat16") -> int:
     """Bytes per token live in the MLP phase of one block's backward, beyond the saved activations
-    and beyond the attention's own residuals (:func:`attention_kernel_residual_bytes`).
+    (as saved) and beyond the attention's own residuals (:func:`attention_kernel_residual_bytes`).
 
     In the backward of block ``l`` (``lcx.models.llama``: the layer scan's transpose, last layer
-    first) JAX first rebuilds the block's residuals -- replaying its forward (remat) or copying
-    offloaded ones back -- and then differentiates it in reverse: the MLP first, attention last.
-    While the MLP is differentiated every residual of the block is live, because attention's are
-    still to be used. So this phase holds, per token (``a`` activation bytes):
+    first) JAX first rebuilds the block's residuals -- replaying its forward (remat), copying
+    offloaded ones back, or reading saved ones out of the scan's stacked ``[L, ...]`` arrays --
+    and then differentiates it in reverse: the MLP first, attention last. While the MLP is
+    differentiated every residual of the block is live, because attention's are still to be
+    used. So this phase holds, per token (``a`` activation bytes, ``F`` MLP width):
 
-    - the block's residuals not already on device: the ``none`` saved set of one layer
-      (:func:`saved_bytes_per_token_per_layer`) minus what ``policy`` keeps on device (0 for
-      ``none``: nothing is replayed; ``D a`` less for every other policy: the block input);
-    - the SwiGLU backward's four ``[T, F]`` cotangents: dh (from ``w_down``), d_up
-      ``= dh * silu(gate)``, d_silu ``= dh * up`` and d_gate (silu's derivative applied),
-      ``4 F a``;
+    - the block's residuals outside the MLP (the ``none`` saved set less its six ``[F]``
+      tensors: norm inputs, outputs and statistics, q/k/v, flash output and logsumexp), for
+      EVERY policy: replayed, copied back from the host, or copied out of the layer scan's
+      stacks -- the backward reads them with matmuls, and XLA materialises a dynamic slice of a
+      loop-carried stack that feeds a matmul (a slice read by an elementwise fusion is fused
+      into it instead, which is why the saved ``[F]`` tensors of ``none`` cost nothing here);
+    - the MLP's replayed ``[F]`` tensors: the gate and up projections and silu(gate), ``3 F a``,
+      when the MLP is replayed (``full``, ``custom``); silu(gate), ``F a``, for the dots
+      policies (they keep the projections); none for ``none``;
+    - the SwiGLU backward's ``[T, F]`` cotangents: dh (from ``w_down``), d_up
+      ``= dh * silu(gate)``, d_gate (silu's derivative applied; d_silu fuses into it), and
+      copies of d_up and d_gate transposed for the weight-gradient GEMMs ``x^T d``: ``5 F a``;
     - the residual stream's cotangent into and out of the block, ``2 D a``.
+
+    These are the values XLA's buffer assignment shows live at the peak of the compiled train
+    step (``experiments/ledger_vs_compiled.py`` dumps it); the attention backward's
+    cotangent-independent buffers, live here too, are :func:`kernel_backward_prologue_bytes`.
 
     Args:
       cfg: model dimensions.
@@ -256,10 +275,9 @@ def layer_working_bytes_per_token(cfg: ModelDims, policy: ActivationPolicy | Non
       dtype: activation (compute) dtype; cotangents have their primal's dtype.
     """
     policy = ActivationPolicy() if policy is None else policy
-    a = _bytes(dtype)
-    full = saved_bytes_per_token_per_layer(cfg, ActivationPolicy("none"), dtype)[0]
-    kept = saved_bytes_per_token_per_layer(cfg, policy, dtype)[0]
-    return max(0, full - kept) + 4 * cfg.mlp_dim * a + 2 * cfg.d_model * a
+    a, F = _bytes(dtype), cfg.mlp_dim
+    replay = {"none": 0, "dots_saveable": 1, "dots_with_no_batch_dims_saveable": 1}.get(policy.remat, 3)
+    return _non_mlp_residual_bytes_per_token(cfg, dtype) + replay * F * a + 5 * F * a + 2 * cfg.d_model * a
 
 
 def attention_kernel_residual_bytes(
@@ -306,24 +324,18 @@ def attention_kernel_residual_bytes(
 
 def attention_residual_bytes_per_token(cfg: ModelDims, policy: ActivationPolicy | None = None,
                                        dtype: str = "bfloat16") -> int:
-    """Bytes per token of the block's residuals still live while its attention is differentiated
-    (the MLP's are dead by then), beyond what ``policy`` keeps on device: the attention norm's
-    output ``D a`` (for the q/k/v weight gradients), q, k, v after RoPE ``(N + 2K) H a`` and the
-    flash residuals, float32 output and logsumexp ``4 (N H + N)``; plus the residual stream's
-    cotangent in and out, ``2 D a``. With ``remat: none`` all of them are saved activations
-    (only the cotangents are new); ``custom`` subtracts what it keeps on device."""
-    policy = ActivationPolicy() if policy is None else policy
+    """Bytes per token of the block's residuals live while its attention is differentiated (the
+    MLP's are dead by then): the attention norm's output ``D a`` (for the q/k/v weight
+    gradients), q, k, v after RoPE ``(N + 2K) H a`` and the flash residuals, float32 output and
+    logsumexp ``4 (N H + N)`` -- replayed, copied back or copied out of the layer scan's stacks,
+    whatever the policy (see :func:`layer_working_bytes_per_token`) -- plus the residual
+    stream's cotangent in and out, ``2 D a``.
+
+    ``policy`` is accepted for symmetry with :func:`layer_working_bytes_per_token`; the bytes do
+    not depend on it."""
     D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     a = _bytes(dtype)
-    stream = 2 * D * a
-    if policy.remat == "none":
-        return stream
-    qkv = (N + 2 * K) * H * a
-    ctx = 4 * (N * H + N)
-    if policy.remat == "custom":
-        qkv = 0 if policy.qkv == "device" else qkv
-        ctx = 0 if policy.context == "device" else ctx
-    return D * a + qkv + ctx + stream
+    return D * a + (N + 2 * K) * H * a + 4 * (N * H + N) + 2 * D * a
 
 
 def kernel_backward_bytes(
@@ -384,6 +396,62 @@ def _block_size(length: int, block: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- attention
+def _kernel_call_shape(strategy: str, S: int, P: int, U: int, N: int, K: int) -> tuple[int, int, int, int]:
+    """``(query tokens, key tokens, q heads, kv heads)`` of one kernel call of ``strategy`` on a
+    device holding ``T = S / P`` tokens of ``N`` q and ``K`` kv heads (see
+    :func:`attention_working_bytes`; kv heads replicated up to the Ulysses degree).
+
+    Raises:
+      ValueError: unknown strategy.
+    """
+    T = S // P
+    if strategy == "allgather":
+        return T, S, N, K
+    if strategy == "a2a":
+        return S, S, N // P, max(K, P) // P
+    if strategy == "ring":
+        return T, T, N, K
+    if strategy == "usp":
+        return T * U, T * U, N // U, max(K, U) // U
+    raise ValueError(f"unknown strategy {strategy!r}")
+
+
+def kernel_backward_prologue_bytes(*, kernel: str, local_batch: int, q_len: int, kv_len: int, q_heads: int,
+                                   kv_heads: int, head_dim: int) -> int:
+    """Bytes of an attention kernel's backward that do not depend on the incoming cotangent, so
+    XLA creates them as soon as their inputs exist -- during the MLP's backward, before
+    attention's own phase (its schedulers start independent work early: XLA:CPU's default
+    concurrency-optimised one does, as the buffer assignment of the compiled train step shows).
+
+    ``xla``: the scaled float32 q and the blocked float32 dQ accumulator, ``2 b t n h``, and the
+    zeroed float32 dK/dV accumulators, ``2 b s k h`` (part of :func:`kernel_backward_bytes`).
+    ``splash``: 0 (the Pallas call allocates its accumulators itself).
+
+    Raises:
+      ValueError: unknown kernel.
+    """
+    b, t, s, n, k, h = local_batch, q_len, kv_len, q_heads, kv_heads, head_dim
+    if kernel == "xla":
+        return 4 * b * (2 * t * n * h + 2 * s * k * h)
+    if kernel == "splash":
+        return 0
+    raise ValueError(f"unknown kernel {kernel!r}")
+
+
+def attention_prologue_bytes(cfg: ModelDims, *, strategy: str, kernel: str, seq_len: int, local_batch: int,
+                             context_degree: int, ulysses_degree: int = 1, tensor_degree: int = 1) -> int:
+    """:func:`kernel_backward_prologue_bytes` of ``strategy``'s kernel call on one device: the
+    part of the attention phase already live in the MLP phase of the same block's backward.
+
+    Raises:
+      ValueError: unknown strategy or kernel.
+    """
+    N, K = cfg.n_heads // tensor_degree, max(1, cfg.n_kv_heads // tensor_degree)
+    tq, tk, nq, nk = _kernel_call_shape(strategy, seq_len, context_degree, ulysses_degree, N, K)
+    return kernel_backward_prologue_bytes(kernel=kernel, local_batch=local_batch, q_len=tq, kv_len=tk, q_heads=nq,
+                                          kv_heads=nk, head_dim=cfg.head_dim)
+
+
 def attention_working_bytes(
     cfg: ModelDims,
     *,
@@ -437,26 +505,15 @@ def attention_working_bytes(
     def ring_buffers(length, nh, kh):
         return 2 * b * length * kh * H * a + 2 * b * length * 4 + 2 * b * length * kh * H * f32
 
+    tq, tk, nq, nk = _kernel_call_shape(strategy, S, P, ulysses_degree, N, K)
     if strategy == "allgather":
         work = 2 * b * S * K * H * a + 2 * b * S * 4
-        shape = (T, S, N, K)
     elif strategy == "a2a":
-        U = P
-        nh, kh = N // U, max(K, U) // U
-        work = b * S * H * (nh + 2 * kh) * a + 4 * b * S * 4
-        shape = (S, S, nh, kh)
+        work = b * S * H * (nq + 2 * nk) * a + 4 * b * S * 4
     elif strategy == "ring":
         work = ring_buffers(T, N, K)
-        shape = (T, T, N, K)
-    elif strategy == "usp":
-        U = ulysses_degree
-        nh, kh = N // U, max(K, U) // U
-        L = T * U
-        work = b * L * H * (nh + 2 * kh) * a + 4 * b * L * 4 + ring_buffers(L, nh, kh)
-        shape = (L, L, nh, kh)
-    else:
-        raise ValueError(f"unknown strategy {strategy!r}")
-    tq, tk, nq, nk = shape
+    else:  # usp
+        work = b * tq * H * (nq + 2 * nk) * a + 4 * b * tq * 4 + ring_buffers(tq, nq, nk)
     return int(work + kernel_backward_bytes(kernel=kernel, local_batch=b, q_len=tq, kv_len=tk, q_heads=nq,
                                             kv_heads=nk, head_dim=H, block_q=block_q, block_kv=block_kv,
                                             block_q_dkv=block_q_dkv, block_kv_dkv=block_kv_dkv, dtype=dtype))
@@ -473,7 +530,8 @@ class MemoryBreakdown:
     - state (parameters, gradients, optimizer) and the saved activations live throughout;
     - ``logits``: the loss phase (after the layer scan's forward, before its backward);
     - ``layer_working``: the MLP phase of one block's backward, when all of that block's
-      residuals are live (:func:`layer_working_bytes_per_token`);
+      residuals are live (:func:`layer_working_bytes_per_token`), and so are the attention
+      backward's cotangent-independent buffers (:func:`attention_prologue_bytes`);
     - ``attention``: the attention phase of the same block's backward (the MLP's residuals are
       dead): the residuals attention still reads
       (:func:`attention_residual_bytes_per_token`) plus its strategy's and kernel's backward
@@ -577,8 +635,9 @@ def memory_breakdown(
     att_res = attention_kernel_residual_bytes(cfg, strategy=a.strategy, seq_len=seq_len, local_batch=b,
                                               context_degree=P, ulysses_degree=U, tensor_degree=tp, dtype=dtype)
     if policy.remat == "none":
+        # saved by every layer; the block being differentiated copies its slices out of the stacks
+        # (see layer_working_bytes_per_token), so they are ALSO live in both backward phases
         acts += cfg.n_layers * att_res
-        att_res = 0
         if a.strategy in ("a2a", "usp") and _bytes(dtype) == 4:
             # Ulysses returns the output through an all-to-all: the float32 flash output is in
             # head layout, so the sequence-layout output ``wo`` reads is a second saved array
@@ -589,13 +648,15 @@ def memory_breakdown(
         ulysses_degree=U, tensor_degree=tp, block_q=a.block_q, block_kv=a.block_kv, block_q_dkv=a.block_q_dkv,
         block_kv_dkv=a.block_kv_dkv, dtype=dtype,
     )
+    prologue = attention_prologue_bytes(cfg, strategy=a.strategy, kernel=a.kernel, seq_len=seq_len, local_batch=b,
+                                        context_degree=P, ulysses_degree=U, tensor_degree=tp)
     logits = 2 * tokens * cfg.vocab_size * 4 // max(1, policy.vocab_tiling)
     return MemoryBreakdown(
         params=params_dev,
         grads=p,
         optimizer=opt_dev,
         activations=acts,
-        layer_working=tokens * layer_working_bytes_per_token(cfg, policy, dtype) + att_res,
+        layer_working=tokens * layer_working_bytes_per_token(cfg, policy, dtype) + att_res + prologue,
         attention=tokens * attention_residual_bytes_per_token(cfg, policy, dtype) + att_res + att,
         logits=logits,
         host=host,
