@@ -28,7 +28,7 @@ Two diagnostics per row (``--no-diagnostics`` skips them, halving the time):
   residuals out of the scan's stacks, attention-backward buffers, all live during the MLP's
   backward). Compile option for that one compile only, never set globally.
 
-    python experiments/ledger_vs_compiled.py                      # all rows, ~6 min
+    python experiments/ledger_vs_compiled.py                      # all rows, ~11 min
     python experiments/ledger_vs_compiled.py --seq-len 4096 --remat full --strategy ring
     XLA_FLAGS="--xla_dump_to=/tmp/d --xla_dump_hlo_pass_re=NONE --xla_dump_hlo_module_re=jit_train" \
         python experiments/ledger_vs_compiled.py ...            # XLA's buffer assignment per row
@@ -199,7 +199,7 @@ def dump_options(d) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-len", type=int, nargs="+", default=[4096, 16384])
-    ap.add_argument("--remat", nargs="+", default=["full", "none"])
+    ap.add_argument("--remat", nargs="+", default=["full", "none", "dots_saveable", "dots_with_no_batch_dims_saveable"])
     ap.add_argument("--strategy", nargs="+", default=list(PLANS), choices=list(PLANS))
     ap.add_argument("--tolerance", type=float, default=0.15)
     ap.add_argument("--csv", default=str(CSV), help="where to write the rows ('' for nowhere)")
