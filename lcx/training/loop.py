@@ -77,13 +77,13 @@ def check_memory(cfg: DictConfig, model_cfg: ModelConfig, plan, devices) -> None
     """Refuse, before anything compiles, a step the cost ledger says cannot fit in memory.
 
     The per-device estimate is :func:`lcx.cost.memory_breakdown` of the model's own remat policy
-    under ``plan`` (within ~20% of XLA's compiled peak, docs/cost_ledger.md; 54 MiB vs the
-    56 MiB compiled per device for the default run). The limit: on ``hardware=cpu`` the
+    under ``plan`` (0.92-1.06 of XLA's compiled footprint for the tiny model on 8 CPU devices,
+    docs/cost_ledger.md; 54 MiB vs the 56 MiB compiled per device for the default run). The limit: on ``hardware=cpu`` the
     simulated devices of this process share the host's RAM, so their sum must fit in the RAM
     available now (:func:`lcx.cost.host_memory_available`); on an accelerator preset each
     device's total must fit in ``hardware.hbm_bytes`` and its offloaded bytes in its share of
-    the host memory. No margin is added: the ledger can be up to ~20% under XLA's peak, so a run
-    estimated just under the limit may still run out. ``train.check_memory=false`` skips the
+    the host memory. No margin is added: the ledger can be up to ~8% under XLA's footprint (more where XLA's
+    heap packing loses bytes), so a run estimated just under the limit may still run out. ``train.check_memory=false`` skips the
     check.
 
     Raises:
