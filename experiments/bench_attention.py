@@ -435,8 +435,11 @@ def main(argv=None):
     ap.add_argument("--block", type=int, default=256, help="lcx kernel block_q = block_kv (tokens)")
     ap.add_argument("--block-q-dkv", type=int, default=None,
                     help="lcx kernel backward query block, plan.attention.block_q_dkv (tokens; default --block)")
-    ap.add_argument("--block-kv-dkv", type=int, default=None,
-                    help="lcx kernel backward key/value block, plan.attention.block_kv_dkv (tokens; default --block)")
+    # the backward holds three [block_kv_dkv, G block_q_dkv] float32 tiles, the forward one:
+    # half the key block there keeps the backward's cache footprint near the forward's and
+    # shrinks the part of the ring's temp memory that does not fall with P (docs/strategies.md)
+    ap.add_argument("--block-kv-dkv", type=int, default=128,
+                    help="lcx kernel backward key/value block, plan.attention.block_kv_dkv (tokens; 0: --block)")
     ap.add_argument("--peer-chunks", type=int, nargs="+", default=[128, 256, 512],
                     help="ringattention query/key chunk sizes tried at S <= 4096 (best one used in the targets)")
     # FIELD_NOTES 3b: on this machine 256 beat 512 and 1024 at S=16384; each try costs minutes
@@ -447,6 +450,8 @@ def main(argv=None):
     ap.add_argument("--md", default="docs/attention_benchmark.md")
     ap.add_argument("--csv", default="docs/attention_benchmark.csv")
     args = ap.parse_args(argv)
+    if args.block_kv_dkv == 0:  # the forward's key block
+        args.block_kv_dkv = None
     if args.repeats < 5:
         print("note: fewer than 5 repeats; the issue asks for medians of >= 5", file=sys.stderr)
 
