@@ -175,8 +175,9 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(devices, monkeypatch
 
     with pytest.raises(ValueError, match=r"model=llama3_70b does not fit: the cost ledger estimates .* GiB per device x 8 "
                                          r"simulated CPU devices = .* of host RAM, but this machine has .* available.*"
-                                         r"state alone need .* even sharded over all 8 devices.*model=tiny.*"
-                                         r"train.check_memory=false skips this check"):
+                                         r"state alone need .* of host RAM \(summed over the 8 simulated devices, however "
+                                         r"they are sharded\), so model=llama3_70b cannot fit on this machine: use a "
+                                         r"smaller model \(e.g. model=tiny\). train.check_memory=false skips this check"):
         setup(_config("model=llama3_70b"), devices)
     setup(_config("model=llama3_70b", "train.check_memory=false"), devices)  # the escape hatch
     # an accelerator preset: each device's estimate against its HBM
@@ -188,5 +189,16 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(devices, monkeypatch
     setup(_config(), devices)
     monkeypatch.setattr(lcx.cost, "host_memory_available", lambda: (256 << 20, "test"))
     with pytest.raises(ValueError, match=r"model=tiny does not fit: .* but this machine has 0.25 GiB available \(test\); "
-                                         r"the largest part is saved activations.*more context parallelism.*remat"):
+                                         r"the largest part is saved activations.*remat.*") as e:
         setup(_config(), devices)
+    # on cpu the devices share the RAM: no advice that leaves the sum over devices where it is, no
+    # model=tiny for the tiny model, and Hydra's own form of each override printed
+    msg = str(e.value)
+    assert "plan.mesh.context" not in msg and "or more devices" not in msg and "model=tiny)" not in msg, msg
+    assert "more simulated devices or more context parallelism do not help here" in msg
+    assert "+plan.params.embed=[data,context], or plan=ring_cp" in msg and "the step cannot fit on this machine" in msg
+    setup(_config("+plan.params.embed=[data,context]", "model.remat=full", "train.seq_len=512"), devices)
+    # a string is not a boolean: train.check_memory=no reached the check as the truthy "no"
+    for v in ("'no'", "'off'", "0"):
+        with pytest.raises(ValueError, match=rf"train.check_memory={v}: must be true or false .*train.check_memory=false"):
+            setup(_config(f"train.check_memory={v.strip(chr(39))}"), devices)

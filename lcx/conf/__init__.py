@@ -1,7 +1,8 @@
 """Hydra configs. Importing this package registers the structured plan schema.
 
 Also :func:`positive_int`, the one check of the whole-number settings the entry points read
-(``train.seq_len``, ``train.global_batch``, ``train.steps``, ``hardware.chips``).
+(``train.seq_len``, ``train.global_batch``, ``train.steps``, ``hardware.chips``), and
+:func:`boolean`, the check of on/off settings (``train.check_memory``).
 """
 
 from typing import Any
@@ -26,4 +27,18 @@ def positive_int(value: Any, key: str, what: str = "a count") -> int:
     return value
 
 
-__all__ = ["positive_int"]
+def boolean(value: Any, key: str, what: str = "on or off") -> bool:
+    """``value`` if it is a bool, else ValueError naming ``key``.
+
+    Hydra parses only ``true``/``false`` as booleans: ``key=no`` or ``key=off`` arrive as the
+    strings "no"/"off", which Python treats as true, so they are refused, never guessed at.
+
+    Raises:
+      ValueError: ``value`` is not a bool.
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}={value!r}: must be true or false ({what}); write {key}=true or {key}=false")
+    return value
+
+
+__all__ = ["boolean", "positive_int"]

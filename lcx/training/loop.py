@@ -56,19 +56,21 @@ def setup(cfg: DictConfig, devices=None) -> dict[str, Any]:
       PlanError / ValueError: an invalid plan, model, batch or sequence configuration, with a
         message that names the value and the fix.
     """
-    from lcx.conf import positive_int
+    from lcx.conf import boolean, positive_int
 
     devices = list(jax.devices() if devices is None else devices)
     # whole numbers, never truncated: train.seq_len=512.5 is an error, not 512 tokens
     positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
     positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
     positive_int(cfg.train.steps, "train.steps", "optimizer steps")
+    check = boolean(cfg.train.get("check_memory", True), "train.check_memory",
+                    "refuse a step the cost ledger says exceeds memory")
     plan = plan_from_config(cfg.plan, hardware=cfg.hardware)
     model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
     plan.validate(
         len(devices), dims=model_cfg.dims(), seq_len=int(cfg.train.seq_len), global_batch=int(cfg.train.global_batch)
     )
-    if cfg.train.get("check_memory", True):
+    if check:
         check_memory(cfg, model_cfg, plan, devices)
     return {"plan": bind(plan, devices), "model_cfg": model_cfg, "devices": devices}
 
@@ -127,22 +129,52 @@ def check_memory(cfg: DictConfig, model_cfg: ModelConfig, plan, devices) -> None
     parts = {"parameters + gradients + optimizer state": m.state, "saved activations": m.activations,
              "block backward": m.layer_working, "attention backward": m.attention, "logits": m.logits}
     big = max(parts, key=parts.get)
-    if state_alone:
-        fixes = (f"the parameters, gradients and AdamW state alone need {gib(state_min)} per device even sharded over "
-                 f"all {n} devices: use a smaller model (e.g. model=tiny) or more devices")
-    else:
-        opts = []
-        if m.state > 1.01 * state_min:
-            opts.append("parameters sharded over every device (plan.params.embed=[data,context], or plan=fsdp)")
-        opts.append("more context parallelism (a larger plan.mesh.context: fewer tokens per device)")
-        if model_cfg.remat != "full":
-            opts.append("remat (model.remat=full keeps only each block's input)")
-        opts += ["a shorter train.seq_len or smaller train.global_batch", "a smaller model (e.g. model=tiny)"]
-        fixes = "use " + ", or ".join(opts)
+    fixes = _memory_fixes(model_cfg, plan, m, state_min, state_alone, gib, on_cpu=hw.name == "cpu", n=n,
+                          k=k if hw.name == "cpu" else n)
     raise ValueError(
         f"model={model_cfg.name} does not fit: the cost ledger estimates {what}; the largest part is {big} "
         f"({gib(parts[big])} per device); {fixes}. train.check_memory=false skips this check"
     )
+
+
+def _memory_fixes(model_cfg: ModelConfig, plan, m, state_min: float, state_alone: bool, gib, *,
+                  on_cpu: bool, n: int, k: int) -> str:
+    """The advice of :func:`check_memory`: only changes that lower the estimate it compared.
+
+    On ``hardware=cpu`` the limit is the host RAM that all simulated devices share, so what counts
+    is the sum over devices: more devices or a larger ``plan.mesh.context`` only split the same
+    tokens differently (the sum stays), while sharding replicated parameters does lower it (n
+    copies become one). Overrides are printed in a form Hydra accepts: ``plan.params`` has no
+    ``embed`` key unless the preset sets one, so the rule is added with ``+``.
+    """
+    tiny = model_cfg.name == "tiny"
+    smaller = None if tiny else "a smaller model (e.g. model=tiny)"
+    if state_alone:
+        if on_cpu:  # sharded or not, the k simulated devices together hold at least one whole copy
+            return (f"the parameters, gradients and AdamW state alone need {gib(state_min * k)} of host RAM (summed "
+                    f"over the {k} simulated devices, however they are sharded), so model={model_cfg.name} cannot fit "
+                    f"on this machine" + (f": use {smaller}" if smaller else ""))
+        return (f"the parameters, gradients and AdamW state alone need {gib(state_min)} per device even sharded over "
+                f"all {n} devices: use " + (f"{smaller} or " if smaller else "") + "more devices")
+    opts = []
+    if m.state > 1.01 * state_min:
+        axes = ",".join(plan.mesh_axis_names)
+        alt = "" if plan.name == "ring_cp" else ", or plan=ring_cp"
+        opts.append(f"parameters sharded over every device (+plan.params.embed=[{axes}]{alt})")
+    if not on_cpu:
+        opts.append("more context parallelism (a larger plan.mesh.context: fewer tokens per device)")
+    if model_cfg.remat != "full":
+        opts.append("remat (model.remat=full keeps only each block's input)")
+    opts.append("a shorter train.seq_len or smaller train.global_batch")
+    if smaller:
+        opts.append(smaller)
+    fixes = "use " + ", or ".join(opts)
+    if on_cpu:
+        fixes += ("; more simulated devices or more context parallelism do not help here: the devices share this "
+                  "machine's RAM, and the sum over them stays the same")
+        if tiny:
+            fixes += "; model=tiny is the smallest preset: if none of these fit, the step cannot fit on this machine"
+    return fixes
 
 
 def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[str, Any]:
