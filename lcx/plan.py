@@ -159,6 +159,14 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     if cfg.get("planner", {}).get("search", True):
         rec = search(model_cfg, hw, n, seq_len=S, global_batch=B, dtype=dtype, param_dtype=pdtype,
                      attention=dataclasses.replace(given.attention), window=model_cfg.sliding_window)
+        if not rec.candidates:
+            # an empty table and a blank recommendation say nothing: say which split failed
+            from lcx.cost.planner import no_candidates_reason
+
+            raise PlanError(no_candidates_reason(
+                model_cfg, n, S, B, devices_per_chip=devices_per_chip,
+                chips_key="hardware.chips" if hwn.get("chips") is not None else "hardware.cpu_devices",
+                attention=dataclasses.replace(given.attention)))
         say(f"== search: {len(rec.candidates)} candidates (strategy x mesh x param sharding x activation policy)")
         say(table(rec, per_group=rows != "all"))
         say("")

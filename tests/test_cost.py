@@ -276,6 +276,28 @@ def test_plan_entry_point_refuses_impossible_values(tmp_path, override, match):
     assert not (tmp_path / "plan.json").exists()  # refused before anything is priced or written
 
 
+@pytest.mark.parametrize("overrides,match", [
+    (["hardware.chips=3"], r"no plan applies to 4,096 tokens x 1 sequence on 3 chips = 3 devices: P=3: 4,096 tokens "
+                           r"is not a multiple of P=3 \(contiguous layout\) nor of 2P=6 \(zigzag\).*use "
+                           r"hardware.chips=2 or 4, or train.seq_len=4092 or 4098"),
+    (["train.seq_len=4100"], r"P=8: 4,100 tokens .*use hardware.cpu_devices=5 or 10, or train.seq_len=4096 or 4112"),
+    (["model=llama3_1_8b_longctx", "hardware=tpu7", "hardware.chips=3", "train.seq_len=131072"],
+     r"on 3 chips = 6 devices: P=6: .*nor of 2P=12.*use hardware.chips=2 or 4, or train.seq_len=131064 or 131076"),
+])
+def test_plan_entry_point_says_why_no_candidate_exists(tmp_path, overrides, match):
+    # it printed an empty table and a blank recommendation, exited 0 and wrote recommendation: null
+    from hydra import compose, initialize_config_dir
+
+    from lcx.plan import run
+    from lcx.sharding import PlanError
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        c = compose("plan_config", overrides=overrides)
+    with pytest.raises(PlanError, match=match):
+        run(c, tmp_path)
+    assert not (tmp_path / "plan.json").exists()
+
+
 # ------------------------------------------------------------------ host transfers, lcx-runnable plans
 def test_host_transfer_bytes_and_time():
     # offloaded activations go out in the forward and back in the backward; offloaded optimizer

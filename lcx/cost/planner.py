@@ -189,6 +189,61 @@ def candidate_plans(cfg, n_devices: int, seq_len: int, global_batch: int, *, att
     return out
 
 
+def no_candidates_reason(cfg, n_devices: int, seq_len: int, global_batch: int, *, devices_per_chip: int = 1,
+                         chips_key: str = "hardware.chips", attention: AttentionConfig | None = None) -> str:
+    """Why :func:`candidate_plans` is empty here, and the nearest chip counts and sequence lengths
+    at which it is not (for an error message; call it only when there is no candidate).
+
+    The context degree P of a mesh is the device count over the data degree, which must divide
+    the batch; the sequence must split into P (contiguous) or 2P (zigzag) chunks; A2A and USP
+    need a Ulysses degree that the heads allow; ZeRO-3 needs ``embed`` divisible by the devices.
+    Each candidate check is a :meth:`~lcx.sharding.Plan.validate` call (microseconds).
+    """
+    dims = cfg.dims() if hasattr(cfg, "dims") else {}
+    chips = n_devices // devices_per_chip
+    degrees = [n_devices // d for d in _divisors(n_devices) if global_batch % d == 0]
+    why = []
+    for P in degrees:
+        if seq_len % P:
+            why.append(f"P={P}: {seq_len:,} tokens is not a multiple of P={P} (contiguous layout) nor of 2P={2 * P} "
+                       f"(zigzag)")
+            continue
+        # the sequence splits; then every strategy failed for its own reason: collect them
+        errs = set()
+        for strat in ("allgather", "ring", "a2a"):
+            for layout in ("zigzag", "contiguous"):
+                att = dataclasses.replace(attention or AttentionConfig(), strategy=strat, layout=layout)
+                try:
+                    Plan(mesh=(("data", n_devices // P), ("context", P)), activations=(("batch", "data"),
+                         ("seq", "context")), attention=att).validate(
+                        n_devices, dims=dims or None, seq_len=seq_len, global_batch=global_batch)
+                except PlanError as e:
+                    errs.add(f"{strat}/{layout}: {e}")
+        why.append(f"P={P}: " + "; ".join(sorted(errs)))
+    if len(degrees) < len(_divisors(n_devices)):
+        why.append(f"no other context degree: the data degree ({n_devices} devices / P) must divide "
+                   f"train.global_batch={global_batch}")
+
+    def has(n: int, s: int) -> bool:
+        return bool(candidate_plans(cfg, n, s, global_batch, attention=attention))
+
+    below = next((c for c in range(chips - 1, 0, -1) if has(c * devices_per_chip, seq_len)), None)
+    above = next((c for c in range(chips + 1, 4 * chips + 2) if has(c * devices_per_chip, seq_len)), None)
+    near_chips = [c for c in (below, above) if c is not None]
+    unit = 2 * n_devices  # zigzag-balanced at every context degree of this device count
+    lo = seq_len // unit * unit
+    near_seq = [s for s in dict.fromkeys((lo, lo + unit)) if s > 0 and has(n_devices, s)]
+    fixes = []
+    if near_chips:
+        fixes.append(f"{chips_key}=" + " or ".join(str(c) for c in near_chips))
+    if near_seq:
+        fixes.append("train.seq_len=" + " or ".join(f"{s}" for s in near_seq)
+                     + f" (multiples of 2 x {n_devices} devices)")
+    return (f"no plan applies to {seq_len:,} tokens x {global_batch} sequence{'s' * (global_batch > 1)} on {chips} "
+            f"chips = {n_devices} devices: " + "; ".join(why)
+            + (f"; use {', or '.join(fixes)}" if fixes else ""))
+
+
 @dataclasses.dataclass(frozen=True)
 class Recommendation:
     """The planner's answer.
