@@ -64,7 +64,7 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         plan that does not fit the device count.
     """
     from lcx.conf import positive_int
-    from lcx.cost import ActivationPolicy, estimate, hardware_from_config, search, table
+    from lcx.cost import ActivationPolicy, estimate, hardware_from_config, host_memory_available, search, table
     from lcx.cost.memory import activation_arrays, kv_cache_bytes_per_token
     from lcx.models import ModelConfig
     from lcx.sharding import PlanError
@@ -88,6 +88,13 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         raise ValueError(f"planner.rows={rows!r}: use best (the best policy per strategy and degree) or all")
     probe = bool(cfg.get("planner", {}).get("probe_cpu", False))
     hw = hardware_from_config(hwn, n, probe=probe)
+    host_ram = None
+    if hw.name == "cpu" and hw.hbm_bytes is None:
+        # the simulated devices share this machine's RAM (what lcx.train's memory check compares
+        # with): each device's share is its limit, so "fits" here means lcx.train would not refuse it
+        host_ram = host_memory_available()
+        if host_ram is not None:
+            hw = dataclasses.replace(hw, hbm_bytes=host_ram[0] / n)
     placeholder = hwn.get("peak_flops_per_device") is None and not probe  # cpu without the probe
     S = positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
     B = positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
@@ -104,12 +111,19 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     dtype, pdtype = model_cfg.dtype, model_cfg.param_dtype
     lines: list[str] = []
     say = lines.append
-    say(f"lcx.plan: {model_cfg.name} ({model_cfg.n_params / 1e9:.2f}B parameters), {hw.name} x {chips} chips = {n} "
-        f"devices, {S:,} tokens x {B} sequences per step")
+    say(f"lcx.plan: {model_cfg.name} ({_count(model_cfg.n_params)} parameters), {hw.name} x {chips} chips = {n} "
+        f"devices, {S:,} tokens x {B} sequence{'s' * (B > 1)} per step")
     tf = hw.peak_flops_per_device / 1e12
+    if hw.name == "cpu":
+        mem_line = (f"memory: {host_ram[0] / 2**30:,.2f} GiB of host RAM available ({host_ram[1]}), shared by the {n} "
+                    f"simulated devices: {hw.hbm_bytes / 2**30:,.2f} GiB each, the limit 'fits' is judged against"
+                    if host_ram is not None else
+                    "memory: this machine's available RAM cannot be read, so 'fits' is not checked on cpu")
+    else:
+        mem_line = f"HBM {'unlimited' if hw.hbm_bytes is None else f'{hw.hbm_bytes / 2**30:,.1f} GiB'} per device"
     say(f"  peak {f'{tf:,.1f}' if tf >= 0.1 else f'{tf:.3g}'} TFLOP/s per device"
-        + (" (a placeholder: planner.probe_cpu=true measures this machine)" if placeholder else "") + ", HBM "
-        f"{'unlimited' if hw.hbm_bytes is None else f'{hw.hbm_bytes / 2**30:,.1f} GiB'} per device")
+        + (" (a placeholder: planner.probe_cpu=true measures this machine)" if placeholder else "")
+        + (f"\n  {mem_line}" if hw.name == "cpu" else f", {mem_line}"))
     kv = kv_cache_bytes_per_token(model_cfg.n_layers, model_cfg.n_kv_heads, model_cfg.head_dim, 2)
     say(f"  KV per token (16-bit, all layers): {kv:,} bytes = {kv / 2**20:.4g} MiB; {kv * S / 2**30:,.1f} GiB for "
         f"the whole sequence")
@@ -230,6 +244,14 @@ def compare_with_maxtext(rec, model_cfg, hw, n: int, S: int, B: int) -> str:
         f"MaxText's step would take about {t_pub * scale:,.0f} s). Where MaxText offloads more than the ledger "
         f"needs, the ledger does not count XLA's temporaries and fragmentation (docs/cost_ledger.md)."
     )
+
+
+def _count(n: int) -> str:
+    """``n`` with a unit that leaves digits to read: 8.03B, 1.62M, 70.6K (0.00B said nothing)."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}" if n < 100 * scale else f"{n / scale:,.0f}{unit}"
+    return str(n)
 
 
 def _est_dict(e) -> dict[str, Any]:

@@ -298,6 +298,28 @@ def test_plan_entry_point_says_why_no_candidate_exists(tmp_path, overrides, matc
     assert not (tmp_path / "plan.json").exists()
 
 
+def test_plan_on_cpu_judges_fit_against_the_shared_host_ram(tmp_path, capsys, monkeypatch):
+    # hardware=cpu has no HBM: the planner said an 8B model at 64K tokens "fits", lcx.train refused it
+    from hydra import compose, initialize_config_dir
+
+    import lcx.cost
+    from lcx.plan import run
+
+    monkeypatch.setattr(lcx.cost, "host_memory_available", lambda: (16 * GiB, "test"))
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        c = compose("plan_config", overrides=["model=llama3_1_8b", "train.seq_len=65536"])
+    report = run(c, tmp_path)
+    out = capsys.readouterr().out
+    assert "memory: 16.00 GiB of host RAM available (test), shared by the 8 simulated devices: 2.00 GiB each" in out
+    assert report["recommendation"] is None and not report["given"]["estimate"]["fits"]
+    assert "against 2.00 GiB of host RAM per simulated device" in out and "x the chips" not in out
+    # the tiny default fits, and its header counts its parameters in a unit that shows them
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        report = run(compose("plan_config"), tmp_path)
+    assert report["recommendation"] is not None
+    assert "lcx.plan: tiny (443K parameters)" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------ host transfers, lcx-runnable plans
 def test_host_transfer_bytes_and_time():
     # offloaded activations go out in the forward and back in the backward; offloaded optimizer

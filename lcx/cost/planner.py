@@ -277,7 +277,7 @@ def search(cfg, hw: Hardware, n_devices: int, *, seq_len: int, global_batch: int
             reasons.append(
                 f"nothing fits: the smallest footprint is {_gib(smallest.est.memory.total)} per device "
                 f"({_where(smallest)}, {smallest.policy.label}; largest part: {_largest_part(smallest)}) against "
-                f"{_gib(hw.hbm_bytes)} of HBM; "
+                f"{_gib(hw.hbm_bytes)} of {_limit_name(hw)}; "
                 + _what_would_fit(cfg, hw, n_devices, seq_len, global_batch, pols, what="any plan", **kw))
         return Recommendation(None, None, tuple(cands), tuple(reasons))
     p_min = min(c.context_degree for c in fitting)
@@ -340,7 +340,7 @@ def search(cfg, hw: Hardware, n_devices: int, *, seq_len: int, global_batch: int
         else:
             sm = min(own, key=lambda c: c.est.memory.total)
             line += (f": its smallest footprint is {_gib(sm.est.memory.total)} per device ({_where(sm)}, "
-                     f"{sm.policy.label}; largest part: {_largest_part(sm)}) against {_gib(hw.hbm_bytes)} of HBM; "
+                     f"{sm.policy.label}; largest part: {_largest_part(sm)}) against {_gib(hw.hbm_bytes)} of {_limit_name(hw)}; "
                      + _what_would_fit(cfg, hw, n_devices, seq_len, global_batch, runnable_pols,
                                        what="a plan lcx.train runs", **kw))
         reasons.append(line)
@@ -376,7 +376,8 @@ def _what_would_fit(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batc
     Each probe is one pricing pass (milliseconds); at most ~30 of them."""
     chips = n_devices // hw.devices_per_chip
     parts = []
-    k = 2
+    # simulated CPU devices share one host's RAM: more of them leave the sum where it is
+    k = 2 if hw.name != "cpu" else MAX_CHIP_FACTOR + 1
     while k <= MAX_CHIP_FACTOR:
         # on k times the devices the length must split over them: round up to a multiple of 2 n k
         unit_k = 2 * n_devices * k
@@ -402,9 +403,17 @@ def _what_would_fit(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batc
     if lo:
         parts.append(f"train.seq_len <= {lo * unit:,} on {chips} chips")
     if not parts:
+        if hw.name == "cpu":
+            return (f"{what} fits at no shorter sequence on this machine's {chips} simulated devices (more of them "
+                    "share the same RAM): use a smaller model")
         return (f"{what} fits neither on up to {MAX_CHIP_FACTOR}x the chips nor at a shorter sequence on {chips} "
                 "chips: use a smaller model")
     return f"{what} fits with " + " or with ".join(parts)
+
+
+def _limit_name(hw: Hardware) -> str:
+    # lcx.plan gives hardware=cpu each simulated device's share of the host RAM as its limit
+    return "host RAM per simulated device" if hw.name == "cpu" else "HBM"
 
 
 def _where(c: Candidate) -> str:
