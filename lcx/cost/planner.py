@@ -279,6 +279,11 @@ def search(cfg, hw: Hardware, n_devices: int, *, seq_len: int, global_batch: int
                 f"({_where(smallest)}, {smallest.policy.label}; largest part: {_largest_part(smallest)}) against "
                 f"{_gib(hw.hbm_bytes)} of {_limit_name(hw)}; "
                 + _what_would_fit(cfg, hw, n_devices, seq_len, global_batch, pols, what="any plan", **kw))
+            runnable_pols = [p for p in pols if not missing_in_lcx(p)]
+            if "which lcx.train lacks" in reasons[-1] and runnable_pols:
+                # a hint lcx.train cannot run needs its runnable counterpart next to it
+                reasons.append(_what_would_fit(cfg, hw, n_devices, seq_len, global_batch, runnable_pols,
+                                               what="a plan lcx.train runs today", **kw))
         return Recommendation(None, None, tuple(cands), tuple(reasons))
     p_min = min(c.context_degree for c in fitting)
     at = sorted((c for c in fitting if c.context_degree == p_min), key=_rank)
@@ -299,6 +304,13 @@ def search(cfg, hw: Hardware, n_devices: int, *, seq_len: int, global_batch: int
         + (f", {e.exposed_host_time:,.2f} s exposed host transfer" if e.exposed_host_time else "")
         + f"), {_gib(e.memory.total)} per device, "
         f"roofline MFU {100 * e.mfu:.1f}%")
+    near = _near_limit(best, hw)
+    if near:
+        roomy = next((c for c in at if not _near_limit(c, hw)), None)
+        reasons.append(
+            near + (f"; the fastest plan at this degree with that margin: {_where(roomy)}, {roomy.policy.label}: "
+                    f"{roomy.est.step_time:,.1f} s/step, {_gib(roomy.est.memory.total)} per device"
+                    + (f" (it needs {_lacks(roomy)})" if _lacks(roomy) else "") if roomy else ""))
     if e.overlap is not None:
         reasons.append(
             f"ring overlap {'holds' if e.overlap else 'FAILS'}: {e.ring_block:,} tokens per hop vs c_min = "
@@ -387,21 +399,24 @@ def _what_would_fit(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batc
             parts.append(f"{k}x the chips (hardware.chips={chips * k}"
                          + (f", train.seq_len={s_k:,}" if s_k != seq_len else "")
                          + f": {_where(c)}, {c.policy.label}, {c.est.step_time:,.1f} s/step, "
-                         f"{_gib(c.est.memory.total)} per device)")
+                         f"{_gib(c.est.memory.total)} per device" + (f"; it needs {_lacks(c)}" if _lacks(c) else "") + ")")
             break
         k *= 2
     unit = 2 * n_devices  # zigzag-balanced at every context degree of this device count
     lo, hi = 0, (seq_len - 1) // unit  # lo: fits (0 = none known); hi: largest multiple below seq_len
-    if hi >= 1 and _fits(cfg, hw, n_devices, unit, global_batch, pols, **kw) is not None:
+    best_lo = _fits(cfg, hw, n_devices, unit, global_batch, pols, **kw) if hi >= 1 else None
+    if best_lo is not None:
         lo = 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if _fits(cfg, hw, n_devices, mid * unit, global_batch, pols, **kw) is not None:
-                lo = mid
+            c = _fits(cfg, hw, n_devices, mid * unit, global_batch, pols, **kw)
+            if c is not None:
+                lo, best_lo = mid, c
             else:
                 hi = mid - 1
     if lo:
-        parts.append(f"train.seq_len <= {lo * unit:,} on {chips} chips")
+        parts.append(f"train.seq_len <= {lo * unit:,} on {chips} chips"
+                     + (f" (it needs {_lacks(best_lo)})" if _lacks(best_lo) else ""))
     if not parts:
         if hw.name == "cpu":
             return (f"{what} fits at no shorter sequence on this machine's {chips} simulated devices (more of them "
@@ -409,6 +424,27 @@ def _what_would_fit(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batc
         return (f"{what} fits neither on up to {MAX_CHIP_FACTOR}x the chips nor at a shorter sequence on {chips} "
                 "chips: use a smaller model")
     return f"{what} fits with " + " or with ".join(parts)
+
+
+NEAR_LIMIT = 0.05
+"""A fitting plan whose total is within this fraction of the memory limit gets a warning: the
+ledger is 0.92-1.06 of XLA's compiled footprint and counts neither heap packing loss nor
+collective buffers (docs/cost_ledger.md: "treat fits with a margin of a few GiB")."""
+
+
+def _near_limit(c: Candidate, hw: Hardware) -> str:
+    """A warning sentence when ``c`` fits within :data:`NEAR_LIMIT` of the limit; empty otherwise."""
+    if hw.hbm_bytes is None or c.est.memory.total < (1 - NEAR_LIMIT) * hw.hbm_bytes:
+        return ""
+    return (f"warning: {_gib(c.est.memory.total)} per device is within {_gib(hw.hbm_bytes - c.est.memory.total)} of "
+            f"the {_gib(hw.hbm_bytes)} of {_limit_name(hw)} (less than a {100 * NEAR_LIMIT:.0f}% margin); the ledger does not count "
+            f"XLA's heap packing loss or collective buffers, so it may not fit in practice")
+
+
+def _lacks(c: Candidate) -> str:
+    """``..., which lcx.train lacks`` for a hint whose policy lcx.train cannot run; empty if it can."""
+    miss = missing_in_lcx(c.policy)
+    return f"{', '.join(miss)}, which lcx.train lacks" if miss else ""
 
 
 def _limit_name(hw: Hardware) -> str:
