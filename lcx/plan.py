@@ -52,6 +52,24 @@ def _model_arrays(model_cfg, param_dtype: str):
         return param_arrays(model_cfg, param_dtype, tie_embeddings=model_cfg.tie_embeddings), f"ledger shapes ({e})"
 
 
+def _check_kernel(att) -> None:
+    """Refuse, before pricing, the kernel block sizes lcx.train would refuse: the kernel's own
+    check (:func:`lcx.attention.kernels.make_kernel`; splash: multiples of 128 up to 16384),
+    not a copy of it. Building the kernel object compiles nothing. Where splash's Pallas module
+    is missing, its block sizes have already passed (the kernel checks them first) and the
+    planner needs no kernel to price them.
+
+    Raises:
+      ValueError: an unknown kernel or block sizes it cannot tile; the message names the fix.
+    """
+    from lcx.attention.kernels import KernelNotAvailableError, make_kernel
+
+    try:
+        make_kernel(att.kernel, att.block_q, att.block_kv, att.block_q_dkv, att.block_kv_dkv)
+    except KernelNotAvailableError:
+        pass
+
+
 def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
     """Price the configured plan, search all plans, print, and write ``plan.json``.
 
@@ -60,8 +78,9 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
 
     Raises:
       ValueError / PlanError: a hardware preset without ``chips`` and no device count; chips,
-        sequence length or batch not a whole number >= 1; ``planner.rows`` not best/all; or a
-        plan that does not fit the device count.
+        sequence length or batch not a whole number >= 1; ``planner.rows`` not best/all; kernel
+        block sizes lcx.train refuses (splash: multiples of 128); no candidate plan for this
+        length, batch and device count (the message says which split fails and what would work).
     """
     from lcx.conf import positive_int
     from lcx.cost import ActivationPolicy, estimate, hardware_from_config, host_memory_available, search, table
@@ -130,6 +149,7 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     say("")
 
     given = plan_from_config(cfg.plan, hardware=cfg.hardware)
+    _check_kernel(given.attention)
     arrays, source = _model_arrays(model_cfg, pdtype)
     given_report: dict[str, Any] = {"plan": given.to_config(), "policy": dataclasses.asdict(policy)}
     try:

@@ -262,6 +262,9 @@ def test_plan_entry_point(tmp_path):
     ("train.global_batch=0", r"train.global_batch=0: must be >= 1"),
     ("train.seq_len=-5", r"train.seq_len=-5: must be >= 1"),
     ("planner.rows=everything", r"planner.rows='everything': use best .* or all"),
+    # tpu_v5p runs splash, which lcx.train refuses blocks of other than multiples of 128: so does lcx.plan
+    ("plan.attention.block_q_dkv=100", r"kernel='splash' needs plan.attention.block_q_dkv to be a positive multiple "
+                                       r"of 128 tokens .* got 100"),
 ])
 def test_plan_entry_point_refuses_impossible_values(tmp_path, override, match):
     from hydra import compose, initialize_config_dir
