@@ -11,7 +11,9 @@ at each sequence length and remat policy, and its ``memory_analysis()`` per-devi
 - usp: ulysses 2 x ring 4 (batch 1).
 
 Prints one row per (strategy, S, remat), writes ``experiments/results/ledger_vs_compiled.csv``
-and exits non-zero if any row differs by more than the tolerance (15%).
+(the full default run only: a run with any other ``--seq-len``/``--remat``/``--strategy`` or
+``--no-diagnostics`` writes a CSV only to an explicit ``--csv PATH``, so a partial run never
+replaces the committed rows) and exits non-zero if any row differs by more than the tolerance (15%).
 
 Two diagnostics per row (``--no-diagnostics`` skips them, halving the time):
 
@@ -202,10 +204,19 @@ def main(argv=None) -> int:
     ap.add_argument("--remat", nargs="+", default=["full", "none", "dots_saveable", "dots_with_no_batch_dims_saveable"])
     ap.add_argument("--strategy", nargs="+", default=list(PLANS), choices=list(PLANS))
     ap.add_argument("--tolerance", type=float, default=0.15)
-    ap.add_argument("--csv", default=str(CSV), help="where to write the rows ('' for nowhere)")
+    ap.add_argument("--csv", default=None,
+                    help=f"where to write the rows ('' for nowhere); default: {os.path.relpath(CSV, ROOT)} for the full "
+                         "default run, nowhere for a partial one")
     ap.add_argument("--no-diagnostics", dest="diagnostics", action="store_false",
                     help="skip XLA's live peak and the memory-optimised schedule (one compile per row)")
     args = ap.parse_args(argv)
+    partial = [f"--{k.replace('_', '-')}" for k in ("seq_len", "remat", "strategy", "diagnostics")
+               if getattr(args, k) != ap.get_default(k)]
+    if args.csv is None:
+        args.csv = "" if partial else str(CSV)
+        if partial:
+            print(f"partial run ({', '.join(partial)} not the defaults): no CSV written, the committed "
+                  f"{os.path.relpath(CSV, ROOT)} stays; --csv PATH writes these rows")
     print("tiny Llama (float32), 8 CPU devices, xla kernel, blocks 512; MiB per device")
     print(f"{'strategy':10s} {'S':>6s} {'remat':6s} {'ledger':>8s} {'compiled':>9s} {'ratio':>6s}"
           + (f" {'live peak':>9s} {'ratio':>6s} {'memopt':>8s} {'ratio':>6s}" if args.diagnostics else ""))

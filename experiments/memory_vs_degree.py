@@ -15,7 +15,9 @@ with the temporaries replaced by the peak of bytes live at one instant in XLA's 
 (equal to ``total_mib`` when the heap has no packing loss), and ``memopt_mib``, the total compiled
 with XLA:CPU's memory-optimised scheduler instead of its default concurrency-optimised one.
 
-Writes ``experiments/results/memory_vs_degree.csv`` and ``.png``.
+Writes ``experiments/results/memory_vs_degree.csv`` and ``.png`` (a run with Hydra overrides
+selects other rows, so it writes them only to an explicit ``--out PATH``: a partial run never
+replaces the committed results).
 
     python experiments/memory_vs_degree.py        # ~3-5 min (compilation only, three per row)
 """
@@ -140,16 +142,24 @@ def plot(rows, path: pathlib.Path, note: str = "") -> pathlib.Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=pathlib.Path, default=C.RESULTS / NAME)
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help=f"CSV/PNG path without suffix; default: {C.RESULTS / NAME} for the full run, nowhere for a "
+                         "run with overrides")
     ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the existing CSV")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. 'memory_vs_degree.seq_lens=[4096]'")
     a = ap.parse_args(argv)
+    if a.out is None and a.overrides and not a.replot:
+        print(f"partial run (overrides {a.overrides}): no CSV or PNG written, the committed {C.RESULTS / NAME}.csv "
+              "stays; --out PATH writes these rows")
+    out = a.out if a.out is not None or (a.overrides and not a.replot) else C.RESULTS / NAME
     if a.replot:
-        rows = C.read_csv(a.out.with_suffix(".csv"))
+        rows = C.read_csv(out.with_suffix(".csv"))
     else:
         rows = run(a.overrides)
-        C.write_csv(rows, a.out.with_suffix(".csv"))
-    plot(rows, a.out.with_suffix(".png"), f" ({C.machine_note()})")
+        if out is None:
+            return 0
+        C.write_csv(rows, out.with_suffix(".csv"))
+    plot(rows, out.with_suffix(".png"), f" ({C.machine_note()})")
     return 0
 
 

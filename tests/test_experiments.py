@@ -217,3 +217,37 @@ def test_passkey_run_dir_that_cannot_be_evaluated_is_one_line(tmp_path, capsys):
     (tmp_path / "ckpt").mkdir()
     assert passkey.run_dir_problem(tmp_path) is None
     assert not (tmp_path / "out.csv").exists()
+
+
+# ------------------------------------------------------------------ partial runs keep the committed results
+def test_ledger_vs_compiled_partial_run_writes_no_csv(tmp_path, monkeypatch, capsys):
+    """`ledger_vs_compiled.py --seq-len 4096 --strategy ring --remat full none` replaced the
+    committed 32-row CSV with 2 rows; a partial selection writes only to an explicit --csv."""
+    import ledger_vs_compiled as lvc
+
+    committed = tmp_path / "committed.csv"
+    committed.write_text("the committed rows\n")
+    monkeypatch.setattr(lvc, "CSV", committed)
+    monkeypatch.setattr(lvc, "compare", lambda name, S, remat, diagnostics: dict(
+        strategy=name, seq_len=S, remat=remat, ledger_mib=1.0, compiled_mib=1.0, ratio=1.0,
+        **(dict(live_peak_mib=1.0, ratio_live=1.0, memopt_mib=1.0, ratio_memopt=1.0) if diagnostics else {})))
+    assert lvc.main(["--seq-len", "4096", "--strategy", "ring", "--remat", "full", "none", "--no-diagnostics"]) == 0
+    assert committed.read_text() == "the committed rows\n"
+    assert "partial run (--seq-len, --remat, --strategy, --diagnostics not the defaults): no CSV written" in \
+        capsys.readouterr().out
+    mine = tmp_path / "mine.csv"
+    assert lvc.main(["--seq-len", "4096", "--strategy", "ring", "--remat", "full", "--csv", str(mine)]) == 0
+    assert mine.read_text().count("\n") == 2 and committed.read_text() == "the committed rows\n"
+    assert lvc.main([]) == 0  # the full default run still writes the committed file
+    assert committed.read_text().count("\n") == 1 + 2 * 4 * 4
+
+
+def test_memory_vs_degree_run_with_overrides_writes_nothing(tmp_path, monkeypatch, capsys):
+    import memory_vs_degree as mvd
+
+    monkeypatch.setattr(mvd.C, "RESULTS", tmp_path)
+    monkeypatch.setattr(mvd, "run", lambda overrides: [])
+    assert mvd.main(["memory_vs_degree.seq_lens=[4096]"]) == 0
+    assert not list(tmp_path.iterdir())
+    assert "partial run (overrides ['memory_vs_degree.seq_lens=[4096]']): no CSV or PNG written" in capsys.readouterr().out
+
