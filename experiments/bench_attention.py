@@ -432,14 +432,16 @@ def main(argv=None):
     ap.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--no-gqa", action="store_true", help="skip the GQA 8:2 rows (at the smallest S)")
     ap.add_argument("--strategies", nargs="+", default=["ring", "usp", "allgather", "a2a"])
-    ap.add_argument("--block", type=int, default=256, help="lcx kernel block_q = block_kv (tokens)")
+    ap.add_argument("--block", type=int, default=256,
+                    help="lcx kernel block_q = block_kv (tokens; default %(default)s)")
     ap.add_argument("--block-q-dkv", type=int, default=None,
                     help="lcx kernel backward query block, plan.attention.block_q_dkv (tokens; default --block)")
     # the backward holds three [block_kv_dkv, G block_q_dkv] float32 tiles, the forward one:
     # half the key block there keeps the backward's cache footprint near the forward's and
     # shrinks the part of the ring's temp memory that does not fall with P (docs/strategies.md)
     ap.add_argument("--block-kv-dkv", type=int, default=128,
-                    help="lcx kernel backward key/value block, plan.attention.block_kv_dkv (tokens; 0: --block)")
+                    help="lcx kernel backward key/value block, plan.attention.block_kv_dkv (tokens; default "
+                         "%(default)s; 0: --block)")
     ap.add_argument("--peer-chunks", type=int, nargs="+", default=[128, 256, 512],
                     help="ringattention query/key chunk sizes tried at S <= 4096 (best one used in the targets)")
     # FIELD_NOTES 3b: on this machine 256 beat 512 and 1024 at S=16384; each try costs minutes
