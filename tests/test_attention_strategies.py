@@ -498,6 +498,19 @@ def test_ring_heads_per_pass_rule():
     assert heads_per_pass((1, 512, 8, 64), jnp.float32) == 8  # 1 MiB shard: one pass
     assert heads_per_pass((1, 2048, 8, 64), jnp.float32) == 1  # 4 MiB: one kv head per pass
     assert heads_per_pass((2, 64, 2, 8), jnp.float32) == 2  # test sizes: one pass
+    # the kernel's tiles count too: the backward's three 256 x 256 float32 tiles of 8 heads are
+    # 6 MiB beside a 1 MiB shard, so one kv head per pass
+    from lcx.attention.kernels import XlaKernel
+
+    xla = XlaKernel(block_q=256, block_kv=256)
+    assert xla.step_tile_bytes(1, 512, 512, 1) == 3 * 256 * 256 * 4
+    assert heads_per_pass((1, 512, 8, 64), jnp.float32, xla.step_tile_bytes(1, 512, 512, 1)) == 1
+    # the larger pass decides: a 3-tile backward on wider blocks than the forward's
+    wide = XlaKernel(block_q=64, block_kv=64, block_q_dkv=128, block_kv_dkv=128)
+    assert wide.step_tile_bytes(2, 512, 512, 4) == 4 * 2 * 4 * 3 * 128 * 128
+    # blocks clamped to the lengths; the backward (3 tiles) is the larger pass at equal blocks
+    assert XlaKernel(block_q=512, block_kv=512).step_tile_bytes(1, 100, 60, 1) == 4 * 3 * 100 * 60
+    assert heads_per_pass((2, 64, 2, 8), jnp.float32, XlaKernel().step_tile_bytes(2, 64, 64, 1)) == 2
     with pytest.raises(ValueError, match="must divide the 8 kv heads"):
         from lcx.attention import ring_attention
 

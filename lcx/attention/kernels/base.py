@@ -134,6 +134,14 @@ class Kernel(eqx.Module):
     # Defaults in terms of forward/backward; a kernel may override them with a layout of its own
     # (XlaKernel keeps queries and accumulators blocked, in GEMM row order, across all steps).
 
+    def step_tile_bytes(self, batch: int, q_len: int, kv_len: int, group: int) -> int:
+        """Bytes of device memory the kernel's largest per-step temporaries take for ONE kv head
+        and its ``group`` query heads, on ``batch`` sequences of ``q_len`` queries against
+        ``kv_len`` keys (tokens). Callers that choose how many heads to process at once (the
+        ring's :func:`~lcx.attention.strategies.ring.heads_per_pass`) add it to the K/V they
+        hold. Default 0: the kernel keeps its tiles in on-chip memory (splash: VMEM)."""
+        return 0
+
     def forward_start(
         self, q: Float[Array, "B T N H"], q_pos: Int[Array, "B T"], q_seg: Int[Array, "B T"], *, kv_heads: int
     ) -> tuple[Prepared, Accumulator]:

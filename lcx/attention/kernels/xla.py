@@ -183,6 +183,16 @@ class XlaKernel(Kernel):
         bk = self.block_kv if self.block_kv_dkv is None else self.block_kv_dkv
         return bq, bk
 
+    def step_tile_bytes(self, batch: int, q_len: int, kv_len: int, group: int) -> int:
+        """float32 tiles live together for one kv head: the forward's logits and probabilities,
+        ``2 x [G * block_q, block_kv]``, or the backward's probabilities, dP and dS,
+        ``3 x [block_kv_dkv, G * block_q_dkv]``, whichever is larger (blocks clamped to the
+        lengths by :func:`block_size`), times ``batch``."""
+        bq, bk = block_size(q_len, self.block_q), block_size(kv_len, self.block_kv)
+        dq, dk = self.backward_blocks
+        bqd, bkd = block_size(q_len, dq), block_size(kv_len, dk)
+        return 4 * batch * group * max(2 * bq * bk, 3 * bqd * bkd)
+
     def forward(
         self,
         q: Float[Array, "B T N H"],
