@@ -60,6 +60,44 @@ def test_kernel_backward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block, 
     assert abs(ledger / compiled - 1) <= 0.10, (ledger, compiled)
 
 
+@pytest.mark.parametrize("T,N,K,H,block", [(2048, 4, 1, 32, 512), (4096, 8, 2, 64, 256)])
+def test_kernel_forward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block):
+    # lcx.cost.memory.kernel_forward_bytes against the xla kernel's forward compiled alone (one
+    # device, float32, causal): temporaries + its outputs (out, lse)
+    import jax.numpy as jnp
+
+    from lcx.attention.kernels.xla import XlaKernel
+    from lcx.attention.masks import CAUSAL
+    from lcx.cost.memory import kernel_forward_bytes
+
+    kern = XlaKernel(block_q=block, block_kv=block)
+    f = jax.ShapeDtypeStruct
+    q, kv, pos = f((1, T, N, H), jnp.float32), f((1, T, K, H), jnp.float32), f((1, T), jnp.int32)
+    fn = jax.jit(lambda q, k, v, p, s: kern.forward(q, k, v, p, p, s, s, mask=CAUSAL))
+    m = fn.lower(q, kv, kv, pos, pos).compile().memory_analysis()
+    compiled = m.temp_size_in_bytes + m.output_size_in_bytes
+    ledger = kernel_forward_bytes(kernel="xla", local_batch=1, q_len=T, kv_len=T, q_heads=N, kv_heads=K, head_dim=H,
+                                  block_q=block, block_kv=block)
+    assert abs(ledger / compiled - 1) <= 0.10, (ledger, compiled)
+
+
+def test_ledger_prices_the_forward_when_its_blocks_are_the_larger(devices, monkeypatch):
+    # backward blocks 128 x 128 under 512-token forward blocks: the forward's two 512 x 512
+    # logits tiles per head are the step's largest attention transient (the ledger without a
+    # forward phase was 0.88 of this compiled step)
+    import dataclasses
+
+    from lcx.sharding.config import preset as plan_preset
+
+    base = plan_preset("ring").with_mesh(data=1, context=8)
+    att = dataclasses.replace(base.attention, block_q_dkv=128, block_kv_dkv=128)
+    monkeypatch.setitem(lvc.PLANS, "ring_dkv128", (lambda: dataclasses.replace(base, attention=att), 1))
+    with jax.numpy_dtype_promotion("standard"):
+        row = lvc.compare("ring_dkv128", 4096, "none")
+    assert row["ledger_attention_forward_mib"] > row["ledger_attention_mib"], row
+    assert abs(row["ratio"] - 1) <= 0.15, row
+
+
 def test_live_peak_counts_aliased_values_once_and_sees_packing_loss(tmp_path):
     # a 300-byte temporary heap: a and b live together, w aliases a's bytes (a while loop's phi
     # value), c is placed above b although b's bytes are free by then: at most 200 bytes are

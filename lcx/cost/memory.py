@@ -452,6 +452,75 @@ def attention_prologue_bytes(cfg: ModelDims, *, strategy: str, kernel: str, seq_
                                           kv_heads=nk, head_dim=cfg.head_dim)
 
 
+def kernel_forward_bytes(*, kernel: str, local_batch: int, q_len: int, kv_len: int, q_heads: int, kv_heads: int,
+                         head_dim: int, block_q: int = 512, block_kv: int = 512) -> int:
+    """Bytes one attention kernel's forward call holds besides its inputs.
+
+    ``xla`` (``XlaKernel.forward_start`` / ``forward_step`` / ``forward_finish``), float32, with
+    ``b, t, n, h`` = batch, ``q_len``, heads, head width: the scaled q and the unnormalised output
+    accumulator, ``2 b t n h``; the running max and sum, ``2 b t n``; and the logits and
+    probabilities of one (query block, key block) step, ``2 b n bq bk`` (the forward's blocks,
+    clamped to the lengths).
+
+    ``splash`` (Pallas): tiles in VMEM; the float32 output and logsumexp, ``b t n (h + 1)``.
+
+    Raises:
+      ValueError: unknown kernel.
+    """
+    b, t, s, n, h = local_batch, q_len, kv_len, q_heads, head_dim
+    if kernel == "xla":
+        bq, bk = _block_size(t, block_q), _block_size(s, block_kv)
+        return 4 * b * (2 * t * n * h + 2 * t * n) + 2 * 4 * b * n * bq * bk
+    if kernel == "splash":
+        return 4 * b * t * n * (h + 1)
+    raise ValueError(f"unknown kernel {kernel!r}")
+
+
+def attention_forward_bytes(
+    cfg: ModelDims,
+    *,
+    strategy: str,
+    kernel: str,
+    seq_len: int,
+    local_batch: int,
+    context_degree: int,
+    ulysses_degree: int = 1,
+    tensor_degree: int = 1,
+    block_q: int = 512,
+    block_kv: int = 512,
+    dtype: str = "bfloat16",
+) -> int:
+    """Peak transient bytes of ONE attention layer's forward on one device: the strategy's
+    buffers (all-gather: the gathered K/V and positions / segment ids; Ulysses: q/k/v of ``N/U``
+    heads over all tokens and the gathered positions / segment ids; ring: the K/V, positions and
+    segment ids in flight to the next step; USP: both, over ``L = U T`` tokens) plus the kernel's
+    forward (:func:`kernel_forward_bytes`) on the shapes it is called with. Its phase matters when
+    the forward's blocks are larger than the backward's (``plan.attention.block_*_dkv``).
+
+    Raises:
+      ValueError: unknown strategy or kernel.
+    """
+    S, b, P = seq_len, local_batch, context_degree
+    N, K, H = cfg.n_heads // tensor_degree, max(1, cfg.n_kv_heads // tensor_degree), cfg.head_dim
+    a = _bytes(dtype)
+    T = S // P
+    tq, tk, nq, nk = _kernel_call_shape(strategy, S, P, ulysses_degree, N, K)
+
+    def in_flight(length, kh):
+        return 2 * b * length * kh * H * a + 2 * b * length * 4
+
+    if strategy == "allgather":
+        work = 2 * b * S * K * H * a + 2 * b * S * 4
+    elif strategy == "a2a":
+        work = b * S * H * (nq + 2 * nk) * a + 4 * b * S * 4
+    elif strategy == "ring":
+        work = in_flight(T, K)
+    else:  # usp
+        work = b * tq * H * (nq + 2 * nk) * a + 4 * b * tq * 4 + in_flight(tq, nk)
+    return int(work + kernel_forward_bytes(kernel=kernel, local_batch=b, q_len=tq, kv_len=tk, q_heads=nq,
+                                           kv_heads=nk, head_dim=H, block_q=block_q, block_kv=block_kv))
+
+
 def attention_working_bytes(
     cfg: ModelDims,
     *,
@@ -525,9 +594,12 @@ class MemoryBreakdown:
     """Per-device memory of one training step, by component, in bytes.
 
     The peak is counted as phases of the step, because the transients of different phases are
-    never live together: ``state + activations + max(layer_working, attention, logits)``.
+    never live together: ``state + activations + max(layer_working, attention, logits,
+    attention_forward)``.
 
     - state (parameters, gradients, optimizer) and the saved activations live throughout;
+    - ``attention_forward``: an attention layer's forward (its strategy's buffers and the
+      kernel's forward tiles; the peak only when the forward's blocks exceed the backward's);
     - ``logits``: the loss phase (after the layer scan's forward, before its backward);
     - ``layer_working``: the MLP phase of one block's backward, when all of that block's
       residuals are live (:func:`layer_working_bytes_per_token`), and so are the attention
@@ -546,6 +618,9 @@ class MemoryBreakdown:
       logits: the loss phase's transient: float32 logits and their gradient, ``2 b T V 4``
         (divided by vocab tiling).
       host: bytes per device in host memory (offloaded activations, optimizer, parameters).
+      attention_forward: the forward phase's transient: one attention layer's forward
+        (:func:`attention_forward_bytes`), on top of the saved activations (all layers' at the
+        last layer, an upper bound).
     """
 
     params: int
@@ -556,6 +631,7 @@ class MemoryBreakdown:
     attention: int
     logits: int
     host: int
+    attention_forward: int = 0
 
     @property
     def state(self) -> int:
@@ -564,7 +640,7 @@ class MemoryBreakdown:
     @property
     def working(self) -> int:
         """The largest phase's transient (the phases are not live together)."""
-        return max(self.layer_working, self.attention, self.logits)
+        return max(self.layer_working, self.attention, self.logits, self.attention_forward)
 
     @property
     def total(self) -> int:
@@ -650,6 +726,10 @@ def memory_breakdown(
     )
     prologue = attention_prologue_bytes(cfg, strategy=a.strategy, kernel=a.kernel, seq_len=seq_len, local_batch=b,
                                         context_degree=P, ulysses_degree=U, tensor_degree=tp)
+    att_fwd = attention_forward_bytes(
+        cfg, strategy=a.strategy, kernel=a.kernel, seq_len=seq_len, local_batch=b, context_degree=P,
+        ulysses_degree=U, tensor_degree=tp, block_q=a.block_q, block_kv=a.block_kv, dtype=dtype,
+    )
     logits = 2 * tokens * cfg.vocab_size * 4 // max(1, policy.vocab_tiling)
     return MemoryBreakdown(
         params=params_dev,
@@ -660,4 +740,5 @@ def memory_breakdown(
         attention=tokens * attention_residual_bytes_per_token(cfg, policy, dtype) + att_res + att,
         logits=logits,
         host=host,
+        attention_forward=att_fwd,
     )
