@@ -476,6 +476,35 @@ def kernel_forward_bytes(*, kernel: str, local_batch: int, q_len: int, kv_len: i
     raise ValueError(f"unknown kernel {kernel!r}")
 
 
+def _strategy_buffers(cfg: ModelDims, strategy: str, S: int, b: int, P: int, U: int, tp: int, dtype: str, *,
+                      backward: bool) -> tuple[int, tuple[int, int, int, int]]:
+    """``(bytes, kernel call shape)`` of a strategy's own buffers in one attention layer (see
+    :func:`attention_working_bytes` and :func:`attention_forward_bytes`): the gathered K/V
+    (all-gather), the head-layout q/k/v (Ulysses), the K/V, positions and segment ids in flight
+    (ring) and, in the ``backward``, the ring's next hop of the float32 dK/dV accumulators; USP
+    both, over ``L = U T`` tokens.
+
+    Raises:
+      ValueError: unknown strategy.
+    """
+    N, K, H = cfg.n_heads // tp, max(1, cfg.n_kv_heads // tp), cfg.head_dim
+    a = _bytes(dtype)
+    shape = tq, tk, nq, nk = _kernel_call_shape(strategy, S, P, U, N, K)
+
+    def ring(length, kh):
+        return 2 * b * length * kh * H * a + 2 * b * length * 4 + (2 * b * length * kh * H * 4 if backward else 0)
+
+    if strategy == "allgather":
+        work = 2 * b * S * K * H * a + 2 * b * S * 4
+    elif strategy == "a2a":
+        work = b * S * H * (nq + 2 * nk) * a + 4 * b * S * 4
+    elif strategy == "ring":
+        work = ring(S // P, K)
+    else:  # usp
+        work = b * tq * H * (nq + 2 * nk) * a + 4 * b * tq * 4 + ring(tq, nk)
+    return work, shape
+
+
 def attention_forward_bytes(
     cfg: ModelDims,
     *,
@@ -500,23 +529,9 @@ def attention_forward_bytes(
     Raises:
       ValueError: unknown strategy or kernel.
     """
-    S, b, P = seq_len, local_batch, context_degree
-    N, K, H = cfg.n_heads // tensor_degree, max(1, cfg.n_kv_heads // tensor_degree), cfg.head_dim
-    a = _bytes(dtype)
-    T = S // P
-    tq, tk, nq, nk = _kernel_call_shape(strategy, S, P, ulysses_degree, N, K)
-
-    def in_flight(length, kh):
-        return 2 * b * length * kh * H * a + 2 * b * length * 4
-
-    if strategy == "allgather":
-        work = 2 * b * S * K * H * a + 2 * b * S * 4
-    elif strategy == "a2a":
-        work = b * S * H * (nq + 2 * nk) * a + 4 * b * S * 4
-    elif strategy == "ring":
-        work = in_flight(T, K)
-    else:  # usp
-        work = b * tq * H * (nq + 2 * nk) * a + 4 * b * tq * 4 + in_flight(tq, nk)
+    b, H = local_batch, cfg.head_dim
+    work, (tq, tk, nq, nk) = _strategy_buffers(cfg, strategy, seq_len, b, context_degree, ulysses_degree,
+                                               tensor_degree, dtype, backward=False)
     return int(work + kernel_forward_bytes(kernel=kernel, local_batch=b, q_len=tq, kv_len=tk, q_heads=nq,
                                            kv_heads=nk, head_dim=H, block_q=block_q, block_kv=block_kv))
 
@@ -565,24 +580,9 @@ def attention_working_bytes(
     Raises:
       ValueError: unknown strategy or kernel.
     """
-    S, b, P = seq_len, local_batch, context_degree
-    N, K, H = cfg.n_heads // tensor_degree, max(1, cfg.n_kv_heads // tensor_degree), cfg.head_dim
-    a = _bytes(dtype)
-    T = S // P
-    f32 = 4
-
-    def ring_buffers(length, nh, kh):
-        return 2 * b * length * kh * H * a + 2 * b * length * 4 + 2 * b * length * kh * H * f32
-
-    tq, tk, nq, nk = _kernel_call_shape(strategy, S, P, ulysses_degree, N, K)
-    if strategy == "allgather":
-        work = 2 * b * S * K * H * a + 2 * b * S * 4
-    elif strategy == "a2a":
-        work = b * S * H * (nq + 2 * nk) * a + 4 * b * S * 4
-    elif strategy == "ring":
-        work = ring_buffers(T, N, K)
-    else:  # usp
-        work = b * tq * H * (nq + 2 * nk) * a + 4 * b * tq * 4 + ring_buffers(tq, nq, nk)
+    b, H = local_batch, cfg.head_dim
+    work, (tq, tk, nq, nk) = _strategy_buffers(cfg, strategy, seq_len, b, context_degree, ulysses_degree,
+                                               tensor_degree, dtype, backward=True)
     return int(work + kernel_backward_bytes(kernel=kernel, local_batch=b, q_len=tq, kv_len=tk, q_heads=nq,
                                             kv_heads=nk, head_dim=H, block_q=block_q, block_kv=block_kv,
                                             block_q_dkv=block_q_dkv, block_kv_dkv=block_kv_dkv, dtype=dtype))
