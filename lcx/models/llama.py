@@ -268,7 +268,7 @@ class Llama(eqx.Module):
         *,
         plan: MeshPlan,
     ) -> Float[Array, "B T V"]:
-        """Next-token logits.
+        """Next-token logits: :meth:`logits` of :meth:`features`.
 
         Args:
           tokens: int32 ``[B, T]`` token ids in ``[0, V)``.
@@ -280,6 +280,22 @@ class Llama(eqx.Module):
 
         Returns:
           float32 logits ``[B, T, V]``.
+        """
+        return self.logits(self.features(tokens, positions, segment_ids, plan=plan), plan=plan)
+
+    def features(
+        self,
+        tokens: Int[Array, "B T"],
+        positions: Int[Array, "B T"],
+        segment_ids: Int[Array, "B T"],
+        *,
+        plan: MeshPlan,
+    ) -> Float[Array, "B T D"]:
+        """The final norm's output, the input of the output head (arguments as :meth:`__call__`).
+
+        Returns:
+          ``[B, T, D]`` in ``config.dtype``. The loss computes the logits from it whole or in
+          vocabulary tiles (:func:`lcx.training.loss.vocab_tiled_loss_sum_and_count`).
         """
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
@@ -303,10 +319,17 @@ class Llama(eqx.Module):
             layer = jax.checkpoint(layer, policy=remat_policy(cfg.remat, **placements), prevent_cse=False)
         x, _ = jax.lax.scan(layer, x, dynamic)
 
-        x = self.final_norm(x)
+        return self.final_norm(x)
+
+    def output_head(self) -> Float[Array, "D V"]:
+        """The output projection ``[D, V]`` in ``config.dtype`` (the embedding's transpose when tied)."""
         head = self.embed.weight.T if self.head is None else self.head
+        return head.astype(jnp.dtype(self.config.dtype))
+
+    def logits(self, x: Float[Array, "B T D"], *, plan: MeshPlan) -> Float[Array, "B T V"]:
+        """float32 logits ``[B, T, V]`` of the final norm's output ``x`` (:meth:`features`)."""
         # logits in float32: the softmax over a 128K vocabulary is sensitive to rounding
-        logits = jnp.einsum("BTD,DV->BTV", x, head.astype(dtype), preferred_element_type=jnp.float32)
+        logits = jnp.einsum("BTD,DV->BTV", x, self.output_head(), preferred_element_type=jnp.float32)
         return plan.constrain(logits, ("batch", "seq", "vocab"))
 
 

@@ -141,7 +141,7 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
 
 
 def abstract_train_state(abstract_params: Any, param_shardings: Any, optimizer: optax.GradientTransformation,
-                         replicated: jax.sharding.Sharding) -> dict[str, Any]:
+                         replicated: jax.sharding.Sharding, *, opt_shardings: Any = None) -> dict[str, Any]:
     """Restore target ``{"params", "opt_state"}`` for a model under a plan.
 
     Args:
@@ -151,13 +151,17 @@ def abstract_train_state(abstract_params: Any, param_shardings: Any, optimizer: 
       optimizer: the optax transformation whose state was saved.
       replicated: the plan's replicated sharding (``MeshPlan.replicated()``), for optax's
         scalar ``count``.
+      opt_shardings: the optimizer state's shardings (default: each state like its parameter,
+        :func:`lcx.training.step.opt_state_shardings`); ``Steps.opt_shardings`` places it where
+        the run keeps it (``pinned_host`` with ``memory.offload_optimizer``). A checkpoint
+        written from either memory kind restores into either.
     """
     abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+    if opt_shardings is None:
+        opt_shardings = opt_state_shardings(optimizer, abstract_params, param_shardings, replicated)
     return {
         "params": abstract_like(abstract_params, param_shardings),
-        "opt_state": abstract_like(
-            abstract_opt, opt_state_shardings(optimizer, abstract_params, param_shardings, replicated)
-        ),
+        "opt_state": abstract_like(abstract_opt, opt_shardings),
     }
 
 

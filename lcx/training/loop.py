@@ -40,6 +40,7 @@ from lcx.training.checkpoint import (
     key_to_json,
     nonfinite_leaves,
 )
+from lcx.training.memory import MemoryOptions
 from lcx.training.optim import optimizer_from_config
 from lcx.training.runinfo import run_info
 from lcx.training.step import init_opt_state, make_steps, put_batch
@@ -50,7 +51,8 @@ log = logging.getLogger(__name__)
 def setup(cfg: DictConfig, devices=None) -> dict[str, Any]:
     """Resolve and validate everything a run needs, before compiling anything.
 
-    Returns a dict with ``plan`` (MeshPlan), ``model_cfg``, ``devices``.
+    Returns a dict with ``plan`` (MeshPlan), ``model_cfg``, ``devices``, ``memory``
+    (:class:`~lcx.training.memory.MemoryOptions` of the ``memory:`` section).
 
     Raises:
       PlanError / ValueError: an invalid plan, model, batch or sequence configuration, with a
@@ -70,9 +72,12 @@ def setup(cfg: DictConfig, devices=None) -> dict[str, Any]:
     plan.validate(
         len(devices), dims=model_cfg.dims(), seq_len=int(cfg.train.seq_len), global_batch=int(cfg.train.global_batch)
     )
+    memory = MemoryOptions.from_config(cfg.get("memory"))
+    P = plan.context_degree(len(devices))
+    memory.check_tiling(int(cfg.train.seq_len) // P, seq_len=int(cfg.train.seq_len), context_degree=P)
     if check:
         check_memory(cfg, model_cfg, plan, devices)
-    return {"plan": bind(plan, devices), "model_cfg": model_cfg, "devices": devices}
+    return {"plan": bind(plan, devices), "model_cfg": model_cfg, "devices": devices, "memory": memory}
 
 
 def check_memory(cfg: DictConfig, model_cfg: ModelConfig, plan, devices) -> None:
@@ -213,6 +218,7 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
     mp: MeshPlan = ctx["plan"]
     model_cfg = ctx["model_cfg"]
     devices = ctx["devices"]
+    memory: MemoryOptions = ctx["memory"]
     resolved = OmegaConf.to_container(cfg, resolve=True)
     data = make_data(
         cfg.data,
@@ -230,6 +236,8 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
     p_shard = model_shardings(abstract, mp)
     abstract_params, static = eqx.partition(abstract, is_arraylike)
     optimizer, schedule = optimizer_from_config(t)
+    # where parameters and optimizer state live between steps: pinned_host when offloaded
+    steps = make_steps(abstract, optimizer, mp, p_shard, memory)
 
     # The training RNG stream. The step draws no randomness today (no dropout); the key is
     # carried through checkpoints so that a stochastic step would resume exactly too.
@@ -239,7 +247,8 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
     restored = None
     if ckpts is not None:
         restored = ckpts.restore_latest(
-            lambda: abstract_train_state(abstract_params, p_shard, optimizer, mp.replicated()),
+            lambda: abstract_train_state(abstract_params, steps.param_shardings, optimizer, mp.replicated(),
+                                         opt_shardings=steps.opt_shardings),
             check=lambda meta, where: check_compatible(meta, resolved["model"], where=where),
         )
     if restored is not None:
@@ -249,9 +258,9 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
         start = int(restored.meta["step"])
         log.info("resumed from %s at step %d", ckpts.directory / str(start), start)
     else:
-        params = jax.jit(lambda k: eqx.filter(init_model(model_cfg, key=k), eqx.is_array), out_shardings=p_shard)(key)
+        params = jax.jit(lambda k: eqx.filter(init_model(model_cfg, key=k), eqx.is_array),
+                         out_shardings=steps.param_shardings)(key)
         opt_state = None
-    steps = make_steps(eqx.combine(params, static), optimizer, mp, p_shard)
     if opt_state is None:
         opt_state = init_opt_state(optimizer, params, steps.opt_shardings)
 

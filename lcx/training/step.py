@@ -19,7 +19,8 @@ import numpy as np
 import optax
 
 from lcx.sharding import MeshPlan
-from lcx.training.loss import loss_sum_and_count
+from lcx.training.loss import loss_sum_and_count, vocab_tiled_loss_sum_and_count
+from lcx.training.memory import DEVICE, HOST, MemoryOptions, with_memory_kind
 
 BATCH_KEYS = ("tokens", "targets", "positions", "segment_ids", "loss_mask")
 BATCH_AXES = ("batch", "seq")
@@ -34,7 +35,10 @@ class Steps:
         optimizer state. ``metrics`` has ``loss`` (nats/token), ``grad_norm``, ``tokens`` (valid
         tokens in the step).
       evaluate: ``(params, batch) -> (loss_sum, count)``.
-      param_shardings, opt_shardings, batch_sharding: the NamedShardings used.
+      param_shardings, opt_shardings: where parameters and optimizer state live between steps
+        (the plan's NamedShardings, in ``pinned_host`` memory when offloaded).
+      batch_sharding: the batch's NamedSharding.
+      memory: the :class:`~lcx.training.memory.MemoryOptions` the steps were built with.
     """
 
     train: Callable
@@ -42,47 +46,82 @@ class Steps:
     param_shardings: Any
     opt_shardings: Any
     batch_sharding: jax.sharding.NamedSharding
+    memory: MemoryOptions = MemoryOptions()
 
 
-def make_steps(model: eqx.Module, optimizer: optax.GradientTransformation, plan: MeshPlan, param_shardings) -> Steps:
+def make_steps(model: eqx.Module, optimizer: optax.GradientTransformation, plan: MeshPlan, param_shardings,
+               memory: MemoryOptions | None = None) -> Steps:
     """Build the train/eval steps for ``model``'s structure under ``plan``.
+
+    With ``memory.offload_params`` / ``memory.offload_optimizer`` the parameters / optimizer
+    state arrive in and return to ``pinned_host`` memory (``Steps.param_shardings`` /
+    ``Steps.opt_shardings``); inside the step they are copied to the device (``jax.device_put``
+    to the same sharding in ``device`` memory): the parameters at the start, the optimizer state
+    for the update, after the backward. With ``memory.vocab_tiling > 1`` the loss is
+    :func:`~lcx.training.loss.vocab_tiled_loss_sum_and_count` (no ``[B, T, V]`` logits).
 
     Args:
       model: the Equinox model (only its structure and static fields are captured).
       optimizer: an optax transformation.
       plan: the plan bound to a mesh.
-      param_shardings: pytree of NamedSharding matching ``eqx.filter(model, eqx.is_array)``.
+      param_shardings: pytree of NamedSharding matching ``eqx.filter(model, eqx.is_array)``, in
+        device memory (:func:`lcx.models.model_shardings`).
+      memory: tiling and offload options (None: none of them).
+
+    Raises:
+      ValueError: ``memory.vocab_tiling`` does not divide the local sequence (at the first call,
+        when the batch shape is known; ``lcx.train`` checks it before compiling).
     """
+    mem = memory or MemoryOptions()
     params, static = eqx.partition(model, is_arraylike)
-    opt_shardings = opt_state_shardings(optimizer, params, param_shardings, plan.replicated())
+    dev_p = with_memory_kind(param_shardings, DEVICE)
+    dev_opt = opt_state_shardings(optimizer, params, dev_p, plan.replicated())
+    rest_p = with_memory_kind(dev_p, HOST) if mem.offload_params else dev_p
+    rest_opt = with_memory_kind(dev_opt, HOST) if mem.offload_optimizer else dev_opt
     batch_sharding = plan.activation_sharding(BATCH_AXES)
     batch_shardings = {k: batch_sharding for k in BATCH_KEYS}
 
     def loss_fn(p, batch):
         m = eqx.combine(p, static)
-        logits = m(batch["tokens"], batch["positions"], batch["segment_ids"], plan=plan)
-        s, c = loss_sum_and_count(logits, batch["targets"], batch["loss_mask"])
+        if mem.vocab_tiling == 1:
+            logits = m(batch["tokens"], batch["positions"], batch["segment_ids"], plan=plan)
+            s, c = loss_sum_and_count(logits, batch["targets"], batch["loss_mask"])
+        else:
+            h = m.features(batch["tokens"], batch["positions"], batch["segment_ids"], plan=plan)
+            s, c = vocab_tiled_loss_sum_and_count(h, m.output_head(), batch["targets"], batch["loss_mask"],
+                                                  tiles=mem.vocab_tiling, seq_shards=plan.context_degree,
+                                                  constrain=plan.constrain)
         return s / jnp.maximum(c, 1.0), (s, c)
 
+    def to_device(p):
+        return jax.device_put(p, dev_p) if mem.offload_params else p
+
     def train(p, opt_state, batch):
+        p = to_device(p)
         (loss, (_, c)), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, batch)
+        if mem.offload_optimizer:
+            opt_state = jax.device_put(opt_state, dev_opt)
         updates, opt_state = optimizer.update(grads, opt_state, p)
         p = optax.apply_updates(p, updates)
+        if mem.offload_params:
+            p = jax.device_put(p, rest_p)
+        if mem.offload_optimizer:
+            opt_state = jax.device_put(opt_state, rest_opt)
         return p, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), "tokens": c}
 
     def evaluate(p, batch):
-        _, (s, c) = loss_fn(p, batch)
+        _, (s, c) = loss_fn(to_device(p), batch)
         return s, c
 
     rep = plan.replicated()
     train_j = jax.jit(
         train,
-        in_shardings=(param_shardings, opt_shardings, batch_shardings),
-        out_shardings=(param_shardings, opt_shardings, {"loss": rep, "grad_norm": rep, "tokens": rep}),
+        in_shardings=(rest_p, rest_opt, batch_shardings),
+        out_shardings=(rest_p, rest_opt, {"loss": rep, "grad_norm": rep, "tokens": rep}),
         donate_argnums=(0, 1),
     )
-    eval_j = jax.jit(evaluate, in_shardings=(param_shardings, batch_shardings), out_shardings=(rep, rep))
-    return Steps(train_j, eval_j, param_shardings, opt_shardings, batch_sharding)
+    eval_j = jax.jit(evaluate, in_shardings=(rest_p, batch_shardings), out_shardings=(rep, rep))
+    return Steps(train_j, eval_j, rest_p, rest_opt, batch_sharding, mem)
 
 
 def is_arraylike(x: Any) -> bool:
