@@ -3,6 +3,10 @@
 Groups: ``model=`` (tiny | llama3_1_8b | llama3_70b | llama3_1_8b_longctx), ``plan=`` (dp | fsdp |
 allgather | a2a | ring | usp | fsdp_ring), ``hardware=`` (cpu | tpu_v5p | tpu7), ``data=`` (stdlib |
 text), ``experiment=``. Writes ``metrics.jsonl`` and ``run_info.json`` in the Hydra run directory.
+
+``train.dry_run=true`` validates the plan and checks memory for the hardware preset's device
+count (``hardware.chips x hardware.devices_per_chip``), prints the memory anatomy, writes
+``dry_run.json`` and exits without devices or compiling (:func:`dry_run`).
 """
 
 from __future__ import annotations
@@ -92,8 +96,13 @@ def main(cfg: DictConfig) -> float | None:
 def _main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
+    from lcx.conf import boolean
     from lcx.cost import apply_hardware_flags
 
+    if boolean(cfg.train.get("dry_run", False), "train.dry_run",
+               "validate the plan and check memory for the configured hardware, without devices"):
+        dry_run(cfg, HydraConfig.get().runtime.output_dir)
+        return None
     apply_hardware_flags(cfg.hardware)  # XLA/libtpu flags must be set before the backend starts
     devices = configure_devices(cfg)
     from lcx.training.loop import train
@@ -101,6 +110,28 @@ def _main(cfg: DictConfig) -> float | None:
     out = train(cfg, HydraConfig.get().runtime.output_dir, devices)
     print(done_message(out, int(cfg.train.steps)), file=sys.stderr)
     return out["val_loss"]
+
+
+def dry_run(cfg: DictConfig, out_dir=None) -> dict:
+    """``train.dry_run=true``: :func:`lcx.training.loop.dry_run` before any device is configured.
+
+    The run is validated for ``hardware.chips x hardware.devices_per_chip`` devices (the
+    simulated CPU devices on ``hardware=cpu``) and its memory checked against the preset, so
+    ``python -m lcx.train experiment=longctx_14m_tpu7 train.dry_run=true`` checks a 128-device
+    TPU 7 run on a CPU machine. No JAX backend starts (the platform is pinned to cpu unless
+    ``JAX_PLATFORMS`` says otherwise, in case anything touched one), no distributed runtime is
+    joined and nothing compiles.
+
+    Raises:
+      PlanError / ValueError: what a real run would refuse before compiling.
+    """
+    import jax
+
+    if not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")  # never probe or start an accelerator here
+    from lcx.training.loop import dry_run as _dry_run
+
+    return _dry_run(cfg, out_dir)
 
 
 def done_message(out: dict, steps: int) -> str:
