@@ -264,3 +264,162 @@ def test_attention_kernel_defaults_per_hardware(hardware, kernel):
     # what the entry points call: both defaults from the hardware node
     assert plan_from_config(cfg.plan, hardware=cfg.hardware).attention.kernel == kernel
     assert plan_from_config(explicit.plan, hardware=explicit.hardware).attention.kernel == "xla"
+
+
+# ---------------------------------------------------------------------------------------- the planner
+# lcx.train runs vocabulary tiling and optimizer / parameter host offload (memory.*), so the
+# planner's recommendations for MaxText's long-context cases are plans lcx.train trains.
+def _hw(name: str):
+    import pathlib
+
+    from omegaconf import OmegaConf
+
+    from lcx import cost
+
+    conf = pathlib.Path(__file__).resolve().parent.parent / "lcx" / "conf"
+    return cost.hardware_from_config(OmegaConf.load(conf / "hardware" / f"{name}.yaml"), probe=False)
+
+
+def _longctx():
+    from lcx.models.config import preset as model_preset
+
+    return model_preset("llama3_1_8b_longctx")
+
+
+def test_missing_in_lcx_lists_only_what_lcx_train_cannot_run():
+    from lcx.cost import ActivationPolicy, missing_in_lcx
+
+    runs = [ActivationPolicy("custom", decoder_layer_input="offload", context="offload", offload_optimizer=True,
+                             offload_params=True, vocab_tiling=16),
+            ActivationPolicy("full", decoder_layer_input="offload", vocab_tiling=7),
+            ActivationPolicy("none", offload_optimizer=True)]
+    assert all(missing_in_lcx(p) == [] for p in runs)
+    assert missing_in_lcx(ActivationPolicy("dots_saveable", decoder_layer_input="offload")) == [
+        "block-input offload under remat=dots_saveable"]
+
+
+@pytest.mark.parametrize("hardware,n,seq,batch,local", [
+    ("tpu7", 128, 14_680_064, 1, 114_688),   # experiment=longctx_14m_tpu7
+    ("tpu_v5p", 64, 4_194_304, 2, 131_072),  # experiment=longctx_4m_v5p (recommended: data 2 x context 32)
+])
+def test_maxtext_cases_get_a_runnable_recommendation_with_tiling_and_offload(hardware, n, seq, batch, local):
+    from lcx import cost
+
+    rec = cost.search(_longctx(), _hw(hardware), n, seq_len=seq, global_batch=batch)
+    b = rec.best
+    assert b is not None and b.runnable_in_lcx and rec.best_runnable is b
+    assert not any("lacks" in r for r in rec.reasons), rec.reasons
+    # MaxText's recipe: vocabulary tiling 16 and the block input and attention context offloaded
+    p = b.policy
+    assert p.vocab_tiling == 16 and (seq // b.context_degree) % 16 == 0
+    assert b.est.memory.logits < b.est.memory.layer_working  # tiled: the logits are no longer the peak
+    assert (p.remat, p.decoder_layer_input, p.context) == ("custom", "offload", "offload")
+    assert b.est.fits and batch * seq // n == local
+    line = next(r for r in rec.reasons if r.startswith("lcx.train trains it with: "))
+    assert "memory.vocab_tiling=16" in line and "model.remat_context=offload" in line
+
+
+def test_planner_prices_only_tile_counts_that_divide_the_local_sequence():
+    from lcx import cost
+
+    # 1,025,024 tokens on 128 devices: 8,008 = 8 x 7 x 11 x 13 local tokens; 16 does not divide
+    # them, 14 does (the nearest divisor)
+    from lcx.cost.planner import valid_tiling
+
+    assert valid_tiling(16, 8008) == 14 and valid_tiling(15, 114_688) == 14
+    assert valid_tiling(16, 114_688) == 16
+    rec = cost.search(_longctx(), _hw("tpu7"), 128, seq_len=1_025_024, global_batch=1)
+    tiled = [c for c in rec.candidates if c.policy.vocab_tiling > 1]
+    assert tiled and all((1_025_024 // c.context_degree) % c.policy.vocab_tiling == 0 for c in tiled)
+    assert {c.policy.vocab_tiling for c in tiled} == {14}
+
+
+def test_train_overrides_are_what_hydra_and_lcx_train_accept():
+    from hydra import compose, initialize_config_module
+
+    from lcx import cost
+    from lcx.cost.planner import train_overrides
+    from lcx.training.loop import memory_policy, resolve
+
+    pols = [cost.ActivationPolicy("custom", decoder_layer_input="offload", context="offload", offload_optimizer=True,
+                                  offload_params=True, vocab_tiling=16),
+            cost.ActivationPolicy("full", decoder_layer_input="offload", vocab_tiling=16),
+            cost.ActivationPolicy("full")]
+    for pol in pols:
+        ov = train_overrides(pol)
+        with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
+            cfg = compose(config_name="config", overrides=["experiment=longctx_14m_tpu7", *ov])
+        ctx = resolve(cfg, 128, run_memory_check=False)
+        got = memory_policy(ctx["model_cfg"], ctx["memory"])
+        # full with the block input offloaded is custom with everything else recomputed
+        want = pol if pol.remat == "custom" or pol.decoder_layer_input == "device" else \
+            dataclasses.replace(pol, remat="custom")
+        assert got == want, (ov, got.label, want.label)
+    with pytest.raises(ValueError, match="lcx.train cannot run it"):
+        train_overrides(cost.ActivationPolicy("dots_saveable", decoder_layer_input="offload"))
+
+
+def test_planner_names_the_best_plan_lcx_runs_and_it_is_the_recommendation():
+    # 1M tokens x 4 on 64 v5p: the recommendation tiles the vocabulary, which lcx.train now runs
+    from lcx import cost
+
+    rec = cost.search(_longctx(), _hw("tpu_v5p"), 64, seq_len=1 << 20, global_batch=4)
+    assert rec.best.runnable_in_lcx and rec.best_runnable is rec.best and rec.best.policy.vocab_tiling == 16
+    assert not any("lacks" in r for r in rec.reasons)
+
+
+def test_planner_warns_without_a_margin_and_needs_nothing_lcx_train_lacks():
+    # ~31.9M tokens on 64 TPU7 chips: the recommendation is within 5% of the HBM (the warning);
+    # it and the warning's alternatives are plans lcx.train runs
+    from lcx import cost
+
+    rec = cost.search(_longctx(), _hw("tpu7"), 128, seq_len=31_932_416, global_batch=1)
+    assert 0.95 * _hw("tpu7").hbm_bytes < rec.best.est.memory.total <= _hw("tpu7").hbm_bytes
+    line = next(r for r in rec.reasons if r.startswith("warning: "))
+    assert "of the 96.00 GiB of HBM (less than a 5% margin)" in line and "heap packing loss" in line
+    assert rec.best.runnable_in_lcx and not any("lacks" in r for r in rec.reasons)
+
+
+def test_planner_hints_need_nothing_lcx_train_lacks():
+    # 70B at 1M tokens on 8 v5p chips: nothing fits; the "more chips" hint is a plan lcx.train runs
+    import pathlib
+
+    from hydra import compose, initialize_config_dir
+
+    from lcx.plan import run
+
+    conf = pathlib.Path(__file__).resolve().parent.parent / "lcx" / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        c = compose("plan_config", overrides=["hardware=tpu_v5p", "model=llama3_70b", "hardware.chips=8",
+                                              "train.seq_len=1048576"])
+    rec = run(c)
+    assert rec["recommendation"] is None
+    hint = next(r for r in rec["reasons"] if r.startswith("nothing fits"))
+    assert "x the chips (hardware.chips=" in hint and "lacks" not in hint
+    assert not any(r.startswith("a plan lcx.train runs today fits with") for r in rec["reasons"])
+
+
+@pytest.mark.parametrize("experiment", ["longctx_14m_tpu7", "longctx_4m_v5p"])
+def test_maxtext_comparison_prices_the_recipe_itself(experiment, tmp_path, capsys):
+    """Like with like: the ledger line beside MaxText's measured step is the recipe's own mesh and
+    policy (tiling, offloads, remat placements): for the recipe experiments, the given plan."""
+    import pathlib
+
+    from hydra import compose, initialize_config_dir
+
+    from lcx.plan import run
+
+    conf = pathlib.Path(__file__).resolve().parent.parent / "lcx" / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        c = compose("plan_config", overrides=[f"experiment={experiment}"])
+    report = run(c, tmp_path)
+    out = capsys.readouterr().out
+    given = report["given"]["estimate"]
+    line = next(x for x in out.splitlines() if "The ledger on that same run" in x)
+    assert f"roofline {given['step_time_s']:,.1f} s/step" in line
+    assert f"{given['memory_bytes_per_device']['total'] / 2**30:,.2f} GiB HBM" in line and "fits" in line
+    pub = c.published.step_time_s
+    assert f"measured / roofline = {pub / given['step_time_s']:.2f}" in line
+    assert report["recommendation"]["runnable_in_lcx"] and "lacks" not in out
+    rec_line = next(x for x in out.splitlines() if x.strip().startswith("lcx recommends "))
+    assert ("the same policy" in rec_line) == (report["recommendation"]["policy"] == report["given"]["policy"])

@@ -57,7 +57,11 @@ def missing_in_lcx(policy: ActivationPolicy) -> list[str]:
 
     ``lcx.models`` runs its remat policies (:data:`LCX_REMAT`), with activation offload only
     through ``custom`` (``full`` with the block input offloaded is ``custom`` with every other
-    placement ``remat``); it has no optimizer or parameter host offload and no vocabulary tiling.
+    placement ``remat``); ``lcx.train`` runs vocabulary tiling (``memory.vocab_tiling``: N must
+    divide the local sequence, and the planner prices only such N, :func:`valid_tiling`) and
+    optimizer and parameter host offload (``memory.offload_optimizer`` /
+    ``memory.offload_params``). What it still lacks: a remat policy outside :data:`LCX_REMAT`,
+    and the block input offloaded under any policy but ``full`` / ``custom``.
     """
     p = policy
     out = []
@@ -65,12 +69,46 @@ def missing_in_lcx(policy: ActivationPolicy) -> list[str]:
         out.append(f"remat={p.remat}")
     elif p.decoder_layer_input == "offload" and p.remat not in ("full", "custom"):
         out.append(f"block-input offload under remat={p.remat}")
-    if p.offload_optimizer:
-        out.append("optimizer host offload")
-    if p.offload_params:
-        out.append("parameter host offload")
-    if p.vocab_tiling != 1:
-        out.append(f"vocabulary tiling ({p.vocab_tiling} tiles)")
+    return out
+
+
+def valid_tiling(n: int, local_seq: int) -> int:
+    """The vocabulary tile count ``lcx.train`` accepts nearest to ``n``: a divisor of the local
+    sequence ``local_seq`` (tokens per device), the smaller one on a tie (the rule of
+    ``lcx.training.memory.MemoryOptions.check_tiling``'s advice). 16 for 114,688 (14,680,064
+    tokens / 128) and 65,536; 14 for ``n=15`` at 114,688."""
+    if local_seq % n == 0:
+        return n
+    return min(_divisors(local_seq), key=lambda d: (abs(d - n), d))
+
+
+def train_overrides(policy: ActivationPolicy) -> list[str]:
+    """The ``lcx.train`` overrides that train ``policy``: ``model.remat`` and its placements,
+    and every ``memory.*`` option (explicit: an experiment may set them otherwise).
+
+    ``full`` with the block input offloaded is ``custom`` with the context and q/k/v
+    recomputed. For any other non-``custom`` policy the ``model.remat_*`` placements are set to
+    their defaults: the model refuses others without ``custom``, and the experiment these are
+    added to may set them.
+
+    Raises:
+      ValueError: a policy :func:`missing_in_lcx` says lcx.train cannot run.
+    """
+    p = policy
+    miss = missing_in_lcx(p)
+    if miss:
+        raise ValueError(f"policy {p.label}: lcx.train cannot run it ({', '.join(miss)})")
+    defaults = {"remat_layer_input": "device", "remat_context": "remat", "remat_qkv": "remat"}
+    if p.remat == "custom" or p.decoder_layer_input == "offload":
+        custom = p.remat == "custom"
+        out = ["model.remat=custom", f"model.remat_layer_input={p.decoder_layer_input}",
+               f"model.remat_context={p.context if custom else 'remat'}",
+               f"model.remat_qkv={p.qkv if custom else 'remat'}"]
+    else:
+        # the placements back to their defaults: the experiment a user adds these to may set them
+        out = [f"model.remat={p.remat}"] + [f"model.{k}={v}" for k, v in defaults.items()]
+    out += [f"memory.vocab_tiling={p.vocab_tiling}", f"memory.offload_optimizer={str(p.offload_optimizer).lower()}",
+            f"memory.offload_params={str(p.offload_params).lower()}"]
     return out
 
 
@@ -142,7 +180,8 @@ def _data(plan: Plan) -> int:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def candidate_plans(cfg, n_devices: int, seq_len: int, global_batch: int, *, attention: AttentionConfig | None = None,
@@ -336,6 +375,9 @@ def search(cfg, hw: Hardware, n_devices: int, *, seq_len: int, global_batch: int
         reasons.append(f"  vs {c.plan.name}, params {c.param_sharding} ({c.policy.label}): "
                        f"{c.est.step_time:,.1f} s/step, {_gib(c.est.memory.total)}")
     rb = runnable[0] if runnable else None
+    if best.runnable_in_lcx:
+        reasons.append(f"lcx.train trains it with: {' '.join(train_overrides(best.policy))} (on the mesh and "
+                       f"parameter sharding above)")
     if rb is not None and rb is not best:
         reasons.append(
             f"the recommendation needs {', '.join(missing_in_lcx(best.policy))}, which lcx.train lacks; the best "
@@ -363,7 +405,16 @@ def _price(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int, p
            dtype: str, param_dtype: str, attention: AttentionConfig | None, window: int | None) -> list[Candidate]:
     cands: list[Candidate] = []
     for plan, sharding in candidate_plans(cfg, n_devices, seq_len, global_batch, attention=attention):
+        # lcx.train tiles the local sequence: a tile count that does not divide it becomes the
+        # nearest that does (a policy that then repeats another is priced once)
+        T = seq_len // plan.context_degree(n_devices)
+        own: list[ActivationPolicy] = []
         for pol in pols:
+            if pol.vocab_tiling > 1 and T % pol.vocab_tiling:
+                pol = dataclasses.replace(pol, vocab_tiling=valid_tiling(pol.vocab_tiling, T))
+            if pol not in own:
+                own.append(pol)
+        for pol in own:
             est = estimate(cfg, plan, hw, n_devices, seq_len=seq_len, global_batch=global_batch, policy=pol,
                            dtype=dtype, param_dtype=param_dtype, window=window,
                            tie_embeddings=bool(getattr(cfg, "tie_embeddings", False)))
@@ -526,4 +577,4 @@ def recommended_degree(rec: Recommendation) -> int | None:
 
 
 __all__ = ["Candidate", "Recommendation", "candidate_plans", "default_policies", "missing_in_lcx", "search", "table",
-           "recommended_degree"]
+           "recommended_degree", "train_overrides", "valid_tiling"]
