@@ -81,17 +81,7 @@ def make_steps(model: eqx.Module, optimizer: optax.GradientTransformation, plan:
     batch_sharding = plan.activation_sharding(BATCH_AXES)
     batch_shardings = {k: batch_sharding for k in BATCH_KEYS}
 
-    def loss_fn(p, batch):
-        m = eqx.combine(p, static)
-        if mem.vocab_tiling == 1:
-            logits = m(batch["tokens"], batch["positions"], batch["segment_ids"], plan=plan)
-            s, c = loss_sum_and_count(logits, batch["targets"], batch["loss_mask"])
-        else:
-            h = m.features(batch["tokens"], batch["positions"], batch["segment_ids"], plan=plan)
-            s, c = vocab_tiled_loss_sum_and_count(h, m.output_head(), batch["targets"], batch["loss_mask"],
-                                                  tiles=mem.vocab_tiling, seq_shards=plan.context_degree,
-                                                  constrain=plan.constrain)
-        return s / jnp.maximum(c, 1.0), (s, c)
+    loss_fn = loss_function(static, plan, mem)
 
     def to_device(p):
         return jax.device_put(p, dev_p) if mem.offload_params else p
@@ -122,6 +112,36 @@ def make_steps(model: eqx.Module, optimizer: optax.GradientTransformation, plan:
     )
     eval_j = jax.jit(evaluate, in_shardings=(rest_p, batch_shardings), out_shardings=(rep, rep))
     return Steps(train_j, eval_j, rest_p, rest_opt, batch_sharding, mem)
+
+
+def loss_function(static: Any, plan: MeshPlan, memory: MemoryOptions | None = None) -> Callable:
+    """The training objective ``(params, batch) -> (loss, (loss_sum, count))`` of a model.
+
+    ``loss = loss_sum / max(count, 1)`` in nats per valid token: the global sum of token NLL over
+    the global count of valid tokens. With ``memory.vocab_tiling > 1`` the logits are never formed
+    whole (:func:`~lcx.training.loss.vocab_tiled_loss_sum_and_count`); the result is the untiled
+    one up to float32 summation order.
+
+    Args:
+      static: the model's static part (``eqx.partition(model, is_arraylike)[1]``).
+      plan: the plan bound to a mesh.
+      memory: tiling options (None: untiled).
+    """
+    mem = memory or MemoryOptions()
+
+    def loss_fn(p, batch):
+        m = eqx.combine(p, static)
+        if mem.vocab_tiling == 1:
+            logits = m(batch["tokens"], batch["positions"], batch["segment_ids"], plan=plan)
+            s, c = loss_sum_and_count(logits, batch["targets"], batch["loss_mask"])
+        else:
+            h = m.features(batch["tokens"], batch["positions"], batch["segment_ids"], plan=plan)
+            s, c = vocab_tiled_loss_sum_and_count(h, m.output_head(), batch["targets"], batch["loss_mask"],
+                                                  tiles=mem.vocab_tiling, seq_shards=plan.context_degree,
+                                                  constrain=plan.constrain)
+        return s / jnp.maximum(c, 1.0), (s, c)
+
+    return loss_fn
 
 
 def is_arraylike(x: Any) -> bool:
