@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import pathlib
+from dataclasses import replace as dataclasses_replace
 
 import pytest
 from omegaconf import OmegaConf
@@ -121,6 +122,85 @@ def test_flops_components_from_layer_shapes():
     assert cost.recompute_flops(cfg, 64, 3, "none") == 0
     assert cost.recompute_flops(cfg, 64, 3, "full") == f.linear - 2 * 64 * 3 * D * V + f.attention
     assert cost.recompute_flops(cfg, 64, 3, "custom", keep_context=True) == f.linear - 2 * 64 * 3 * D * V
+
+
+def test_vocab_tiling_replays_the_head_once_as_recompute_not_model_flops():
+    # the tiled loss checkpoints its scan body with nothing saved: the backward recomputes each
+    # tile's logits, one more h @ head (2 S B D V); untiled, nothing is replayed
+    from lcx.cost.flops import head_replay_flops
+
+    cfg = preset("tiny")
+    D, V, S, B = cfg.d_model, cfg.vocab_size, 64, 3
+    for remat in ("none", "full", "custom"):
+        base = cost.recompute_flops(cfg, S, B, remat)
+        assert cost.recompute_flops(cfg, S, B, remat, vocab_tiling=1) == base
+        assert cost.recompute_flops(cfg, S, B, remat, vocab_tiling=4) == base + 2 * S * B * D * V
+        assert cost.recompute_flops(cfg, S, B, remat, vocab_tiling=16) == base + 2 * S * B * D * V
+    assert head_replay_flops(cfg, S, B, 1) == 0 and head_replay_flops(cfg, S, B, 8) == 2 * S * B * D * V
+    with pytest.raises(ValueError):
+        head_replay_flops(cfg, S, B, 0)
+    # the estimate's recompute and compute time carry it; the model FLOPs (MFU numerator) do not
+    plan = plan_preset("ring").with_mesh(data=1, context=8)
+    kw = dict(seq_len=4096, global_batch=1)
+    e1 = cost.estimate(cfg, plan, hw("tpu7"), 8, policy=cost.ActivationPolicy("full"), **kw)
+    e16 = cost.estimate(cfg, plan, hw("tpu7"), 8, policy=cost.ActivationPolicy("full", vocab_tiling=16), **kw)
+    assert e16.flops == e1.flops
+    assert e16.recompute_flops - e1.recompute_flops == 2 * 4096 * D * V
+    assert e16.compute_time - e1.compute_time == pytest.approx(2 * 4096 * D * V / 8 / hw("tpu7").peak_flops_per_device)
+
+
+def test_logits_phase_of_vocab_tiling():
+    # four float32 [b, T / N, V] tiles (replayed logits, the target pick's cotangent, d logits and
+    # its transposed copy), the gathered head [D, V] and the final norm's residuals, h and dh
+    from lcx.cost.memory import logits_phase_bytes
+
+    cfg = preset("tiny").replace(vocab_size=4096)
+    D, V = cfg.d_model, cfg.vocab_size
+    tok = 256
+    for n in (1, 4, 16):
+        assert logits_phase_bytes(cfg, tokens=tok, vocab_tiling=n, dtype="float32") == (
+            4 * 4 * (tok // n) * V + D * V * 4 + tok * (8 * D + 2 * D * 4))
+    assert logits_phase_bytes(cfg, tokens=tok, vocab_tiling=4, head_copy=False, dtype="bfloat16") == (
+        4 * 4 * 64 * V + tok * (8 * D + 2 * D * 2))
+    with pytest.raises(ValueError):
+        cost.ActivationPolicy("full", vocab_tiling=0)
+    # memory_breakdown: the head is all-gathered when ZeRO-3 shards it, not when it is replicated
+    plan = plan_preset("ring").with_mesh(data=1, context=8)
+    zero3 = plan.with_rule("embed", ("data", "context"), kind="params")
+    kw = dict(seq_len=2048, global_batch=1, policy=cost.ActivationPolicy("full", vocab_tiling=4), dtype="float32",
+              param_dtype="float32")
+    assert cost.memory_breakdown(cfg, zero3, 8, **kw).logits == logits_phase_bytes(cfg, tokens=tok, vocab_tiling=4,
+                                                                                   dtype="float32")
+    assert cost.memory_breakdown(cfg, plan, 8, **kw).logits == logits_phase_bytes(cfg, tokens=tok, vocab_tiling=4,
+                                                                                  head_copy=False, dtype="float32")
+
+
+def test_state_offload_as_lcx_train_compiles_it():
+    # lcx.training.step: offloaded parameters are copied to the device at the step's start and
+    # held there; the offloaded optimizer state is on device for the update only (its own phase)
+    cfg = preset("llama3_1_8b_longctx")
+    plan = plan_preset("ring").with_mesh(data=1, context=64).with_rule("embed", ("data", "context"), kind="params")
+    kw = dict(seq_len=65536, global_batch=1)
+    pol = cost.ActivationPolicy("custom", decoder_layer_input="offload", context="offload")
+    base = cost.memory_breakdown(cfg, plan, 64, policy=pol, **kw)
+    p = base.grads
+    acts_host = base.host
+    both = dataclasses_replace(pol, offload_optimizer=True, offload_params=True)
+    m = cost.memory_breakdown(cfg, plan, 64, policy=both, **kw)
+    assert (m.params, m.grads, m.optimizer, m.update) == (p, p, 0, 2 * p)
+    assert m.host == acts_host + p + 2 * p
+    assert m.total == m.state + max(m.activations + m.working, m.update) == base.total - 2 * p
+    # replicated parameters and a short sequence: the moments' copy (2 x 32 GiB) exceeds the
+    # backward's bytes, and the update phase is the peak
+    small = cost.memory_breakdown(cfg, plan_preset("ring").with_mesh(data=1, context=64), 64, policy=both,
+                                  seq_len=4096, global_batch=1)
+    assert small.update > small.activations + small.working and small.total == small.state + small.update
+    # XLA:CPU strips memory placements: pinned_host arguments are read in place (no device copy)
+    # and the offloaded residuals stay ordinary temporaries
+    cpu = cost.memory_breakdown(cfg, plan, 64, policy=both, memory_kinds=False, **kw)
+    assert (cpu.params, cpu.optimizer, cpu.update) == (0, 0, 0)
+    assert cpu.host == p + 2 * p and cpu.activations == base.activations + acts_host
+    assert cost.memory_breakdown(cfg, plan, 64, policy=pol, memory_kinds=False, **kw).total == base.total + acts_host
 
 
 # ------------------------------------------------------------------ memory and communication
@@ -344,7 +424,13 @@ def test_host_transfer_bytes_and_time():
     state = cost.ActivationPolicy("full", offload_optimizer=True, offload_params=True)
     e = cost.estimate(cfg, plan, t7, 128, policy=state, **kw)
     p = e.memory.grads
-    assert e.host_bytes == 3 * p + 2 * 2 * p
+    # lcx.training.step: parameters in once at the step's start (the device copy serves the
+    # forward, backward and update) and out once; AdamW's two moments in for the update and out
+    assert e.host_bytes == 2 * p + 2 * 2 * p
+    assert cost.estimate(cfg, plan, t7, 128, policy=cost.ActivationPolicy("full", offload_params=True),
+                         **kw).host_bytes == 2 * p
+    assert cost.estimate(cfg, plan, t7, 128, policy=cost.ActivationPolicy("full", offload_optimizer=True),
+                         **kw).host_bytes == 2 * 2 * p
     # nothing offloaded, nothing moved
     assert cost.estimate(cfg, plan, t7, 128, policy=cost.ActivationPolicy("full"), **kw).host_bytes == 0
 

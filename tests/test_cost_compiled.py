@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "experiments"))
 import ledger_vs_compiled as lvc  # noqa: E402
+import vocab_tiling_offload as vto  # noqa: E402
 
 
 # every strategy under the policies that save different things (none: all residuals, stacked;
@@ -138,3 +139,22 @@ def test_live_peak_of_a_compiled_step(devices):
         row = lvc.compare("ring", 4096, "none", diagnostics=True)
     assert row["live_peak_mib"] <= row["compiled_mib"] + 1e-9
     assert row["memopt_mib"] > 0 and abs(row["ratio_live"] - 1) <= 0.15, row
+
+
+# experiment=longctx_replica_cpu's structure (ring, zigzag, ZeRO-3, remat custom with the block
+# input and context offloaded) on a 4,096-token vocabulary at 2,048 tokens: vocabulary tiling N
+# and optimizer + parameter host offload, compiled only. The last row has 4,096 tokens per tile,
+# where XLA:CPU fuses the loss backward into one in-place YNNPACK fusion (three logits tiles,
+# not four). experiments/vocab_tiling_offload.py prints the replica's own table (V = 128,256).
+@pytest.mark.parametrize("tiles,offload,overrides", [
+    (1, False, ()), (1, True, ()), (4, False, ()), (4, True, ()),
+    (1, True, ("train.seq_len=32768",)),
+])
+def test_vocab_tiling_and_offload_within_15_percent_of_compiled(devices, tiles, offload, overrides):
+    row = vto.compare(tiles, offload, ("model.vocab_size=4096", "train.seq_len=2048", *overrides))
+    assert abs(row["ratio_device"] - 1) <= 0.15, row
+    # host: the offloaded parameters and AdamW moments (S(5) in the entry layout), exactly,
+    # but for optax's two int32 step counters, which the ledger does not count
+    assert row["compiled_host_bytes"] - row["ledger_host_bytes"] == (8 if offload else 0), row
+    # the largest V-sized buffer is one tile of logits: b T / N x V float32
+    assert row["largest_v_elements"] == row["tile_v_elements"], row

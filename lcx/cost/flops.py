@@ -179,6 +179,7 @@ def recompute_flops(
     remat: str,
     *,
     keep_context: bool = False,
+    vocab_tiling: int = 1,
     causal: bool = True,
     window: int | None = None,
     documents: Sequence[int] | None = None,
@@ -187,13 +188,22 @@ def recompute_flops(
 
     Not model FLOPs: MaxText's MFU ignores them; they lengthen the step.
 
+    The blocks' replay is the policy's fraction of their forward (the output head is outside
+    the scanned blocks, so no remat policy replays it). With vocabulary tiling (``vocab_tiling >
+    1``) the backward replays each tile's logits: ``lcx.training.loss.
+    vocab_tiled_loss_sum_and_count`` checkpoints its scan body with nothing saved, so the head
+    matmul ``h [B, S, D] @ head [D, V]`` runs once more, :func:`head_replay_flops` (``2 S B D
+    V``); the softmax and loss around it are elementwise and not counted, as MaxText counts
+    none. Untiled (1), the loss keeps its logits and replays nothing.
+
     Args:
       remat: a key of :data:`RECOMPUTED_FORWARD_FRACTION`.
       keep_context: ``custom`` policy only: the attention output is saved (``context=device`` or
         ``offload``), so the attention kernel is not replayed.
+      vocab_tiling: tiles of the output head and loss (``memory.vocab_tiling``; 1: untiled).
 
     Raises:
-      ValueError: unknown policy.
+      ValueError: unknown policy, or ``vocab_tiling`` < 1.
     """
     if remat not in RECOMPUTED_FORWARD_FRACTION:
         raise ValueError(f"unknown remat policy {remat!r}; choose one of {sorted(RECOMPUTED_FORWARD_FRACTION)}")
@@ -202,7 +212,20 @@ def recompute_flops(
         att = 0.0
     f = forward_flops(cfg, seq_len, global_batch, causal=causal, window=window, documents=documents)
     head = 2.0 * seq_len * global_batch * cfg.d_model * cfg.vocab_size  # the head is outside the scanned blocks
-    return lin * (f.linear - head) + att * f.attention
+    return lin * (f.linear - head) + att * f.attention + head_replay_flops(cfg, seq_len, global_batch, vocab_tiling)
+
+
+def head_replay_flops(cfg: ModelDims, seq_len: int, global_batch: int, vocab_tiling: int = 1) -> float:
+    """FLOPs of the output head's replay under vocabulary tiling (whole batch, per step):
+    ``2 S B D V`` when ``vocab_tiling > 1`` (each tile's logits are recomputed in the backward,
+    see :func:`recompute_flops`), 0 untiled. Linear recompute, not model FLOPs.
+
+    Raises:
+      ValueError: ``vocab_tiling`` < 1.
+    """
+    if vocab_tiling < 1:
+        raise ValueError(f"vocab_tiling must be >= 1, got {vocab_tiling}")
+    return 2.0 * seq_len * global_batch * cfg.d_model * cfg.vocab_size if vocab_tiling > 1 else 0.0
 
 
 def prefill_flops_per_layer(d_model: int, params_per_layer: int, n_tokens: int, *, causal: bool = True) -> tuple[float, float]:

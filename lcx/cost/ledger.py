@@ -58,7 +58,8 @@ class Estimate:
 
     Attributes:
       flops: model FLOPs of the step (whole batch).
-      recompute_flops: FLOPs the remat policy adds (whole batch; not in MFU).
+      recompute_flops: FLOPs the remat policy and vocabulary tiling's head replay add (whole
+        batch; not in MFU).
       memory: per-device memory breakdown.
       comm: per-device communication bytes.
       compute_time: seconds of compute per step per device at peak (with causal imbalance).
@@ -158,17 +159,25 @@ def step_metrics(cfg: ModelDims, seq_len: int, global_batch: int, step_time_s: f
 def host_transfer_bytes(mem: MemoryBreakdown, policy: ActivationPolicy) -> float:
     """Bytes one device moves between HBM and host memory in one training step.
 
-    Offloaded activations (block inputs, attention context) are written in the forward and read
-    back in the backward: twice their bytes. Offloaded parameters are read for the forward and
-    again for the backward (nothing keeps them on device in between) and written back after the
-    update: three times. Offloaded optimizer state (AdamW's two tensors per parameter, as
-    :func:`~lcx.cost.memory.memory_breakdown` counts it) is read for the update and written
-    back: twice. The parameter bytes per device are ``mem.grads`` (gradients stay on device).
+    From the program ``lcx.training.step.make_steps`` compiles and ``lcx.models`` remat
+    placements (``p`` = parameter bytes per device = ``mem.grads``; gradients stay on device):
+
+    - offloaded activations (block inputs, attention context): written to the host in the
+      forward and read back in the backward, twice their bytes;
+    - offloaded parameters: one ``jax.device_put`` to the device at the start of the step (the
+      device copy serves the forward, the backward and the update) and the updated parameters
+      back to the step's ``pinned_host`` output: ``2 p``;
+    - offloaded optimizer state (AdamW's two tensors per parameter, as
+      :func:`~lcx.cost.memory.memory_breakdown` counts it): put on the device right before the
+      update, the new state back to the host output: ``2 x 2 p``.
+
+    These are the copies a compiler that honours memory kinds makes (TPU, GPU); XLA:CPU strips
+    the placements and copies nothing (``memory_breakdown(..., memory_kinds=False)``).
     """
     p = mem.grads
     state_on_host = (p if policy.offload_params else 0) + (2 * p if policy.offload_optimizer else 0)
     activations_on_host = max(0, mem.host - state_on_host)
-    return 2.0 * activations_on_host + (3.0 * p if policy.offload_params else 0.0) + (
+    return 2.0 * activations_on_host + (2.0 * p if policy.offload_params else 0.0) + (
         2.0 * 2 * p if policy.offload_optimizer else 0.0)
 
 
@@ -205,7 +214,8 @@ def estimate(
       PlanError: the plan does not fit ``n_devices``.
     """
     flops = training_flops(cfg, seq_len, global_batch, window=window)
-    rec = recompute_flops(cfg, seq_len, global_batch, policy.remat, keep_context=policy.keeps_context, window=window)
+    rec = recompute_flops(cfg, seq_len, global_batch, policy.remat, keep_context=policy.keeps_context,
+                          vocab_tiling=policy.vocab_tiling, window=window)
     mem = memory_breakdown(cfg, plan, n_devices, seq_len=seq_len, global_batch=global_batch, policy=policy,
                            dtype=dtype, param_dtype=param_dtype,
                            tie_embeddings=tie_embeddings)
@@ -265,10 +275,12 @@ def estimate(
 
 
 def _linear_recompute(cfg, seq_len, global_batch, policy) -> float:
-    from lcx.cost.flops import RECOMPUTED_FORWARD_FRACTION, forward_flops
+    """The linear part of :func:`~lcx.cost.flops.recompute_flops`: the blocks' replayed
+    projections and, under vocabulary tiling, the output head's replay."""
+    from lcx.cost.flops import RECOMPUTED_FORWARD_FRACTION, forward_flops, head_replay_flops
 
     lin, _ = RECOMPUTED_FORWARD_FRACTION[policy.remat]
     f = forward_flops(cfg, seq_len, global_batch)
     head = 2.0 * seq_len * global_batch * cfg.d_model * cfg.vocab_size
-    return lin * (f.linear - head)
+    return lin * (f.linear - head) + head_replay_flops(cfg, seq_len, global_batch, policy.vocab_tiling)
 

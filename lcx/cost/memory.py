@@ -12,6 +12,14 @@ MLP, scanned over layers) and the MaxText remat vocabulary (``remat_policy``, an
 ``base.yml``). Host offload moves saved tensors to host memory; they leave HBM.
 :meth:`ActivationPolicy.from_model` reads the policy ``lcx.models`` runs from a model config
 (``model.remat`` and its ``model.remat_*`` placements).
+
+Where the compiler puts what (``memory_breakdown(..., memory_kinds=...)``): an accelerator
+compiler (TPU, GPU: XLA's host-offload passes) honours JAX's memory kinds, so offloaded tensors
+live in ``pinned_host`` memory and ``lcx.training.step``'s ``jax.device_put`` calls are copies
+into HBM. XLA:CPU runs ``strip-memory-placement-annotations`` instead: no copy is made,
+``pinned_host`` arguments (``S(5)`` in the compiled module's ``entry_computation_layout``) are
+read in place and tensors the remat policy offloads stay ordinary temporaries.
+``memory_kinds=False`` prices that program.
 """
 
 from __future__ import annotations
@@ -111,10 +119,15 @@ class ActivationPolicy:
         ``[b, T, N, H]`` and logsumexp ``[b, T, N]`` (MaxText ``context``, ``lcx.models``
         ``remat_context``): ``device``/``offload`` keep them (attention is not replayed),
         ``remat`` replays it.
-      offload_optimizer: optimizer state in host memory (MaxText ``optimizer_memory_host_offload``).
-      offload_params: parameters in host memory (MaxText ``parameter_memory_host_offload``).
-      vocab_tiling: chunks the output head and loss are computed in (MaxText
-        ``num_vocab_tiling``); ``lcx.models`` computes the logits whole (1).
+      offload_optimizer: optimizer state in host memory between steps (MaxText
+        ``optimizer_memory_host_offload``; ``lcx.train``'s ``memory.offload_optimizer``): copied
+        to the device for the update only.
+      offload_params: parameters in host memory between steps (MaxText
+        ``parameter_memory_host_offload``; ``memory.offload_params``): copied to the device at
+        the start of the step, where they stay until the update.
+      vocab_tiling: tiles N of the local sequence the output head and loss are computed in
+        (MaxText ``num_vocab_tiling``; ``memory.vocab_tiling``,
+        ``lcx.training.loss.vocab_tiled_loss_sum_and_count``); 1: the logits are computed whole.
       qkv: ``custom`` only: placement of q ``[b, T, N, H]`` and k, v ``[b, T, K, H]`` after RoPE
         (``lcx.models`` ``remat_qkv``): ``device``/``offload`` keep them, ``remat`` replays the
         norm, projections and RoPE that make them.
@@ -137,6 +150,9 @@ class ActivationPolicy:
             raise ValueError(f"context must be one of {PLACEMENTS}, got {self.context!r}")
         if self.qkv not in PLACEMENTS:
             raise ValueError(f"qkv must be one of {PLACEMENTS}, got {self.qkv!r}")
+        n = self.vocab_tiling
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"vocab_tiling must be a whole number >= 1 (1: untiled), got {n!r}")
 
     @classmethod
     def from_model(cls, cfg, **overrides) -> ActivationPolicy:
@@ -588,14 +604,72 @@ def attention_working_bytes(
                                             block_q_dkv=block_q_dkv, block_kv_dkv=block_kv_dkv, dtype=dtype))
 
 
+XLA_CPU_FUSED_LOSS_ROWS = 4096
+"""Tokens per tile from which XLA:CPU fuses the loss backward's matmul, exponential and cotangent
+into one YNNPACK fusion written in place (:func:`logits_phase_bytes`); found by bisecting the
+compiled step (3,584 tokens: four tiles; 4,096: three untiled, two tiled; V = 4,096, 32,064 and
+128,256 alike), not read from XLA's source."""
+
+
+def logits_phase_bytes(cfg: ModelDims, *, tokens: int, vocab_tiling: int = 1, head_copy: bool = True,
+                       dtype: str = "bfloat16", xla_cpu: bool = False) -> int:
+    """Peak bytes of the loss phase on one device beyond the state and saved activations: the
+    backward of the output head and loss (``lcx.training.step``'s ``loss_fn``), between the layer
+    scan's forward and its backward.
+
+    With ``t = tokens / vocab_tiling`` tokens per tile (``tokens = b T``, the local ``b``
+    sequences of ``T`` tokens; ``vocab_tiling`` = 1: the whole local sequence is one tile), the
+    values XLA's buffer assignment of the compiled train step holds at the phase's peak (the
+    backward of one tile: ``lcx.training.loss.vocab_tiled_loss_sum_and_count`` replays the
+    tile's logits inside its checkpointed scan body; untiled, ``loss_sum_and_count``'s backward
+    of the whole logits) are:
+
+    - four float32 ``[b, t, V]`` tiles, ``4 * 4 t V``: the (replayed) logits or their
+      exponential, the cotangent of the target pick (``take_along_axis``'s transpose, a scatter
+      into zeros), the logits' cotangent (softmax minus one-hot) and its transposed copy for the
+      weight-gradient GEMM ``d head = h^T d logits``. With ``xla_cpu`` and tiles of at least
+      :data:`XLA_CPU_FUSED_LOSS_ROWS` tokens XLA:CPU instead computes the cotangent in one
+      YNNPACK fusion with the (replayed) matmul and exponential, written in place into the
+      scatter's buffer: two tiles when tiled (the cotangent and its transposed copy), three
+      untiled (the forward's logits, still read by the target pick, and the exponential too);
+    - the output head ``[D, V]`` as the matmul reads it, ``D V a``, when it is a copy
+      (``head_copy``: the head's parameter is sharded, so each device all-gathers it, or it is
+      cast to the compute dtype);
+    - the final RMSNorm's residuals, its float32 input and normalised input (``2 x 4 D`` per
+      token), and its output ``h`` with its cotangent, ``2 D a`` per token.
+
+    Counted on XLA:CPU (``experiments/vocab_tiling_offload.py`` compiles the train step for
+    ``vocab_tiling`` 1, 4, 16 and prints the largest ``V``-sized buffer); the gradient of the
+    head accumulates into its sharded gradient, counted in ``grads``.
+
+    Args:
+      cfg: model dimensions (``V`` = ``cfg.vocab_size``, ``D`` = ``cfg.d_model``).
+      tokens: local tokens of the step on one device, ``b T``.
+      vocab_tiling: tiles N (``memory.vocab_tiling``); a tile of a sequence ``N`` does not divide
+        (which ``lcx.train`` refuses) is rounded up.
+      head_copy: whether the matmul reads a gathered or cast copy of the head.
+      dtype: compute dtype (``a`` bytes); the logits are float32 whatever it is.
+      xla_cpu: price XLA:CPU's fusion of large tiles (above).
+
+    Raises:
+      ValueError: ``vocab_tiling`` < 1, or an unknown dtype.
+    """
+    if vocab_tiling < 1:
+        raise ValueError(f"vocab_tiling must be >= 1, got {vocab_tiling}")
+    a, D, V = _bytes(dtype), cfg.d_model, cfg.vocab_size
+    t = -(-tokens // vocab_tiling)
+    tiles = 4 if not (xla_cpu and t >= XLA_CPU_FUSED_LOSS_ROWS) else (2 if vocab_tiling > 1 else 3)
+    return tiles * 4 * t * V + (D * V * a if head_copy else 0) + tokens * (2 * 4 * D + 2 * D * a)
+
+
 # ---------------------------------------------------------------------------------------------- totals
 @dataclasses.dataclass(frozen=True)
 class MemoryBreakdown:
     """Per-device memory of one training step, by component, in bytes.
 
     The peak is counted as phases of the step, because the transients of different phases are
-    never live together: ``state + activations + max(layer_working, attention, logits,
-    attention_forward)``.
+    never live together: ``state + max(activations + max(layer_working, attention, logits,
+    attention_forward), update)``.
 
     - state (parameters, gradients, optimizer) and the saved activations live throughout;
     - ``attention_forward``: an attention layer's forward (its strategy's buffers and the
@@ -607,20 +681,27 @@ class MemoryBreakdown:
     - ``attention``: the attention phase of the same block's backward (the MLP's residuals are
       dead): the residuals attention still reads
       (:func:`attention_residual_bytes_per_token`) plus its strategy's and kernel's backward
-      (:func:`attention_working_bytes`).
+      (:func:`attention_working_bytes`);
+    - ``update``: the optimizer update, after the backward (the saved activations are dead):
+      with the optimizer state offloaded, its device copy (``lcx.training.step`` puts it on the
+      device right before ``optimizer.update``).
 
     Attributes:
-      params, grads, optimizer: state under the plan's parameter sharding (0 on device when
-        offloaded; see ``host``).
+      params, grads, optimizer: state under the plan's parameter sharding on device during the
+        forward and backward. Offloaded parameters are on device then too (the step copies them
+        in at its start), unless the compiler strips memory kinds (XLA:CPU reads them in
+        place); offloaded optimizer state is not (0; see ``update`` and ``host``).
       activations: saved activations of all layers kept on device.
       layer_working: the MLP phase's transient.
       attention: the attention phase's transient.
-      logits: the loss phase's transient: float32 logits and their gradient, ``2 b T V 4``
-        (divided by vocab tiling).
+      logits: the loss phase's transient (:func:`logits_phase_bytes`: four float32
+        ``[b, T / vocab_tiling, V]`` tiles, the gathered head, the final norm's residuals).
       host: bytes per device in host memory (offloaded activations, optimizer, parameters).
       attention_forward: the forward phase's transient: one attention layer's forward
         (:func:`attention_forward_bytes`), on top of the saved activations (all layers' at the
         last layer, an upper bound).
+      update: the update phase's bytes beyond ``state``: the offloaded optimizer state's device
+        copy (0 without optimizer offload, or when the compiler strips memory kinds).
     """
 
     params: int
@@ -632,6 +713,7 @@ class MemoryBreakdown:
     logits: int
     host: int
     attention_forward: int = 0
+    update: int = 0
 
     @property
     def state(self) -> int:
@@ -644,8 +726,9 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> int:
-        """Peak HBM per device: state + saved activations + the largest phase's transient."""
-        return self.state + self.activations + self.working
+        """Peak HBM per device: state + the larger of (saved activations + the largest backward
+        or forward phase's transient) and the update phase's bytes."""
+        return self.state + max(self.activations + self.working, self.update)
 
     def as_dict(self) -> dict[str, int]:
         d = dataclasses.asdict(self)
@@ -671,19 +754,36 @@ def memory_breakdown(
     param_dtype: str = "float32",
     optimizer_states: int = 2,
     tie_embeddings: bool = False,
+    memory_kinds: bool = True,
 ) -> MemoryBreakdown:
     """Per-device memory of a training step for ``cfg`` under ``plan`` on ``n_devices``.
+
+    Host offload of state, as ``lcx.training.step.make_steps`` compiles it
+    (``memory.offload_params`` / ``memory.offload_optimizer``): between steps the offloaded
+    parameters / optimizer state are ``pinned_host`` arguments and outputs of the step (``host``,
+    each under the plan's parameter sharding). Inside the step the parameters are put on the
+    device at its start and stay there until the update (``params`` is unchanged by the
+    offload); the optimizer state is put on the device after the backward, for the update only
+    (``optimizer`` 0, ``update`` its device copy). With ``memory_kinds=False`` (XLA:CPU, whose
+    ``strip-memory-placement-annotations`` pass removes every placement) no copy exists: the
+    step reads the ``pinned_host`` arguments in place (``params`` 0 when offloaded, ``update``
+    0) and the activations the remat policy offloads stay ordinary temporaries (counted in
+    ``activations``, not ``host``).
 
     Args:
       cfg: model dimensions.
       plan: the sharding plan (mesh sizes resolved for ``n_devices``).
       seq_len: tokens per sequence S.
       global_batch: sequences per step B.
-      policy: remat / offload choices.
+      policy: remat / offload / vocabulary-tiling choices.
       dtype: activation (compute) dtype.
       param_dtype: parameter, gradient and optimizer-state dtype.
       optimizer_states: optimizer tensors per parameter (AdamW: mu and nu = 2; optax keeps them
         in the parameter dtype).
+      tie_embeddings: the output head is the embedding's transpose (no ``head`` parameter).
+      memory_kinds: whether the compiler honours JAX memory kinds (TPU, GPU: True). False prices
+        the program XLA:CPU compiles: placements stripped (above), and its fusion of the loss
+        backward on tiles of 4,096 tokens or more (:func:`logits_phase_bytes` ``xla_cpu``).
 
     Raises:
       PlanError: the plan's mesh does not fit ``n_devices``.
@@ -695,14 +795,23 @@ def memory_breakdown(
     b = max(1, global_batch // data)
     T = seq_len // P
     tokens = b * T
-    p = param_bytes_per_device(plan, n_devices, cfg, param_dtype, tie_embeddings=tie_embeddings)
+    layout = layout_arrays(plan, n_devices, param_arrays(cfg, param_dtype, tie_embeddings=tie_embeddings))
+    p = sum(r.bytes_per_device for r in layout)
     dev_tok, host_tok = saved_bytes_per_token_per_layer(cfg, policy, dtype)
+    if not memory_kinds:  # XLA:CPU: offloaded residuals are ordinary temporaries
+        dev_tok, host_tok = dev_tok + host_tok, 0
     acts = cfg.n_layers * tokens * dev_tok
     host = cfg.n_layers * tokens * host_tok
     opt = optimizer_states * p
-    params_dev = 0 if policy.offload_params else p
+    # offloaded parameters: copied in at the step's start and held until the update (read in
+    # place from the pinned_host argument where memory kinds are stripped)
+    params_dev = 0 if policy.offload_params and not memory_kinds else p
     opt_dev = 0 if policy.offload_optimizer else opt
+    update = opt if policy.offload_optimizer and memory_kinds else 0
     host += (p if policy.offload_params else 0) + (opt if policy.offload_optimizer else 0)
+    # the loss phase reads a copy of the head when its parameter is sharded (all-gathered) or cast
+    head = next(r for r in layout if r.info.name == ("embed" if tie_embeddings else "head"))
+    head_copy = head.bytes_per_device < head.global_bytes or _bytes(dtype) != _bytes(param_dtype)
     a = plan.attention
     U = shape.get(a.ulysses_axis, 1) if a.strategy == "usp" else 1
     # the attention call's residuals beyond the local q/k/v (gathered K/V, post-all-to-all k/v):
@@ -730,7 +839,8 @@ def memory_breakdown(
         cfg, strategy=a.strategy, kernel=a.kernel, seq_len=seq_len, local_batch=b, context_degree=P,
         ulysses_degree=U, tensor_degree=tp, block_q=a.block_q, block_kv=a.block_kv, dtype=dtype,
     )
-    logits = 2 * tokens * cfg.vocab_size * 4 // max(1, policy.vocab_tiling)
+    logits = logits_phase_bytes(cfg, tokens=tokens, vocab_tiling=policy.vocab_tiling, head_copy=head_copy, dtype=dtype,
+                                xla_cpu=not memory_kinds)
     return MemoryBreakdown(
         params=params_dev,
         grads=p,
@@ -741,4 +851,5 @@ def memory_breakdown(
         logits=logits,
         host=host,
         attention_forward=att_fwd,
+        update=update,
     )
