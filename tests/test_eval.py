@@ -98,3 +98,22 @@ def test_plain_png_is_a_valid_image(tmp_path):
     raw = zlib.decompress(data[41 : 41 + n])
     assert len(raw) == h * (1 + 3 * w)
     assert raw[1:4] == bytes([255, 0, 60])  # exact match 0: red
+
+
+def test_vocab_tiled_evaluation_equals_the_whole_logits(checkpoint, devices):
+    # a run trained with memory.vocab_tiling evaluates in the same tiles: same argmax, same NLL
+    from lcx.sharding import bind
+    from lcx.sharding.config import preset
+    from lcx.training.checkpoint import load_model
+    from lcx.training.retrieval import passkey_grid
+
+    mp = bind(preset("allgather"), devices)
+    model, _ = load_model(checkpoint, mp)
+    kw = dict(lengths=[256, 512], depths=[0.0, 0.5], per_depth=2, global_batch=2)
+    whole = passkey_grid(model, mp, **kw)
+    tiled = passkey_grid(model, mp, **kw, vocab_tiling=4)
+    for a, b in zip(tiled, whole, strict=True):
+        assert {k: v for k, v in a.items() if k != "answer_nll"} == {k: v for k, v in b.items() if k != "answer_nll"}
+        np.testing.assert_allclose(a["answer_nll"], b["answer_nll"], rtol=1e-6)
+    with pytest.raises(ValueError, match="memory.vocab_tiling=3 does not divide the local sequence of 64 tokens"):
+        passkey_grid(model, mp, **{**kw, "lengths": [256]}, vocab_tiling=3)

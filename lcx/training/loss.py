@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-__all__ = ["loss_sum_and_count", "token_nll", "vocab_tiled_loss_sum_and_count"]
+__all__ = ["loss_sum_and_count", "token_nll", "vocab_tiled_loss_sum_and_count", "vocab_tiled_predictions"]
 
 
 def token_nll(logits: Float[Array, "*b V"], targets: Int[Array, "*b"]) -> Float[Array, "*b"]:
@@ -74,22 +74,11 @@ def vocab_tiled_loss_sum_and_count(
     Raises:
       ValueError: ``S`` not divisible by ``seq_shards * tiles``.
     """
-    B, S, D = h.shape
-    P, n = seq_shards, tiles
-    if S % (P * n):
-        raise ValueError(f"vocabulary tiling: the sequence of {S} tokens over {P} shards does not split into {n} "
-                         f"tiles (S / P = {S / P:g} tokens per shard, not a multiple of {n})")
-    t = S // (P * n)
+    tile, _ = _tiler(h.shape[:2], seq_shards, tiles)
     pin = constrain or (lambda x, _: x)
-
-    def tiled(x: Array) -> Array:
-        # [B, S, ...] -> [n, B, P, t, ...]: tile j holds tokens [j t, (j+1) t) of every shard
-        x = x.reshape(B, P, n, t, *x.shape[2:])
-        return jnp.moveaxis(x, 2, 0)
-
-    hs = pin(tiled(h), (None, "batch", "seq", None, "embed"))
-    ys = pin(tiled(targets), (None, "batch", "seq", None))
-    ms = pin(tiled(loss_mask.astype(jnp.float32)), (None, "batch", "seq", None))
+    hs = pin(tile(h), (None, "batch", "seq", None, "embed"))
+    ys = pin(tile(targets), (None, "batch", "seq", None))
+    ms = pin(tile(loss_mask.astype(jnp.float32)), (None, "batch", "seq", None))
 
     @jax.checkpoint  # nothing saved: the backward replays the tile's logits from h and head
     def tile_loss(h_t: Array, y_t: Array, m_t: Array) -> tuple[Array, Array]:
@@ -104,3 +93,56 @@ def vocab_tiled_loss_sum_and_count(
     zero = jnp.zeros((), jnp.float32)
     (s, c), _ = jax.lax.scan(body, (zero, zero), (hs, ys, ms))
     return s, c
+
+
+def vocab_tiled_predictions(
+    h: Float[Array, "B S D"],
+    head: Float[Array, "D V"],
+    targets: Int[Array, "B S"],
+    *,
+    tiles: int,
+    seq_shards: int = 1,
+    constrain: Callable[[Array, tuple[str | None, ...]], Array] | None = None,
+) -> tuple[Int[Array, "B S"], Float[Array, "B S"]]:
+    """Per-token ``(argmax of the logits, NLL of the target in nats)`` of ``h @ head``, one tile
+    of the local sequence at a time (the tiles of :func:`vocab_tiled_loss_sum_and_count`), for
+    evaluations that need more than the loss sum (passkey retrieval). No gradient.
+
+    Returns:
+      int32 ``[B, S]`` predictions and float32 ``[B, S]`` NLL, in the order of ``h``.
+
+    Raises:
+      ValueError: ``S`` not divisible by ``seq_shards * tiles``.
+    """
+    tile, untile = _tiler(h.shape[:2], seq_shards, tiles)
+    pin = constrain or (lambda x, _: x)
+
+    def one(xs):
+        h_t, y_t = xs
+        logits = pin(jnp.einsum("BPtD,DV->BPtV", h_t, head, preferred_element_type=jnp.float32),
+                     ("batch", "seq", None, "vocab"))
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), token_nll(logits, y_t)
+
+    pred, nll = jax.lax.map(one, (pin(tile(h), (None, "batch", "seq", None, "embed")),
+                                  pin(tile(targets), (None, "batch", "seq", None))))
+    return untile(pred), untile(nll)
+
+
+def _tiler(bs: tuple[int, int], seq_shards: int, tiles: int):
+    """``(tile, untile)``: ``[B, S, ...] <-> [N, B, P, t, ...]`` where tile ``j`` holds tokens
+    ``[j t, (j + 1) t)`` of every one of the ``P`` sequence shards (``S = P N t``, the shard index
+    major as the sequence axis is sharded), so tiling moves no data between devices."""
+    B, S = bs
+    P, n = seq_shards, tiles
+    if S % (P * n):
+        raise ValueError(f"vocabulary tiling: the sequence of {S} tokens over {P} shards does not split into {n} "
+                         f"tiles (S / P = {S / P:g} tokens per shard, not a multiple of {n})")
+    t = S // (P * n)
+
+    def tile(x: Array) -> Array:
+        return jnp.moveaxis(x.reshape(B, P, n, t, *x.shape[2:]), 2, 0)
+
+    def untile(x: Array) -> Array:
+        return jnp.moveaxis(x, 0, 2).reshape(B, S, *x.shape[4:])
+
+    return tile, untile

@@ -20,12 +20,12 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from lcx.data.passkey import PasskeyEval, min_seq_len
 from lcx.sharding import MeshPlan
 from lcx.sharding.layout import undo_layout
+from lcx.training.loss import token_nll, vocab_tiled_predictions
 from lcx.training.step import put_batch
 
 
@@ -39,6 +39,7 @@ def passkey_grid(
     global_batch: int,
     digits: int = 5,
     seed: int = 1,
+    vocab_tiling: int = 1,
 ) -> list[dict[str, Any]]:
     """Passkey retrieval of ``model`` at every (length, depth).
 
@@ -51,6 +52,9 @@ def passkey_grid(
       global_batch: rows per forward pass (a multiple of the plan's batch sharding).
       digits: pass key length.
       seed: evaluation seed (rows are a pure function of it).
+      vocab_tiling: tiles of the local sequence the output head runs in (the training run's
+        ``memory.vocab_tiling``; :func:`lcx.training.loss.vocab_tiled_predictions`): 1 forms
+        the whole logits ``[B, S, V]``.
 
     Returns:
       One dict per (length, depth), length-major: ``seq_len``, ``depth``, ``rows``,
@@ -58,17 +62,23 @@ def passkey_grid(
       ``answer_nll`` (nats per answer digit), ``key_to_answer_tokens`` (mean distance).
 
     Raises:
-      ValueError / PlanError: a length shorter than the task needs, or one the plan refuses.
+      ValueError / PlanError: a length shorter than the task needs, or one the plan refuses, or
+        a ``vocab_tiling`` that does not divide a length's local sequence.
     """
+    from lcx.training.memory import MemoryOptions
+
+    tiling = MemoryOptions(vocab_tiling=vocab_tiling)
     layout, degree = mp.plan.attention.layout, mp.context_degree
     sharding = mp.activation_sharding(("batch", "seq"))
 
     @eqx.filter_jit
     def forward(m, batch):
+        if vocab_tiling > 1:
+            h = m.features(batch["tokens"], batch["positions"], batch["segment_ids"], plan=mp)
+            return vocab_tiled_predictions(h, m.output_head(), batch["targets"], tiles=vocab_tiling,
+                                           seq_shards=degree, constrain=mp.constrain)
         logits = m(batch["tokens"], batch["positions"], batch["segment_ids"], plan=mp)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
-        return logits.argmax(-1), nll
+        return logits.argmax(-1), token_nll(logits, batch["targets"])
 
     out = []
     for S in lengths:
@@ -76,6 +86,7 @@ def passkey_grid(
         if S < min_seq_len(digits):
             raise ValueError(f"eval length {S} is shorter than the passkey task needs ({min_seq_len(digits)} tokens)")
         mp.plan.validate(mp.n_devices, dims=model.config.dims(), seq_len=S, global_batch=global_batch)
+        tiling.check_tiling(S // degree, seq_len=S, context_degree=degree)
         ev = PasskeyEval(seq_len=S, global_batch=global_batch, layout=layout, context_degree=degree,
                          digits=digits, depths=[float(d) for d in depths], per_depth=per_depth, seed=seed)
         preds, nlls = [], []
