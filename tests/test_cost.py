@@ -460,61 +460,6 @@ def test_planner_vs_lines_name_the_parameter_sharding():
     assert len(set(vs)) == len(vs)
 
 
-def test_planner_names_the_best_plan_lcx_runs():
-    # 1M tokens x 4 on 64 v5p: the recommendation tiles the vocabulary, which lcx.train lacks
-    cfg = preset("llama3_1_8b_longctx")
-    rec = cost.search(cfg, hw("tpu_v5p"), 64, seq_len=1 << 20, global_batch=4)
-    assert not rec.best.runnable_in_lcx and rec.best_runnable is not None and rec.best_runnable.runnable_in_lcx
-    line = next(r for r in rec.reasons if "lcx.train runs today" in r)
-    assert "needs vocabulary tiling (16 tiles)" in line and rec.best_runnable.policy.label in line
-
-
-def test_planner_says_what_lcx_would_need_when_none_of_its_plans_fits():
-    # 14M tokens on 64 TPU7 chips: only vocabulary tiling brings the logits under 96 GiB
-    cfg = preset("llama3_1_8b_longctx")
-    rec = cost.search(cfg, hw("tpu7"), 128, seq_len=14_000_000, global_batch=1)
-    assert rec.best is not None and not rec.best.runnable_in_lcx and rec.best_runnable is None
-    line = next(r for r in rec.reasons if "no plan lcx.train runs today fits" in r)
-    assert "largest part: logits" in line
-    assert "hardware.chips=128, train.seq_len=14,000,128" in line  # 2x the chips, length split over them
-    seq = int(line.split("train.seq_len <= ")[1].split(" ")[0].replace(",", ""))
-    assert seq % 256 == 0 and seq < 14_000_000
-    pols = [p for p in cost.default_policies() if cost.missing_in_lcx(p) == []]
-    assert cost.search(cfg, hw("tpu7"), 128, seq_len=seq, global_batch=1, policies=pols).best is not None
-    assert cost.search(cfg, hw("tpu7"), 128, seq_len=seq + 256, global_batch=1, policies=pols).best is None
-
-
-def test_planner_warns_when_the_recommendation_leaves_no_margin():
-    # 12.7M tokens on 64 TPU7 chips: the recommendation used 96.00 of 96.00 GiB without a word
-    cfg = preset("llama3_1_8b_longctx")
-    rec = cost.search(cfg, hw("tpu7"), 128, seq_len=12_733_952, global_batch=1)
-    assert rec.best.est.memory.total > 0.95 * hw("tpu7").hbm_bytes  # the rule itself is unchanged
-    line = next(r for r in rec.reasons if r.startswith("warning: "))
-    assert "of the 96.00 GiB of HBM (less than a 5% margin)" in line and "heap packing loss or collective buffers" in line
-    assert "with that margin: ring" in line and "vocabulary tiling (16 tiles), which lcx.train lacks" in line
-    # a recommendation with room gets no warning
-    rec = cost.search(cfg, hw("tpu7"), 128, seq_len=32768, global_batch=1)
-    assert not any(r.startswith("warning: ") for r in rec.reasons)
-
-
-def test_planner_hints_say_what_lcx_train_lacks():
-    # 70B at 1M tokens on 8 v5p chips (splash kernel, the preset's): the "4x the chips" hint tiles
-    # the vocabulary
-    from hydra import compose, initialize_config_dir
-
-    from lcx.plan import run
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        c = compose("plan_config", overrides=["hardware=tpu_v5p", "model=llama3_70b", "hardware.chips=8",
-                                              "train.seq_len=1048576"])
-    rec = run(c)
-    assert rec["recommendation"] is None
-    hint = next(r for r in rec["reasons"] if r.startswith("nothing fits"))
-    assert "full,vt16" in hint and "it needs vocabulary tiling (16 tiles), which lcx.train lacks" in hint
-    runnable = next(r for r in rec["reasons"] if r.startswith("a plan lcx.train runs today fits with"))
-    assert "hardware.chips=32" in runnable and "vt16" not in runnable and "opt>host" not in runnable
-
-
 def test_plan_default_run_prices_its_given_plan(tmp_path, capsys):
     # `python -m lcx.plan` with no override: one sequence and the default plan agree
     from hydra import compose, initialize_config_dir
