@@ -378,7 +378,9 @@ def test_merge_partials_equals_whole_and_handles_empty_rows():
 def test_make_kernel_refuses_unknown_names_and_untileable_splash_blocks():
     # the splash kernel itself is tested in tests/test_attention_splash.py
     with pytest.raises(ValueError, match="multiple of 128"):
-        make_kernel("splash", 64, 128)
+        make_kernel("splash", 64, 96)
+    with pytest.raises(ValueError, match="block_q to be a positive multiple of 8"):
+        make_kernel("splash", 60, 128)
     with pytest.raises(ValueError, match="unknown attention kernel"):
         make_kernel("cudnn")
 

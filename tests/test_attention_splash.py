@@ -159,6 +159,29 @@ def test_splash_pads_odd_lengths_chunks_long_kv_and_handles_empty_rows(monkeypat
     _assert_matches(out, lse, grads, ref_out, ref_grads, ref_lse)
 
 
+@pytest.mark.parametrize("block_q", [32, 64])
+def test_splash_query_blocks_below_128_match_reference(monkeypatch, block_q):
+    """Query blocks that are multiples of 8 but not of 128 (what splash's forward kernel tiles
+    by; commit 37f8d75 refused them): a sliding window on zigzag-permuted packed positions with
+    a padded tail (segment id -1), two ring-step K/V halves, against the dense reference. The
+    forward runs ``block_q``-query blocks, the dQ and dK/dV kernels 128-query ones."""
+    seen = _record_bwd_blocks(monkeypatch)
+    mask = Mask(window=37)
+    B, S, N, K, H, P = 1, 256, 2, 1, 16, 2
+    T = S // P
+    q, k, v, do = _inputs(B, T, S, N, K, H, seed=block_q)
+    pos, seg = _zigzag_documents(B, S, 1, seed=block_q)
+    seg[:, S - 45:] = -1  # the padded tail of a packed row, before the layout
+    pos, seg = (apply_layout(x, "zigzag", P, axis=1) for x in (pos, seg))
+    qp, qs, kp, ks = (jnp.asarray(x) for x in (pos[:, :T], seg[:, :T], pos, seg))
+    out, lse, grads = _two_block_run(SplashKernel(block_q=block_q, block_kv=128), mask, q, k, v, qp, kp, qs, ks, do)
+    ref = _reference(mask, q, k, v, qp, kp, qs, ks, do)
+    _assert_matches(out, lse, grads, *ref)
+    padq = np.asarray(qs) < 0
+    assert padq.any() and bool(jnp.all(out[padq] == 0)) and bool(jnp.all(jnp.isneginf(lse[padq])))
+    assert seen == {"dq": {(128, 128)}, "dkv": {(128, 128)}}
+
+
 def _record_bwd_blocks(monkeypatch):
     """Wrap splash's two backward kernels to record the ``(bq, bkv)`` each is called with."""
     sk, _ = splash_mod._splash_modules()
@@ -247,9 +270,13 @@ def test_block_sparsity_skips_hidden_kv_blocks():
 
 
 def test_splash_refuses_blocks_it_cannot_tile():
-    for bq, bkv, what in ((64, 128, "block_q"), (128, 200, "block_kv"), (0, 128, "block_q")):
-        with pytest.raises(ValueError, match=f"{what} to be a positive multiple of 128"):
+    # the forward's query block: multiples of 8 (sublanes); every other block: of 128 (lanes)
+    for bq, bkv, what, unit in ((60, 128, "block_q", 8), (4, 128, "block_q", 8), (0, 128, "block_q", 8),
+                                (128, 200, "block_kv", 128), (64, 64, "block_kv", 128)):
+        with pytest.raises(ValueError, match=f"{what} to be a positive multiple of {unit} tokens"):
             make_kernel("splash", bq, bkv)
+    for bq in (8, 32, 64, 200):
+        assert make_kernel("splash", bq, 128).block_q == bq
     with pytest.raises(ValueError, match="block_kv <= 16384"):
         make_kernel("splash", 128, 32768)
     # the backward's blocks, by their own names

@@ -411,8 +411,11 @@ def test_kv_heads_must_follow_tensor_sharding():
 
 
 def test_splash_kernel_with_untileable_blocks_is_refused_by_name():
-    mp = make_mesh_plan("ring", 4, kernel="splash", block_q=64)
-    with pytest.raises(ValueError, match="block_q to be a positive multiple of 128"):
+    mp = make_mesh_plan("ring", 4, kernel="splash", block_q=60)
+    with pytest.raises(ValueError, match="block_q to be a positive multiple of 8"):
+        _eval(mp, (1, 64, 8, 8), (1, 64, 2, 8))
+    mp = make_mesh_plan("ring", 4, kernel="splash", block_q=64, block_kv=64)
+    with pytest.raises(ValueError, match="block_kv to be a positive multiple of 128"):
         _eval(mp, (1, 64, 8, 8), (1, 64, 2, 8))
 
 

@@ -16,7 +16,9 @@ usp           U | N; U | K or K | U                O(S / P); all-to-all over U, 
 U: Ulysses degree, P: context degree, S: sequence length, N/K: query/kv heads per device (after
 any tensor sharding of heads). Sequence length must be divisible by P (by 2P for zigzag, checked
 by the plan). Refusals are ValueErrors raised before compiling. Every strategy and kernel takes
-optional per-head attention sinks (``attention(..., sinks=...)``, :mod:`lcx.attention.sinks`).
+optional per-head attention sinks (``attention(..., sinks=...)``, :mod:`lcx.attention.sinks`),
+returns the logsumexp on request (``attention(..., return_lse=True)``) and treats a negative
+segment id as padding (:mod:`lcx.attention.masks`).
 
 Public API:
 
@@ -25,6 +27,8 @@ Public API:
 - :func:`reference_attention`: dense single-device float32 reference.
 - :func:`flash_attention`: local blockwise attention with a custom VJP.
 - :func:`merge_sinks`, :func:`sinks_grad`: the attention-sink merge and its gradient.
+- :func:`merge_partials`: merge two partial ``(out, lse)`` results over disjoint key sets (e.g.
+  ``attention(..., return_lse=True)`` with a block of the caller's own).
 - :class:`Kernel`, :class:`XlaKernel`, :func:`make_kernel`, :data:`KERNELS`: per-device kernels.
 - :class:`Strategy` and the final strategies :class:`AllGather`, :class:`Ulysses`,
   :class:`Ring`, :class:`USP`, registered by plan name in :data:`STRATEGIES`.

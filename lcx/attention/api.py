@@ -22,6 +22,7 @@ from lcx.attention.kernels import make_kernel
 from lcx.attention.masks import Mask
 from lcx.attention.strategies import STRATEGIES, Strategy
 from lcx.sharding import MeshPlan, Plan, bind
+from lcx.sharding.layout import layout_permutation
 from lcx.sharding import axes as ax
 
 
@@ -37,11 +38,26 @@ def attention(
     kv_positions: Int[Array, "B T"] | None = None,
     kv_segment_ids: Int[Array, "B T"] | None = None,
     sinks: Float[Array, " N"] | None = None,
-) -> Float[Array, "B T N H"]:
+    return_lse: bool = False,
+    **unsupported,
+) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
     """Context-parallel softmax attention ``softmax(q k^T / sqrt(H) + mask) v`` on global arrays.
 
     The sequence layout (contiguous or zigzag) is whatever the data pipeline applied: positions
     and segment ids are global and travel with their tokens, so results do not depend on it.
+    Only ``positions=None`` reads the layout: it stands for ``arange(T)`` laid out as the plan
+    says (``plan.attention.layout`` over the context degree, :func:`lcx.sharding.apply_layout`),
+    the true global position of every token of a laid-out batch.
+
+    Padding: a NEGATIVE segment id marks a padding token (``lcx.data`` writes ``-1``), under
+    every mask, strategy and kernel: it sees no key and no query sees it, so its output is 0,
+    its gradients are 0 and its logsumexp is ``-inf`` (no sink either); blocks and ring steps
+    made only of padding are skipped. Ids ``>= 0`` are documents (:mod:`lcx.attention.masks`).
+
+    Not supported (refused with a ``TypeError`` that says so): attention dropout
+    (``dropout_rate``, ...), a softmax scale other than ``1 / sqrt(H)`` (scale ``q`` instead),
+    logit soft-capping, additive biases (ALiBi etc.; visibility is the :class:`Mask` on
+    positions and segment ids), cross-attention with another key length, KV caches / decoding.
 
     Args:
       q: queries ``[B, T, N, H]`` (batch, sequence in tokens, heads, head dim), any float dtype.
@@ -53,34 +69,54 @@ def attention(
         ``heads``; K/V heads are sharded like the query heads (so each device holds the kv heads
         its query heads use).
       mask: visibility predicate (:class:`Mask`: causal, document, sliding window).
-      positions: int32 ``[B, T]`` global positions of the tokens; default ``arange(T)``.
-      segment_ids: int32 ``[B, T]`` document ids; default zeros.
+      positions: int32 ``[B, T]`` global positions of the tokens; default (None): the plan's
+        layout of ``arange(T)``, ``layout_permutation(plan.attention.layout, T, P)`` with ``P``
+        the context degree (``arange(T)`` itself for a contiguous layout or ``P = 1``), i.e.
+        inputs laid out by the plan, as the data pipeline lays out a batch.
+      segment_ids: int32 ``[B, T]`` document ids (``>= 0``), negative for padding; default zeros.
       kv_positions, kv_segment_ids: int32 ``[B, T]`` for the keys, if they differ from the
         queries' (default: the query ones).
       sinks: ``[N]`` learnable per-query-head sink logits (gpt-oss; StreamingLLM, Xiao et al.
         2023, arXiv:2309.17453): each joins its head's softmax denominator as an extra key of
         value 0, ``lse' = logaddexp(lse, sinks[n])`` (:mod:`lcx.attention.sinks`). Any float
         dtype, computed in float32; sharded like the query heads. None (default): no sink, and
-        the program is exactly the one without this argument.
+        the program is exactly the one without this argument. Padding rows get no sink.
+      return_lse: also return the logsumexp (a Python bool, static). False (default): the
+        program is exactly the one without this argument.
 
     Returns:
-      ``[B, T, N, H]`` in ``q.dtype``, sharded like ``q`` by the plan. A query with no visible key
-      gets 0 (and zero, finite gradients for q, k, v), with or without a sink. Differentiable in
-      q, k, v and sinks.
+      ``out`` ``[B, T, N, H]`` in ``q.dtype``, sharded like ``q`` by the plan. A query with no
+      visible key gets 0 (and zero, finite gradients for q, k, v), with or without a sink.
+      With ``return_lse=True``, ``(out, lse)``: ``lse`` float32 ``[B, T, N]``, sharded like
+      ``out`` without its head dim, the natural-log logsumexp over every visible key of the
+      scaled logits ``q k / sqrt(H)``, the sink logit included when ``sinks`` is given
+      (``logaddexp(lse, sinks[n])``), ``-inf`` on a row that sees no key and has no sink
+      (padding rows: always). With it, partial results over disjoint key sets combine with
+      :func:`~lcx.attention.merge_partials`. Differentiable in q, k, v and sinks, from both
+      outputs (``d lse / d logit_j`` is the probability ``p_j``).
 
     Raises:
       ValueError: inconsistent shapes (``sinks`` not ``[N]`` or not floating point); batch,
         sequence or head counts not divisible by the mesh axes the plan maps them to; a strategy
         that cannot serve these head counts (e.g. the Ulysses degree does not divide the query
         heads). Raised before compiling.
-        The splash kernel also refuses block sizes (forward or backward) that are not multiples of
-        128 (or > 16384).
+        The splash kernel also refuses block sizes its Pallas kernels cannot tile: ``block_q`` not
+        a multiple of 8, ``block_kv``, ``block_q_dkv``, ``block_kv_dkv`` not multiples of 128, kv
+        blocks > 16384 (:mod:`lcx.attention.kernels.splash`). ``positions=None`` with a sequence
+        length the plan's layout cannot split (:func:`lcx.sharding.check_layout`).
       KernelNotAvailableError: the plan's kernel cannot run with this JAX (no Pallas splash).
+      TypeError: an argument attention() does not take (e.g. ``dropout_rate``), with what it
+        does not do; ``return_lse`` not a bool.
     """
+    if unsupported:
+        raise TypeError(_unsupported_message(unsupported))
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"attention: return_lse must be a Python bool (it is static), got {type(return_lse).__name__}")
     mp = plan if isinstance(plan, MeshPlan) else bind(plan)
     B, T = q.shape[:2] if q.ndim == 4 else (None, None)
     _check_shapes(q, k, v)
-    positions = _default(positions, lambda: jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)), (B, T), "positions")
+    strategy, (q_spec, kv_spec, pos_spec) = build_strategy(mp, mask, q.shape, k.shape)
+    positions = _default(positions, lambda: _layout_positions(mp, B, T), (B, T), "positions")
     segment_ids = _default(segment_ids, lambda: jnp.zeros((B, T), jnp.int32), (B, T), "segment_ids")
     kv_positions = _default(kv_positions, lambda: positions, (B, T), "kv_positions")
     kv_segment_ids = _default(kv_segment_ids, lambda: segment_ids, (B, T), "kv_segment_ids")
@@ -93,7 +129,6 @@ def attention(
             )
         sinks = sinks.astype(jnp.float32)
 
-    strategy, (q_spec, kv_spec, pos_spec) = build_strategy(mp, mask, q.shape, k.shape)
     in_specs = (q_spec, kv_spec, kv_spec, pos_spec, pos_spec, pos_spec, pos_spec)
     args = (q, k, v, positions, kv_positions, segment_ids, kv_segment_ids)
     if sinks is not None:
@@ -101,11 +136,12 @@ def attention(
         # replicated over batch and sequence, so shard_map's transpose sums their cotangents
         in_specs += (mp.plan.activation_spec((ax.HEADS,)),)
         args += (sinks,)
+    lse_spec = mp.plan.activation_spec((ax.BATCH, ax.SEQ, ax.HEADS))
     fn = jax.shard_map(
-        functools.partial(_tie_masks_to_queries, strategy),
+        functools.partial(_tie_masks_to_queries, strategy, return_lse),
         mesh=mp.mesh,
         in_specs=in_specs,
-        out_specs=q_spec,
+        out_specs=(q_spec, lse_spec) if return_lse else q_spec,
         # check_vma=False: the custom VJPs and scans in the strategies carry values whose
         # device-variance the checker cannot infer (FIELD_NOTES section 1); every in/out spec is
         # explicit, so nothing relies on the check.
@@ -170,7 +206,7 @@ def build_strategy(
     return strategy, (q_spec, kv_spec, pos_spec)
 
 
-def _tie_masks_to_queries(strategy, q, k, v, q_pos, k_pos, q_seg, k_seg, *rest):
+def _tie_masks_to_queries(strategy, return_lse, q, k, v, q_pos, k_pos, q_seg, k_seg, *rest):
     """Run ``strategy`` on this device's shards with positions and segment ids made data-dependent
     on the local queries (adding an int32 zero computed from ``q``).
 
@@ -187,7 +223,47 @@ def _tie_masks_to_queries(strategy, q, k, v, q_pos, k_pos, q_seg, k_seg, *rest):
     """
     x = q[(0,) * q.ndim]
     zero = jnp.where(x == x, 0, 0).astype(jnp.int32)
-    return strategy(q, k, v, q_pos + zero, k_pos + zero, q_seg + zero, k_seg + zero, *rest)
+    return strategy(q, k, v, q_pos + zero, k_pos + zero, q_seg + zero, k_seg + zero, *rest, return_lse=return_lse)
+
+
+def _layout_positions(mp: MeshPlan, B: int, T: int) -> Int[Array, "B T"]:
+    """int32 ``[B, T]``: the global position of every token of a batch laid out by the plan
+    (``positions=None``). Checks the length against the layout (:func:`check_layout`)."""
+    perm = layout_permutation(mp.plan.attention.layout, T, mp.context_degree)
+    return jnp.broadcast_to(jnp.asarray(perm, jnp.int32), (B, T))
+
+
+# What attention() does not do, by the argument names other libraries use for it.
+_NOT_SUPPORTED = {
+    ("dropout_rate", "dropout", "dropout_p", "attn_dropout", "dropout_rng", "rng", "key", "deterministic",
+     "inference"): "attention dropout (none: apply dropout outside attention, or train without it)",
+    ("scale", "softmax_scale", "sm_scale", "scaling"): "a softmax scale other than 1/sqrt(head_dim) (scale q instead)",
+    ("logits_soft_cap", "attn_logits_soft_cap", "soft_cap", "softcap", "logit_cap"): "logit soft-capping",
+    ("bias", "attn_bias", "alibi_slopes", "mask_bias"): (
+        "additive attention biases (visibility is mask=Mask(...) on positions and segment ids)"
+    ),
+    ("causal", "is_causal", "window", "window_size", "sliding_window", "document"): (
+        "mask options as arguments (they are fields of mask=Mask(causal=..., document=..., window=...))"
+    ),
+    ("cache", "kv_cache", "decode", "cache_index"): "KV caches / decoding (training-time self-attention only)",
+}
+
+
+def _unsupported_message(unsupported) -> str:
+    names = sorted(unsupported)
+    why = []
+    for name in names:
+        for aliases, what in _NOT_SUPPORTED.items():
+            if name in aliases:
+                why.append(f"{name}=: lcx attention has no {what}" if "mask options" not in what else f"{name}=: {what}")
+                break
+        else:
+            why.append(f"{name}=: not an argument of attention()")
+    return (
+        "attention() got unsupported argument(s) " + ", ".join(names) + ". " + "; ".join(why) + ". attention() does "
+        "not do attention dropout, custom softmax scales, logit soft-capping, additive biases, cross-attention or KV "
+        "caches; see its docstring for what it takes"
+    )
 
 
 def _check_shapes(q, k, v) -> None:

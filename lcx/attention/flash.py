@@ -16,7 +16,7 @@ from jaxtyping import Array, Float, Int
 from lcx.attention.kernels import Kernel, XlaKernel, output_delta
 from lcx.attention.masks import Mask
 from lcx.attention.names import name_context
-from lcx.attention.sinks import merge_sinks, sinks_grad
+from lcx.attention.sinks import merge_sinks, row_sinks, sinks_grad
 
 
 def flash_attention(
@@ -31,57 +31,76 @@ def flash_attention(
     mask: Mask,
     kernel: Kernel | None = None,
     sinks: Float[Array, " N"] | None = None,
-) -> Float[Array, "B T N H"]:
+    return_lse: bool = False,
+) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
     """Memory-efficient attention of ``q`` against ``k``/``v`` on one device, differentiable.
 
     Args:
       q: queries ``[B, T, N, H]`` (unscaled; the kernel applies ``1/sqrt(H)``).
       k, v: keys, values ``[B, S, K, H]``, ``N % K == 0`` (GQA: head n uses kv head n // (N/K)).
       q_pos, k_pos: int32 global positions ``[B, T]``, ``[B, S]``.
-      q_seg, k_seg: int32 segment ids ``[B, T]``, ``[B, S]``.
+      q_seg, k_seg: int32 segment ids ``[B, T]``, ``[B, S]``; negative: padding (sees no key,
+        seen by no query; :mod:`lcx.attention.masks`).
       mask: the visibility predicate.
       kernel: per-device kernel; default ``XlaKernel()``.
       sinks: float32 ``[N]`` per-head sink logits (:mod:`lcx.attention.sinks`), or None (no
-        sink: the program is exactly the one without this argument).
+        sink: the program is exactly the one without this argument). Padding rows get no sink.
+      return_lse: also return the logsumexp (static; False: the program is exactly the one
+        without this argument).
 
     Returns:
-      ``[B, T, N, H]`` in ``q.dtype``; 0 for a query with no visible key. Gradients flow to
-      ``q``, ``k``, ``v`` (in their dtypes) and ``sinks`` (float32, summed over this call's
-      rows); positions and segment ids get none.
+      ``out`` ``[B, T, N, H]`` in ``q.dtype``; 0 for a query with no visible key. With
+      ``return_lse``, ``(out, lse)``: ``lse`` float32 ``[B, T, N]``, the natural-log logsumexp
+      of the scaled visible logits, sinks included, ``-inf`` on a row with no visible key and no
+      sink (padding rows: always). Gradients flow from both outputs (``d lse / d logit = P``:
+      the backward uses ``delta - dlse`` for ``delta``) to ``q``, ``k``, ``v`` (in their dtypes)
+      and ``sinks`` (float32, summed over this call's rows); positions and segment ids get none.
 
     Raises:
       ValueError: ``N`` not a multiple of ``K``.
     """
     kernel = XlaKernel() if kernel is None else kernel
-    return _flash(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
+    return _flash(kernel, mask, bool(return_lse), q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
 
 
 def _forward(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
     out, lse = kernel.forward(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=mask)
     # None has no leaves: without sinks the traced program is the plain kernel's
-    return (out, lse) if sinks is None else merge_sinks(out, lse, sinks)
+    return (out, lse) if sinks is None else merge_sinks(out, lse, row_sinks(sinks, q_seg))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _flash(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
-    out, _ = _forward(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
-    return out.astype(q.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _flash(kernel, mask, with_lse, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
+    out, lse = _forward(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
+    return (out.astype(q.dtype), lse) if with_lse else out.astype(q.dtype)
 
 
-def _flash_fwd(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
+def _flash_fwd(kernel, mask, with_lse, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
     out, lse = _forward(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
     out, lse = name_context(out, lse)  # remat: custom can keep or offload them (model.remat_context)
     # keep out in float32 for delta = sum(dout * out): the residuals are O(T), not O(T * S)
-    return out.astype(q.dtype), (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks)
+    res = (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks)
+    return ((out.astype(q.dtype), lse) if with_lse else out.astype(q.dtype)), res
 
 
-def _flash_bwd(kernel, mask, res, dout):
+def _flash_bwd(kernel, mask, with_lse, res, ct):
     q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks = res
+    dout, dlse = ct if with_lse else (ct, None)
     # with sinks, out and lse already include them: the kernel's backward is then exact
-    delta = output_delta(out, dout)
+    delta = lse_delta(output_delta(out, dout), dlse)
     dq, dk, dv = kernel.backward(q, k, v, q_pos, k_pos, q_seg, k_seg, None, lse, dout, mask=mask, delta=delta)
     ds = None if sinks is None else sinks_grad(delta, lse, sinks).astype(sinks.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, ds
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def lse_delta(delta: Float[Array, "B T N"], dlse: Float[Array, "B T N"] | None) -> Float[Array, "B T N"]:
+    """The flash backward's ``delta`` when the logsumexp is an output too: ``delta - dlse``.
+
+    With ``P = exp(s - lse)``: ``d out / d s_j = P_j (v_j - out)`` and ``d lse / d s_j = P_j``, so
+    ``dS = P * (dP - delta) + P * dlse = P * (dP - (delta - dlse))``; the same substitution gives
+    the sink gradient (:func:`~lcx.attention.sinks.sinks_grad`). ``dlse`` None: ``delta``.
+    """
+    return delta if dlse is None else delta - dlse.astype(delta.dtype)

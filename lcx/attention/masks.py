@@ -3,6 +3,12 @@
 Every mask lcx supports is a function of ``(q_pos, k_pos, q_seg, k_seg)`` only, so one kernel
 path serves every sequence layout (contiguous, zigzag) and every context-parallel strategy: the
 positions and segment ids travel with their tokens (and, in ring steps, with K/V).
+
+**Padding.** A NEGATIVE segment id marks a padding token, whatever the mask: it sees no key and
+no query sees it (every predicate below is False for a pair with a negative id on either side,
+with or without ``document``). Its attention output is 0, its gradients are 0 and its logsumexp
+is ``-inf``, and blocks or ring steps made only of padding are skipped like any hidden block
+(:meth:`Mask.may_be_visible` is False for them). ``lcx.data`` marks padding with ``-1``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ class Mask:
       document: key visible only if ``k_seg == q_seg`` (packed sequences; segment ids).
       window: sliding window in tokens: key visible only if ``q_pos - k_pos < window`` (and, when
         not causal, also ``k_pos - q_pos < window``). ``None`` means no window.
+
+    Whatever the fields, a pair whose query or key has a negative segment id (padding) is never
+    visible (module docstring); without segment ids nothing is padding.
 
     ``Mask()`` is causal; ``Mask(causal=False)`` is full (bidirectional) attention.
 
@@ -44,7 +53,8 @@ class Mask:
         q_seg: Int[Array, "*b t"] | None = None,
         k_seg: Int[Array, "*b s"] | None = None,
     ) -> Bool[Array, "*b t s"]:
-        """Boolean ``[..., T, S]``: True where query t may attend to key s."""
+        """Boolean ``[..., T, S]``: True where query t may attend to key s (False wherever
+        ``q_seg`` or ``k_seg``, when given, is negative: padding)."""
         qp = q_pos[..., :, None]
         kp = k_pos[..., None, :]
         ok = jnp.ones(jnp.broadcast_shapes(qp.shape, kp.shape), bool)
@@ -58,6 +68,10 @@ class Mask:
             if q_seg is None or k_seg is None:
                 raise ValueError("a document mask needs segment ids for queries and keys")
             ok = ok & (q_seg[..., :, None] == k_seg[..., None, :])
+        if q_seg is not None:
+            ok = ok & (q_seg[..., :, None] >= 0)
+        if k_seg is not None:
+            ok = ok & (k_seg[..., None, :] >= 0)
         return ok
 
     def may_be_visible(
@@ -78,7 +92,9 @@ class Mask:
         - causal: some ``k_pos <= q_pos``  <=>  ``min(k_pos) <= max(q_pos)``;
         - window: some ``q_pos - k_pos < window``  <=>  ``min(q_pos) - max(k_pos) < window``
           (and, not causal, ``min(k_pos) - max(q_pos) < window``);
-        - document: the ranges ``[min, max]`` of query and key segment ids overlap.
+        - document: the ranges ``[min, max]`` of query and key segment ids overlap;
+        - padding (any mask, when segment ids are given): some query and some key have a
+          segment id ``>= 0``  <=>  ``max(q_seg) >= 0`` and ``max(k_seg) >= 0``.
 
         Args:
           q_pos, k_pos: int32 global positions ``[..., t]`` and ``[..., s]``.
@@ -100,6 +116,10 @@ class Mask:
             if q_seg is None or k_seg is None:
                 raise ValueError("a document mask needs segment ids for queries and keys")
             ok = ok & (k_seg.max(-1) >= q_seg.min(-1)) & (k_seg.min(-1) <= q_seg.max(-1))
+        if q_seg is not None:
+            ok = ok & (q_seg.max(-1) >= 0)
+        if k_seg is not None:
+            ok = ok & (k_seg.max(-1) >= 0)
         return jnp.any(ok)
 
     def all_visible(
@@ -119,7 +139,9 @@ class Mask:
         - causal: ``max(k_pos) <= min(q_pos)``;
         - window: ``max(q_pos) - min(k_pos) < window`` (and, not causal,
           ``max(k_pos) - min(q_pos) < window``);
-        - document: every query and key segment id is one and the same value.
+        - document: every query and key segment id is one and the same value;
+        - padding (any mask, when segment ids are given): ``min(q_seg) >= 0`` and
+          ``min(k_seg) >= 0``.
 
         Args:
           q_pos, k_pos: int32 global positions ``[..., t]`` and ``[..., s]``.
@@ -142,6 +164,10 @@ class Mask:
                 raise ValueError("a document mask needs segment ids for queries and keys")
             qs_min, qs_max = q_seg.min(-1), q_seg.max(-1)
             ok = ok & (qs_min == qs_max) & (k_seg.min(-1) == qs_min) & (k_seg.max(-1) == qs_min)
+        if q_seg is not None:
+            ok = ok & (q_seg.min(-1) >= 0)
+        if k_seg is not None:
+            ok = ok & (k_seg.min(-1) >= 0)
         return jnp.all(ok)
 
     @property

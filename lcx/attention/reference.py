@@ -19,12 +19,15 @@ def reference_attention(
     kv_positions: Int[Array, "B S"] | None = None,
     kv_segment_ids: Int[Array, "B S"] | None = None,
     sinks: Float[Array, " N"] | None = None,
-) -> Float[Array, "B T N H"]:
+    return_lse: bool = False,
+) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
     """Dense softmax attention ``softmax(q k^T / sqrt(H) + mask) v`` (Vaswani et al. 2017).
 
     GQA: the N query heads form K groups of G = N / K (head n uses kv head n // G); K/V are
-    never repeated. A query with no visible key returns 0 (not NaN). Computes in the inputs'
-    dtype promoted with float32 for the softmax; returns the dtype of ``q``.
+    never repeated. A query with no visible key returns 0 (not NaN). Negative segment ids are
+    padding (see :mod:`lcx.attention.masks`): such a query sees no key and no sink, such a key is
+    seen by no query. Computes in the inputs' dtype promoted with float32 for the softmax;
+    returns the dtype of ``q``.
 
     Args:
       q: queries ``[B, T, N, H]``.
@@ -36,9 +39,13 @@ def reference_attention(
       sinks: ``[N]`` per-head sink logits, or None: head ``n``'s softmax gets one more logit
         column ``sinks[n]`` whose value vector is 0 (gpt-oss attention sinks; StreamingLLM, Xiao
         et al. 2023, arXiv:2309.17453). Computed in float32.
+      return_lse: also return the logsumexp.
 
     Returns:
-      ``[B, T, N, H]`` in ``q.dtype``.
+      ``out`` ``[B, T, N, H]`` in ``q.dtype``; with ``return_lse``, ``(out, lse)`` with ``lse``
+      float32 ``[B, T, N]``: the natural-log logsumexp of the scaled visible logits and the sink
+      (when given), ``-inf`` where neither exists. Plain ``jnp`` arithmetic: differentiable by
+      JAX's own rules in both outputs.
     """
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
@@ -58,6 +65,8 @@ def reference_attention(
     m = jnp.max(s, axis=-1, keepdims=True)
     if sinks is not None:
         sink = sinks.astype(jnp.float32).reshape(K, G)[None, :, :, None, None]  # head n = k G + g
+        # padding queries (negative segment id) get no sink either
+        sink = jnp.where((segment_ids < 0)[:, None, None, :, None], -jnp.inf, sink)
         m = jnp.maximum(m, sink)
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.where(vis, jnp.exp(s - m), 0.0)
@@ -66,4 +75,8 @@ def reference_attention(
         l = l + jnp.exp(sink - m)  # the sink's column: in the denominator, value 0
     p = p / jnp.where(l == 0, 1.0, l)
     o = jnp.einsum("BKGTS,BSKH->BTKGH", p, v.astype(jnp.float32))
-    return o.reshape(B, T, N, H).astype(q.dtype)
+    out = o.reshape(B, T, N, H).astype(q.dtype)
+    if not return_lse:
+        return out
+    lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)[..., 0]  # [B, K, G, T]
+    return out, jnp.moveaxis(lse, 3, 1).reshape(B, T, N)

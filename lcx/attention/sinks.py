@@ -31,20 +31,21 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 _F32 = jnp.float32
 
 
 def merge_sinks(
-    out: Float[Array, "B T N H"], lse: Float[Array, "B T N"], sinks: Float[Array, " N"]
+    out: Float[Array, "B T N H"], lse: Float[Array, "B T N"], sinks: Float[Array, " N"] | Float[Array, "B T N"]
 ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
     """The final attention result with the per-head sink logit merged in (float32).
 
     Args:
       out: float32 ``[B, T, N, H]``, attention normalised over the visible keys.
       lse: float32 ``[B, T, N]``, their logsumexp (natural log; ``-inf``: no visible key).
-      sinks: ``[N]`` sink logits of the query heads (float32; ``-inf`` disables a head's sink).
+      sinks: ``[N]`` sink logits of the query heads (float32; ``-inf`` disables a head's sink),
+        or per row ``[B, T, N]`` (:func:`row_sinks`: ``-inf`` on padding rows).
 
     Returns:
       ``(out', lse')`` float32: ``lse' = logaddexp(lse, s)``, ``out' = out * exp(lse - lse')``.
@@ -55,6 +56,13 @@ def merge_sinks(
     new = jnp.logaddexp(lse, sinks.astype(_F32))
     safe = jnp.where(jnp.isfinite(new), new, 0.0)  # avoid (-inf) - (-inf) = NaN
     return out * jnp.exp(lse - safe)[..., None], new
+
+
+def row_sinks(sinks: Float[Array, " N"], q_seg: Int[Array, "B T"]) -> Float[Array, "B T N"]:
+    """float32 ``[B, T, N]`` per-row sink logits: ``sinks`` on every row, ``-inf`` on padding
+    rows (negative segment id, :mod:`lcx.attention.masks`), which see no key and no sink either
+    (their ``lse`` stays ``-inf``, their sink gradient 0). For :func:`merge_sinks`."""
+    return jnp.where((q_seg < 0)[..., None], -jnp.inf, sinks.astype(_F32)[None, None, :])
 
 
 def sinks_grad(delta: Float[Array, "B T N"], lse: Float[Array, "B T N"], sinks: Float[Array, " N"]) -> Float[Array, " N"]:

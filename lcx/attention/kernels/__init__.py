@@ -30,7 +30,8 @@ def make_kernel(name: str, block_q: int = 512, block_kv: int = 512, block_q_dkv:
     Raises:
       ValueError: unknown kernel name.
       KernelNotAvailableError: (a ``NotImplementedError``) the kernel's library is missing here.
-      ValueError: block sizes the kernel cannot tile (splash: multiples of 128 up to 16384).
+      ValueError: block sizes the kernel cannot tile (splash: ``block_q`` a multiple of 8, the
+        others multiples of 128, kv blocks up to 16384).
     """
     if name not in KERNELS:
         raise ValueError(f"unknown attention kernel {name!r}; choose one of {tuple(KERNELS)}")

@@ -27,6 +27,7 @@ from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
+from jax.experimental import checkify
 from jaxtyping import Array, Float, Int, PyTree
 
 from lcx.attention.masks import Mask
@@ -44,13 +45,38 @@ def merge_partials(
     """Merge two normalised partial attention results over disjoint key sets (float32).
 
     ``lse = log(exp(lse) + exp(lse_b))``; ``out = out * exp(lse - lse_new) + out_b * exp(lse_b -
-    lse_new)``. Rows where both are empty (``lse == lse_b == -inf``) stay ``out = 0``,
-    ``lse = -inf`` without producing NaN.
+    lse_new)`` (the online-softmax merge; Milakov & Gimelshein 2018, Dao et al. 2022). Works on
+    any leading shape: ``out`` is ``lse``'s shape plus a trailing head-dim axis.
+
+    Valid partial states have a finite ``lse`` or ``lse = -inf`` (no key; ``out`` then 0). Rows
+    where both are empty stay ``out = 0``, ``lse = -inf`` without producing NaN.
+
+    An ``lse`` of ``+inf`` or NaN is not a valid state. Under
+    ``jax.experimental.checkify.checkify`` (``errors`` including ``checkify.user_checks``) it
+    raises a checkify error naming this function; otherwise the invalid partial is dropped, row
+    by row: it counts as empty (weight 0, its ``out`` is not read), so the result is that of the
+    other partial alone and never inf or NaN from it (``merge_partials(o_a, 0.5, o_b, inf)`` is
+    ``(o_a, 0.5)``).
+
+    Args:
+      out, out_b: float32 ``[..., H]`` partial outputs, each normalised over its own keys.
+      lse, lse_b: float32 ``[...]`` their logsumexps (natural log; ``-inf``: no key).
+
+    Returns:
+      ``(out, lse)`` float32 of the union of the two key sets.
     """
+    checkify.debug_check(
+        jnp.all(lse < jnp.inf) & jnp.all(lse_b < jnp.inf),
+        "merge_partials: a partial logsumexp is +inf or NaN (valid: finite, or -inf for no key); "
+        "the kernel or the caller produced an invalid partial state",
+    )
+    ok, ok_b = lse < jnp.inf, lse_b < jnp.inf  # False for +inf and NaN
+    lse, lse_b = jnp.where(ok, lse, -jnp.inf), jnp.where(ok_b, lse_b, -jnp.inf)
     new = jnp.logaddexp(lse, lse_b)
     safe = jnp.where(jnp.isfinite(new), new, 0.0)  # avoid (-inf) - (-inf) = NaN on empty rows
     w, w_b = jnp.exp(lse - safe)[..., None], jnp.exp(lse_b - safe)[..., None]
-    return out * w + out_b * w_b, new
+    # an invalid partial's out is not read at all (0 * inf would be NaN)
+    return jnp.where(ok[..., None], out, 0.0) * w + jnp.where(ok_b[..., None], out_b, 0.0) * w_b, new
 
 
 # Opaque per-kernel state of the accumulating form (pytrees of arrays only the kernel reads).

@@ -57,12 +57,28 @@ backward their ``lse`` is replaced by 0, which makes every masked probability
 ``exp(mask_value) = 0``.
 
 **Backward blocks.** ``block_q_dkv`` / ``block_kv_dkv`` (splash's ``BlockSizes`` names; None:
-the forward's blocks) tile splash's dK/dV kernel, with its own block-sparsity metadata; the dQ
-kernel uses the forward's blocks. Padded lengths and kv chunks are then multiples of both blocks.
+the dQ kernel's blocks) tile splash's dK/dV kernel, with its own block-sparsity metadata; the dQ
+kernel uses the forward's blocks (its query block rounded up to a multiple of 128 when the
+forward's is not, see below). Padded lengths and kv chunks are then multiples of all blocks.
 
-Interpret mode (Pallas on CPU/GPU) is chosen automatically when ``jax.default_backend()`` is
-not ``"tpu"``. Block sizes must be multiples of 128 (splash's lane width); shorter sequences are
-padded up to one block with invisible queries/keys.
+**Padding** (a negative segment id, :mod:`lcx.attention.masks`): padding keys are sorted after
+the real keys of their chunk, beyond every query's interval, and padding queries are empty rows,
+so no query sees a padding key and a padding query gets ``out = 0``, ``lse = -inf`` and zero
+gradients; blocks made only of padding have ``block_mask = 0`` and are skipped.
+
+**Block sizes: the kernel's own rule.** Mosaic tiles the last two dimensions of every block by
+(8 sublanes, 128 lanes) unless a block spans the whole dimension. In splash's forward kernel
+(``_splash_attention_forward`` of JAX 0.10.2) the query block ``bq`` is a sublane dimension
+only (q and out blocks ``(bq, head_dim)``, the mask data and logsumexp ``(bq, 128)``), and the
+kernel checks ``block_kv_compute % 128 == 0``: so ``block_q`` must be a multiple of 8 and the
+kv blocks multiples of 128. Its backward kernels take the logsumexp and ``di`` with ``bq`` on
+LANES (dQ: blocks ``(1, bq)``; dK/dV: ``(8, bq)``, and its segment-id path raises unless
+``bq % 128 == 0``), so their query blocks must be multiples of 128: ``block_q_dkv`` is checked
+as such, and the dQ kernel runs on ``lcm(block_q, 128)`` queries when ``block_q`` is not a
+multiple of 128 (None ``block_q_dkv`` likewise). The padded query length is a multiple of every
+query block. Interpret mode (Pallas on CPU/GPU, what the tests run) is chosen automatically when
+``jax.default_backend()`` is not ``"tpu"``; sequences shorter than a block are padded up to one
+block with invisible queries/keys.
 """
 
 from __future__ import annotations
@@ -75,12 +91,15 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels.base import Kernel, output_delta
+from lcx.attention.kernels.base import Kernel, merge_partials, output_delta
 from lcx.attention.masks import Mask
 
 _F32 = jnp.float32
 LANES = 128
-"""Splash block sizes must be multiples of this (the TPU lane width), in tokens."""
+"""Splash kv blocks and backward query blocks must be multiples of this (the TPU lane width), in
+tokens."""
+SUBLANES = 8
+"""Splash forward query blocks (``block_q``) must be multiples of this (the TPU sublane count)."""
 MAX_KV_CHUNK = 16384
 """Most keys in one splash call (tokens): ``lo`` and ``hi`` (each ``<= 16384``) share an int32."""
 _HI_BITS = 15
@@ -128,9 +147,11 @@ def _mask_fn(q_sequence, kv_index):
 class _Plan:
     """Static tiling of one kernel call: padded lengths, blocks, kv chunks (all in tokens).
 
-    ``bq, bkv`` tile the forward and the dQ kernel, ``bq_dkv, bkv_dkv`` the dK/dV kernel
-    (the forward's when ``block_q_dkv`` / ``block_kv_dkv`` are None); ``Tp`` and ``chunk`` are
-    multiples of both.
+    ``bq, bkv`` tile the forward, ``bq_dq, bkv`` the dQ kernel (``bq_dq = bq`` when that is a
+    multiple of 128, else ``lcm(bq, 128)``: the dQ kernel's logsumexp blocks put queries on
+    lanes), ``bq_dkv, bkv_dkv`` the dK/dV kernel (None ``block_q_dkv``: ``bq_dq``; None
+    ``block_kv_dkv``: ``bkv``); ``Tp`` is a multiple of every query block, ``chunk`` of both kv
+    blocks.
 
     Raises:
       ValueError: the two kv blocks' least common multiple exceeds :data:`MAX_KV_CHUNK`.
@@ -139,8 +160,9 @@ class _Plan:
     def __init__(self, T: int, S: int, block_q: int, block_kv: int, block_q_dkv: int | None = None,
                  block_kv_dkv: int | None = None):
         self.bq = min(block_q, _round_up(T, LANES))
-        self.bq_dkv = min(block_q if block_q_dkv is None else block_q_dkv, _round_up(T, LANES))
-        self.Tp = _round_up(T, math.lcm(self.bq, self.bq_dkv))
+        self.bq_dq = self.bq if self.bq % LANES == 0 else math.lcm(self.bq, LANES)
+        self.bq_dkv = self.bq_dq if block_q_dkv is None else min(block_q_dkv, _round_up(T, LANES))
+        self.Tp = _round_up(T, math.lcm(self.bq, self.bq_dq, self.bq_dkv))
         self.bkv = min(block_kv, _round_up(S, LANES))
         self.bkv_dkv = min(block_kv if block_kv_dkv is None else block_kv_dkv, _round_up(S, LANES))
         unit = math.lcm(self.bkv, self.bkv_dkv)  # kv chunks are whole blocks of both
@@ -233,10 +255,12 @@ class SplashKernel(Kernel):
     """Pallas splash attention (interpret mode off TPU) with sorted-interval masks.
 
     Attributes:
-      block_q: query block in tokens, a multiple of 128 (clamped to the padded query length).
+      block_q: query block in tokens of the forward, a multiple of 8 (clamped to the query length
+        rounded up to 128); the dQ kernel runs on ``lcm(block_q, 128)`` queries when it is not a
+        multiple of 128 (module docstring).
       block_kv: key/value block in tokens, a multiple of 128 and ``<= 16384``.
       block_q_dkv: query block in tokens of the dK/dV backward kernel (splash's
-        ``BlockSizes.block_q_dkv``), a multiple of 128; None: ``block_q``.
+        ``BlockSizes.block_q_dkv``), a multiple of 128; None: the dQ kernel's query block.
       block_kv_dkv: key/value block in tokens of the dK/dV backward kernel (splash's
         ``BlockSizes.block_kv_dkv``), a multiple of 128 and ``<= 16384``; None: ``block_kv``.
 
@@ -251,13 +275,19 @@ class SplashKernel(Kernel):
     block_kv_dkv: int | None = None
 
     def __check_init__(self):
-        for name in ("block_q", "block_kv", "block_q_dkv", "block_kv_dkv"):
+        if self.block_q < SUBLANES or self.block_q % SUBLANES:
+            raise ValueError(
+                f"plan.attention.kernel='splash' needs plan.attention.block_q to be a positive multiple of {SUBLANES} "
+                f"tokens (the TPU sublanes splash's forward tiles queries by), got {self.block_q}; e.g. "
+                f"{max(SUBLANES, _round_up(self.block_q, SUBLANES))}, or use kernel='xla' for other block sizes"
+            )
+        for name in ("block_kv", "block_q_dkv", "block_kv_dkv"):
             b = getattr(self, name)
             if b is not None and (b < LANES or b % LANES):
                 raise ValueError(
                     f"plan.attention.kernel='splash' needs plan.attention.{name} to be a positive multiple of {LANES} "
-                    f"tokens (the TPU lane width splash tiles by), got {b}; e.g. {max(LANES, _round_up(b, LANES))}, "
-                    "or use kernel='xla' for other block sizes"
+                    f"tokens (the TPU lane width splash tiles {'keys' if 'kv' in name else 'backward queries'} by), "
+                    f"got {b}; e.g. {max(LANES, _round_up(b, LANES))}, or use kernel='xla' for other block sizes"
                 )
         for name in ("block_kv", "block_kv_dkv"):
             b = getattr(self, name)
@@ -286,12 +316,14 @@ class SplashKernel(Kernel):
         """
         n, C = plan.n_chunks, plan.chunk
         pad_k = plan.Sp - plan.S
-        is_pad = jnp.concatenate([jnp.zeros(plan.S, jnp.int32), jnp.ones(pad_k, jnp.int32)])
+        # keys past S (tiling) and padding keys (negative segment id) sort after the real keys of
+        # their chunk, where no query's interval reaches: n_real counts the others
+        is_pad = jnp.concatenate([(k_seg < 0).astype(jnp.int32), jnp.ones(pad_k, jnp.int32)])
         kp = jnp.pad(k_pos, (0, pad_k)).reshape(n, C)
         ks = jnp.pad(k_seg, (0, pad_k)).reshape(n, C)
         is_pad = is_pad.reshape(n, C)
         idx = jnp.arange(plan.Sp, dtype=jnp.int32).reshape(n, C)
-        n_real = jnp.asarray(np.clip(plan.S - np.arange(n) * C, 0, C), jnp.int32)
+        n_real = C - is_pad.sum(axis=1, dtype=jnp.int32)
         if mask.document:
             _, ks_s, kp_s, perm = lax.sort((is_pad, ks, kp, idx), dimension=1, num_keys=3)
         else:
@@ -300,7 +332,7 @@ class SplashKernel(Kernel):
         pad_q = plan.Tp - plan.T
         qp = jnp.pad(q_pos, (0, pad_q))
         qs = jnp.pad(q_seg, (0, pad_q))
-        q_real = jnp.arange(plan.Tp) < plan.T
+        q_real = (jnp.arange(plan.Tp) < plan.T) & (qs >= 0)  # padding queries are empty rows
         lo, hi = jax.vmap(lambda a, b, c: _intervals(mask, qp, qs, a, b, c))(kp_s, ks_s, n_real)
         empty = (lo >= hi) | ~q_real[None, :]
         lo = jnp.where(empty, 0, lo)
@@ -346,7 +378,7 @@ class SplashKernel(Kernel):
                 )
                 o_c = jnp.where(empty_c[None, :, None], 0.0, o_c.astype(_F32))
                 l_c = jnp.where(empty_c[None, :], -jnp.inf, l_c.astype(_F32))
-                return _merge(out, lse, o_c, l_c), None
+                return merge_partials(out, lse, o_c, l_c), None
 
             init = (jnp.zeros((N, plan.Tp, H), _F32), jnp.full((N, plan.Tp), -jnp.inf, _F32))
             (out, lse), _ = lax.scan(chunk, init, (perm, lo, hi, empty))
@@ -396,11 +428,11 @@ class SplashKernel(Kernel):
                 perm_c, lo_c, hi_c, empty_c = xs
                 kc = kh[perm_c].transpose(1, 0, 2)
                 vc = vh[perm_c].transpose(1, 0, 2)
-                fwd_info, dkv_info = _block_info(mi, lo_c, hi_c, plan.bq, plan.bkv, plan.chunk // plan.bkv, empty_c)
-                if (plan.bq_dkv, plan.bkv_dkv) != (plan.bq, plan.bkv):  # the dK/dV kernel's own grid
+                dq_info, dkv_info = _block_info(mi, lo_c, hi_c, plan.bq_dq, plan.bkv, plan.chunk // plan.bkv, empty_c)
+                if (plan.bq_dkv, plan.bkv_dkv) != (plan.bq_dq, plan.bkv):  # the dK/dV kernel's own grid
                     _, dkv_info = _block_info(mi, lo_c, hi_c, plan.bq_dkv, plan.bkv_dkv, plan.chunk // plan.bkv_dkv,
                                               empty_c)
-                dq_c, dk_c, dv_c = _splash_bwd(sk, qh, kc, vc, lse_h, doh, di, fwd_info, dkv_info, plan, interpret)
+                dq_c, dk_c, dv_c = _splash_bwd(sk, qh, kc, vc, lse_h, doh, di, dq_info, dkv_info, plan, interpret)
                 # sorted chunk order -> the caller's kv order
                 inv = jnp.argsort(perm_c)
                 return dq + dq_c.astype(_F32), (dk_c.astype(_F32)[:, inv], dv_c.astype(_F32)[:, inv])
@@ -414,29 +446,23 @@ class SplashKernel(Kernel):
         return jax.vmap(row)(q, k, v, q_pos, k_pos, q_seg, k_seg, delta, lse, dout)
 
 
-def _splash_bwd(sk, q, k, v, lse, do, di, fwd_info, dkv_info, plan: _Plan, interpret: bool):
+def _splash_bwd(sk, q, k, v, lse, do, di, dq_info, dkv_info, plan: _Plan, interpret: bool):
     """Splash's own backward kernels with the GLOBAL ``lse`` and ``di = sum(dout * out)``.
 
     The only use of JAX-private splash functions (signatures of JAX 0.10.2); ``q`` is already
     scaled, so dK comes out right and dQ is w.r.t. the scaled q. The dQ kernel runs on the
-    forward's blocks, the dK/dV kernel on ``plan.bq_dkv x plan.bkv_dkv`` (``dkv_info``'s grid).
+    dQ kernel's blocks ``plan.bq_dq x plan.bkv`` (``dq_info``'s grid), the dK/dV kernel on
+    ``plan.bq_dkv x plan.bkv_dkv`` (``dkv_info``'s grid).
     """
     layout = sk.QKVLayout.HEAD_DIM_MINOR
     common = dict(is_mqa=False, mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None, q_layout=layout,
                   k_layout=layout, v_layout=layout, mask_function=_mask_fn, interpret=interpret)
-    dq = sk._splash_attention_bwd_dq(q, k, v, None, None, lse, do, di, bq=plan.bq, bkv=plan.bkv,
-                                     mask_info=fwd_info, **common)
+    dq = sk._splash_attention_bwd_dq(q, k, v, None, None, lse, do, di, bq=plan.bq_dq, bkv=plan.bkv,
+                                     mask_info=dq_info, **common)
     _, dk, dv = sk._splash_attention_bwd_dkv(q, k, v, None, None, lse, do, di, bq=plan.bq_dkv, bkv=plan.bkv_dkv,
                                              bkv_compute=plan.bkv_dkv, use_fused_bwd_kernel=False,
                                              mask_info=dkv_info, **common)
     return dq, dk, dv
-
-
-def _merge(out, lse, out_b, lse_b):
-    """Merge normalised partials over disjoint key sets ``[N, T, H]``, ``[N, T]`` (float32)."""
-    new = jnp.logaddexp(lse, lse_b)
-    safe = jnp.where(jnp.isfinite(new), new, 0.0)
-    return out * jnp.exp(lse - safe)[..., None] + out_b * jnp.exp(lse_b - safe)[..., None], new
 
 
 def _groups(n_heads: int, n_kv_heads: int) -> int:

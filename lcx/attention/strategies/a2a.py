@@ -85,8 +85,8 @@ def seq_to_heads(x: Float[Array, "B T M H"], axes: tuple[str, ...]) -> Float[Arr
     return lax.all_to_all(x, axes, split_axis=2, concat_axis=1, tiled=True)
 
 
-def heads_to_seq(x: Float[Array, "B TU M/U H"], axes: tuple[str, ...]) -> Float[Array, "B T M H"]:
-    """Inverse of :func:`seq_to_heads`."""
+def heads_to_seq(x: Float[Array, "B TU M/U *H"], axes: tuple[str, ...]) -> Float[Array, "B T M *H"]:
+    """Inverse of :func:`seq_to_heads` (also for a logsumexp ``[B, T*U, M/U]``)."""
     return lax.all_to_all(x, axes, split_axis=1, concat_axis=2, tiled=True)
 
 
@@ -145,12 +145,15 @@ class Ulysses(Strategy):
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B T"],
         sinks: Float[Array, " N"] | None = None,
-    ) -> Float[Array, "B T N H"]:
+        return_lse: bool = False,
+    ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
         if self.degree == 1:
-            return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks)
+            return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks,
+                                   return_lse=return_lse)
         r = kv_replication(q.shape[2], k.shape[2], self.degree, self.allow_kv_replication, who="a2a", axes=self.axes)
         args = ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, self.axes, r)
         # after the all-to-all this device holds N/U of the query heads: only their sinks
         sinks = None if sinks is None else local_head_sinks(sinks, self.axes, self.degree)
-        out = flash_attention(*args, mask=self.mask, kernel=self.kernel, sinks=sinks)
-        return heads_to_seq(out, self.axes)
+        res = flash_attention(*args, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse)
+        # the logsumexp [B, T U, N/U] goes back to sequence sharding like the output
+        return tuple(heads_to_seq(x, self.axes) for x in res) if return_lse else heads_to_seq(res, self.axes)

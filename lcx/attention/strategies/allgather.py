@@ -52,7 +52,9 @@ class AllGather(Strategy):
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B T"],
         sinks: Float[Array, " N"] | None = None,
-    ) -> Float[Array, "B T N H"]:
+        return_lse: bool = False,
+    ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
         if self.axes:
             k, v, k_pos, k_seg = (lax.all_gather(x, self.axes, axis=1, tiled=True) for x in (k, v, k_pos, k_seg))
-        return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks)
+        return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks,
+                               return_lse=return_lse)

@@ -73,13 +73,19 @@ class Strategy(eqx.Module):
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B T"],
         sinks: Float[Array, " N"] | None = None,
-    ) -> Float[Array, "B T N H"]:
+        return_lse: bool = False,
+    ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
         """Attention of this device's query shard against the whole (sharded) sequence.
 
         Runs inside ``jax.shard_map``; every argument is this device's shard along the sequence
         (and batch/heads where the plan shards them). ``sinks``: float32 ``[N]`` sink logits of
         this device's (pre-all-to-all) query heads, replicated over batch and sequence, or None
-        (:mod:`lcx.attention.sinks`). Returns this device's output shard in ``q.dtype``;
-        differentiable in ``q``, ``k``, ``v`` and ``sinks`` (whose cotangent is this device's
+        (:mod:`lcx.attention.sinks`). ``return_lse`` (static): also return the logsumexp.
+        Negative segment ids are padding (:mod:`lcx.attention.masks`).
+
+        Returns this device's output shard ``[B, T, N, H]`` in ``q.dtype``, or with
+        ``return_lse`` ``(out, lse)`` with ``lse`` float32 ``[B, T, N]`` of the same rows and
+        heads (sinks included; ``-inf``: no visible key and no sink). Differentiable in ``q``,
+        ``k``, ``v`` and ``sinks`` from both outputs (the sinks' cotangent is this device's
         contribution: ``shard_map`` sums it over the devices).
         """

@@ -53,7 +53,8 @@ from lcx.attention.kernels.base import Kernel, output_delta
 from lcx.attention.kernels.base import merge_partials as merge_partials  # re-exported by lcx.attention.strategies
 from lcx.attention.masks import Mask
 from lcx.attention.names import name_context
-from lcx.attention.sinks import merge_sinks, sinks_grad
+from lcx.attention.flash import lse_delta
+from lcx.attention.sinks import merge_sinks, row_sinks, sinks_grad
 from lcx.attention.strategies.base import Shape, Strategy
 
 _F32 = jnp.float32
@@ -74,7 +75,8 @@ def ring_attention(
     size: int,
     kv_heads_per_pass: int | None = None,
     sinks: Float[Array, " N"] | None = None,
-) -> Float[Array, "B T N H"]:
+    return_lse: bool = False,
+) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
     """Per-device ring attention over mesh ``axes`` (call inside ``jax.shard_map``).
 
     Args:
@@ -90,11 +92,15 @@ def ring_attention(
         G query heads each), one group after another; ``None``: :func:`heads_per_pass`.
       sinks: float32 ``[N]`` sink logits of this device's query heads
         (:mod:`lcx.attention.sinks`), merged once into the ring's final ``(out, lse)``; None:
-        no sink (the program is exactly the one without this argument).
+        no sink (the program is exactly the one without this argument). Padding rows (negative
+        segment id) get no sink.
+      return_lse: also return the logsumexp (static).
 
     Returns:
-      ``[B, T, N, H]`` in ``q.dtype``, differentiable in q, k, v and sinks (custom VJP; the
-      sinks' cotangent is this device's sum over its rows).
+      ``out`` ``[B, T, N, H]`` in ``q.dtype``, or with ``return_lse`` ``(out, lse)``, ``lse``
+      float32 ``[B, T, N]`` over the whole ring (sinks included, ``-inf``: no visible key and
+      no sink). Differentiable in q, k, v and sinks from both outputs (custom VJP; the sinks'
+      cotangent is this device's sum over its rows).
 
     Raises:
       ValueError: ``kv_heads_per_pass`` does not divide the local kv heads.
@@ -114,7 +120,8 @@ def ring_attention(
     x = q[(0,) * q.ndim]
     zero = jnp.where(x == x, 0, 0).astype(k.dtype)  # NaN-safe: 0 for every x
     k, v = k + zero, v + zero
-    return _ring(kernel, mask, tuple(axes), int(size), kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
+    return _ring(kernel, mask, tuple(axes), int(size), kvh, bool(return_lse), q, k, v, q_pos, k_pos, q_seg, k_seg,
+                 sinks)
 
 
 # per-pass K (or V) shard size above which the ring runs one kv head per pass
@@ -204,47 +211,50 @@ def _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg,
 def _forward_sinks(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
     out, lse = _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg)
     # the sink joins the GLOBAL softmax once, after every ring step and pass
-    return (out, lse) if sinks is None else merge_sinks(out, lse, sinks)
+    return (out, lse) if sinks is None else merge_sinks(out, lse, row_sinks(sinks, q_seg))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _ring(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
-    out, _ = _forward_sinks(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
-    return out.astype(q.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
+def _ring(kernel, mask, axes, size, kvh, with_lse, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
+    out, lse = _forward_sinks(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
+    return (out.astype(q.dtype), lse) if with_lse else out.astype(q.dtype)
 
 
-def _ring_fwd(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
+def _ring_fwd(kernel, mask, axes, size, kvh, with_lse, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
     out, lse = _forward_sinks(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
     out, lse = name_context(out, lse)  # remat: custom can keep or offload them (model.remat_context)
-    return out.astype(q.dtype), (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks)
+    res = (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks)
+    return ((out.astype(q.dtype), lse) if with_lse else out.astype(q.dtype)), res
 
 
-def _ring_bwd(kernel, mask, axes, size, kvh, res, dout):
+def _ring_bwd(kernel, mask, axes, size, kvh, with_lse, res, ct):
     # with sinks, out and lse include them, so the kernels' backward below is exact unchanged
     q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks = res
+    dout, dlse = ct if with_lse else (ct, None)
     n, nh, kh = _passes(kvh, q, k)
     if n == 1:
-        dq, dk, dv = _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout)
+        dq, dk, dv = _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout, dlse)
     else:
 
         def one(i, carry):
-            sl_q = lambda x: _head_slice(x, i, nh)
+            sl_q = lambda x: None if x is None else _head_slice(x, i, nh)
             sl_k = lambda x: _head_slice(x, i, kh)
             parts = _backward(kernel, mask, axes, size, sl_q(q), sl_k(k), sl_k(v), q_pos, k_pos, q_seg, k_seg,
-                              sl_q(out), sl_q(lse), sl_q(dout))
+                              sl_q(out), sl_q(lse), sl_q(dout), sl_q(dlse))
             return tuple(_head_update(acc, part, i) for acc, part in zip(carry, parts))
 
         dq, dk, dv = lax.fori_loop(0, n, one, (jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype),
                                                  jnp.zeros(v.shape, v.dtype)))
     # the sinks need delta over all heads; the passes above each take their own heads' slice
-    ds = None if sinks is None else sinks_grad(output_delta(out, dout), lse, sinks).astype(sinks.dtype)
+    ds = None if sinks is None else sinks_grad(lse_delta(output_delta(out, dout), dlse), lse, sinks).astype(sinks.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, ds
 
 
-def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout):
+def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout, dlse=None):
     # delta = rowsum(dout * out) once for all P blocks (not once per block): the float32 output
-    # is then dead during the ring, one [B, T, N, H] buffer less per device
-    delta = output_delta(out, dout)
+    # is then dead during the ring, one [B, T, N, H] buffer less per device. With the logsumexp
+    # an output too, its cotangent enters through delta - dlse (lcx.attention.flash.lse_delta)
+    delta = lse_delta(output_delta(out, dout), dlse)
     # the query side (q, dout, lse, delta) is prepared once for all P steps and dQ accumulates in
     # the kernel's layout; the kernel adds dK/dV into the travelling accumulators in place
     prepared, dq = kernel.backward_start(q, q_pos, q_seg, lse, dout, delta, kv_heads=k.shape[2])
@@ -311,8 +321,9 @@ class Ring(Strategy):
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B T"],
         sinks: Float[Array, " N"] | None = None,
-    ) -> Float[Array, "B T N H"]:
+        return_lse: bool = False,
+    ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
         return ring_attention(
             q, k, v, q_pos, k_pos, q_seg, k_seg, kernel=self.kernel, mask=self.mask, axes=self.axes, size=self.degree,
-            kv_heads_per_pass=self.kv_heads_per_pass, sinks=sinks,
+            kv_heads_per_pass=self.kv_heads_per_pass, sinks=sinks, return_lse=return_lse,
         )

@@ -78,7 +78,8 @@ class USP(Strategy):
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B T"],
         sinks: Float[Array, " N"] | None = None,
-    ) -> Float[Array, "B T N H"]:
+        return_lse: bool = False,
+    ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
         ua = (self.ulysses_axis,)
         r = kv_replication(
             q.shape[2], k.shape[2], self.ulysses_degree, self.allow_kv_replication, who="usp", axes=ua
@@ -87,8 +88,12 @@ class USP(Strategy):
             q, k, v, q_pos, k_pos, q_seg, k_seg = ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, ua, r)
             # this device now holds N/U of the query heads: only their sinks
             sinks = None if sinks is None else local_head_sinks(sinks, ua, self.ulysses_degree)
-        out = ring_attention(
+        res = ring_attention(
             q, k, v, q_pos, k_pos, q_seg, k_seg,
             kernel=self.kernel, mask=self.mask, axes=(self.ring_axis,), size=self.ring_degree, sinks=sinks,
+            return_lse=return_lse,
         )
-        return heads_to_seq(out, ua) if self.ulysses_degree > 1 else out
+        if self.ulysses_degree == 1:
+            return res
+        # the logsumexp [B, T U, N/U] goes back to sequence sharding like the output
+        return tuple(heads_to_seq(x, ua) for x in res) if return_lse else heads_to_seq(res, ua)
