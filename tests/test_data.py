@@ -22,6 +22,7 @@ from lcx.data import (
     text_corpus,
     unigram_entropy,
 )
+from lcx.data.packing import PAD_SEGMENT
 from lcx.sharding.layout import layout_permutation, undo_layout
 
 CONF = os.path.join(os.path.dirname(__file__), "..", "lcx", "conf", "data")
@@ -46,7 +47,9 @@ def check_rows(rows, docs, seq_len):
     seen = []
     for b in range(rows["tokens"].shape[0]):
         tok, tgt, pos, seg, mask = (rows[k][b] for k in BATCH_KEYS)
-        pad = seg == 0
+        pad = seg < 0
+        assert (seg[pad] == PAD_SEGMENT).all() and PAD_SEGMENT == -1, "padding is segment id -1"
+        assert (seg >= 0).sum() == (seg > 0).sum(), "documents are 1, 2, 3, ...: no segment id 0"
         assert (tok[pad] == 0).all() and (tgt[pad] == 0).all() and (mask[pad] == 0).all()
         # padding only at the end of a row, counting like one pseudo-document
         if pad.any():
@@ -109,7 +112,7 @@ def test_pack_exact_values():
         "tokens": [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 0, 0]],
         "targets": [[2, 3, 0, 5], [0, 7, 8, 9], [10, 0, 0, 0]],
         "positions": [[0, 1, 2, 0], [0, 0, 1, 2], [0, 1, 0, 1]],
-        "segment_ids": [[1, 1, 1, 2], [1, 2, 2, 2], [1, 1, 0, 0]],
+        "segment_ids": [[1, 1, 1, 2], [1, 2, 2, 2], [1, 1, -1, -1]],  # -1: padding
         "loss_mask": [[1, 1, 0, 1], [0, 1, 1, 1], [1, 0, 0, 0]],
     }
     assert set(rows) == set(BATCH_KEYS)
@@ -129,7 +132,7 @@ def test_packing_loses_and_duplicates_no_token(seq_len):
     assert len(seen) == total  # empty documents are skipped, contributing nothing
     nonempty = sum(n > 0 for n in LENGTHS)
     assert rows["loss_mask"].sum() == total - nonempty
-    assert (rows["segment_ids"] == 0).sum() == rows["tokens"].size - total  # padding: last row only
+    assert (rows["segment_ids"] == -1).sum() == rows["tokens"].size - total  # padding: last row only
 
 
 def test_packer_rejects_empty_and_short():
@@ -225,7 +228,7 @@ def test_eval_batches_one_padded_pass():
     seen = check_rows(flat, docs, 8)
     assert sorted(seen) == sorted((d, o) for d, n in enumerate(LENGTHS) for o in range(n))
     assert flat["loss_mask"].sum() == ev.num_targets
-    assert (flat["segment_ids"][12:] == 0).all() and (flat["loss_mask"][12:] == 0).all()
+    assert (flat["segment_ids"][12:] == -1).all() and (flat["loss_mask"][12:] == 0).all()
     np.testing.assert_array_equal(list(ev)[1]["tokens"], ev[1]["tokens"])  # re-iterable
     np.testing.assert_array_equal(ev[-1]["tokens"], ev[2]["tokens"])
     with pytest.raises(IndexError):

@@ -16,14 +16,17 @@ Per token (row ``b``, column ``t``) packing produces five arrays:
   document from the previous row restarts at 0: it attends only within its row anyway (it has its
   own segment id), RoPE is relative, and small positions keep rotary angles exact in float32
   and inside any ``max_seq_len`` table (the longest stdlib file is ~750k tokens).
-- ``segment_ids``: int32, 1, 2, 3, ... for the successive document pieces of a row; 0 marks
-  padding. Attention with the document mask sees only its own segment.
+- ``segment_ids``: int32, 1, 2, 3, ... for the successive document pieces of a row; ``-1``
+  (:data:`PAD_SEGMENT`) marks padding. Attention with the document mask sees only its own
+  segment; a negative id is padding to :func:`lcx.attention.attention` under every mask.
 - ``loss_mask``: float32, 1.0 where the target is a real next token, else 0.0 (document ends,
   padding). The loss is ``sum(loss_mask * nll) / sum(loss_mask)``.
 
 Padding (end of an epoch, or whole rows to fill a last evaluation batch): token 0, target 0,
-loss mask 0, segment id 0, positions counting from 0 like one pseudo-document, so every padded
-query still sees itself under causal, window and document masks (no empty softmax rows).
+loss mask 0, segment id ``-1`` (:data:`PAD_SEGMENT`), positions counting from 0 like one
+pseudo-document. Attention treats a negative segment id as padding (:mod:`lcx.attention.masks`):
+a padding token sees no key and no query sees it, so its attention output and gradients are 0
+and blocks or ring steps made only of padding are skipped. The loss mask already excludes it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from typing import NamedTuple
 import numpy as np
 
 BATCH_KEYS: tuple[str, ...] = ("tokens", "targets", "positions", "segment_ids", "loss_mask")
+PAD_SEGMENT = -1
+"""Segment id of padding tokens (negative: padding to :func:`lcx.attention.attention`)."""
 
 
 def check_packing_args(seq_len: int, global_batch: int | None = None) -> None:
@@ -153,7 +158,7 @@ class Packer:
         targets = np.where(has_target, self.tokens[np.minimum(src + 1, last)], 0)
         piece_begin = np.where(valid, np.maximum(doc_begin, row_start), np.maximum(total, row_start))
         positions = idx - piece_begin
-        segment_ids = np.where(valid, d - d[:, :1] + 1, 0)
+        segment_ids = np.where(valid, d - d[:, :1] + 1, PAD_SEGMENT)
         return {
             "tokens": tokens.astype(np.int32),
             "targets": targets.astype(np.int32),
