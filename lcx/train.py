@@ -113,7 +113,7 @@ def _main(cfg: DictConfig) -> float | None:
 
 
 def dry_run(cfg: DictConfig, out_dir=None) -> dict:
-    """``train.dry_run=true``: :func:`lcx.training.loop.dry_run` before any device is configured.
+    """``train.dry_run=true``: :func:`lcx.training.preflight.dry_run` before any device is configured.
 
     The run is validated for ``hardware.chips x hardware.devices_per_chip`` devices (the
     simulated CPU devices on ``hardware=cpu``) and its memory checked against the preset, so
@@ -129,7 +129,7 @@ def dry_run(cfg: DictConfig, out_dir=None) -> dict:
 
     if not os.environ.get("JAX_PLATFORMS"):
         jax.config.update("jax_platforms", "cpu")  # never probe or start an accelerator here
-    from lcx.training.loop import dry_run as _dry_run
+    from lcx.training.preflight import dry_run as _dry_run
 
     return _dry_run(cfg, out_dir)
 

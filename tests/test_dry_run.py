@@ -32,7 +32,7 @@ def no_devices(monkeypatch):
 
 
 def _dry_run(cfg, tmp_path):
-    from lcx.training.loop import dry_run
+    from lcx.training.preflight import dry_run
 
     out = io.StringIO()
     report = dry_run(cfg, tmp_path, file=out)
@@ -92,7 +92,7 @@ def test_tiling_that_does_not_divide_the_local_sequence_names_the_nearest(tmp_pa
 
 
 def test_untiled_logits_are_refused_with_a_tiling_hydra_accepts(tmp_path, no_devices):
-    from lcx.training.loop import resolve
+    from lcx.training.preflight import resolve
 
     cfg = _config("experiment=longctx_14m_tpu7", "memory.vocab_tiling=1")
     with pytest.raises(ValueError, match=r"does not fit: .* GiB of HBM per device, but hardware.hbm_bytes is "
@@ -112,7 +112,8 @@ def test_state_advice_offers_only_offloads_that_lower_the_estimate(tmp_path, no_
     with pytest.raises(ValueError, match=r"the parameters, gradients and AdamW state alone need .* use host offload "
                                          r"of the optimizer \(memory.offload_optimizer=true: ") as e:
         _dry_run(cfg, tmp_path)
-    from lcx.training.loop import memory_check, resolve
+    from lcx.training.memcheck import memory_check
+    from lcx.training.preflight import resolve
 
     ctx = resolve(cfg, 1, run_memory_check=False)
     base = memory_check(cfg, ctx["model_cfg"], ctx["plan"], 1, memory=ctx["memory"])

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf, open_dict
 
 from lcx.sharding import PlanError
 from lcx.training.checkpoint import CheckpointMismatchError, Checkpoints, check_compatible
-from lcx.training.loop import setup
+from lcx.training.preflight import setup
 from lcx.training.optim import make_optimizer
 from lcx.training.schedule import run_schedule, stage_config, stages_from_config
 

@@ -339,7 +339,8 @@ def test_train_overrides_are_what_hydra_and_lcx_train_accept():
 
     from lcx import cost
     from lcx.cost.planner import train_overrides
-    from lcx.training.loop import memory_policy, resolve
+    from lcx.training.memcheck import memory_policy
+    from lcx.training.preflight import resolve
 
     pols = [cost.ActivationPolicy("custom", decoder_layer_input="offload", context="offload", offload_optimizer=True,
                                   offload_params=True, vocab_tiling=16),

@@ -141,7 +141,7 @@ def test_invalid_plan_exits_fast_without_compiling(tmp_path):
     ("train.steps=0", r"train.steps=0: must be >= 1"),
 ])
 def test_settings_that_are_not_whole_numbers_are_refused(override, match, devices):
-    from lcx.training.loop import setup
+    from lcx.training.preflight import setup
 
     with pytest.raises(ValueError, match=match):
         setup(_config(override), devices)
@@ -171,7 +171,7 @@ def test_all_strategies_train_to_the_same_losses(tmp_path, devices):
 def test_a_step_that_cannot_fit_is_refused_before_compiling(devices, monkeypatch):
     """model=llama3_70b compiled for minutes on this CPU machine, then ran out of memory."""
     import lcx.cost
-    from lcx.training.loop import setup
+    from lcx.training.preflight import setup
 
     with pytest.raises(ValueError, match=r"model=llama3_70b does not fit: the cost ledger estimates .* GiB per device x 8 "
                                          r"simulated CPU devices = .* of host RAM, but this machine has .* available.*"

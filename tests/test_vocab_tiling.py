@@ -120,7 +120,7 @@ def test_no_whole_logits_buffer_in_the_compiled_step(devices, tiles):
 
 
 def test_tiling_that_does_not_divide_the_local_sequence_is_refused(devices):
-    from lcx.training.loop import setup
+    from lcx.training.preflight import setup
 
     # 4096 tokens over context 4: 1024 local tokens; 48 does not divide 1024, 32 and 64 do
     cfg = _config("memory.vocab_tiling=48")
@@ -136,7 +136,7 @@ def test_tiling_that_does_not_divide_the_local_sequence_is_refused(devices):
     ("+memory.remat=full", "set model.remat instead"),
 ])
 def test_bad_memory_options_are_refused(devices, override, match):
-    from lcx.training.loop import setup
+    from lcx.training.preflight import setup
 
     with pytest.raises(ValueError, match=match):
         setup(_config(override), devices)

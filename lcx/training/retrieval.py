@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
-import jax
 import numpy as np
 
 from lcx.data.passkey import PasskeyEval, min_seq_len

@@ -19,7 +19,7 @@ Semantics:
   fields set on top of the base ``model`` config for that stage (not cumulative), typically the
   RoPE fields. The learning rate warms up and decays (cosine) over the stage's own steps
   (``train.schedule_start``); optimizer moments carry over.
-- Every stage's plan is validated (:func:`lcx.training.loop.setup`: mesh vs devices, sequence
+- Every stage's plan is validated (:func:`lcx.training.preflight.setup`: mesh vs devices, sequence
   length vs context degree and layout, heads vs Ulysses degree, batch) before the first stage
   trains, and again when the stage starts.
 - Checkpoints accept RoPE changes across stages (:func:`lcx.training.checkpoint.check_compatible`);

@@ -1,0 +1,327 @@
+"""``train.check_memory``: the cost ledger's per-device estimate of a run against the hardware's
+memory, before anything compiles, and advice that is priced before it is offered.
+
+The estimate is :func:`lcx.cost.memory_breakdown` of the model's remat policy with the
+``memory:`` options (vocabulary tiling, optimizer / parameter host offload); on ``hardware=cpu``
+the simulated devices share the host's RAM, on accelerator presets each device has its HBM and a
+share of the host memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+from typing import Any
+
+import jax
+from omegaconf import DictConfig
+
+from lcx.cost import hardware_from_config
+from lcx.models import ModelConfig
+from lcx.training.memory import MemoryOptions
+
+log = logging.getLogger("lcx.training.loop")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryCheck:
+    """The cost ledger's estimate of one run's memory against the hardware's (see
+    :func:`memory_check`).
+
+    Attributes:
+      breakdown: :class:`lcx.cost.MemoryBreakdown` per device (bytes) of the run's policy.
+      policy: the :class:`lcx.cost.ActivationPolicy` priced: the model's remat and placements
+        with the ``memory:`` options (vocabulary tiling, optimizer / parameter offload).
+      hardware: the :class:`lcx.cost.Hardware` preset.
+      n_devices: devices of the run; ``local_devices``: those of this process.
+      on_cpu: ``hardware=cpu``: device and host bytes of all local devices share this host's RAM.
+      limit: bytes the estimate is compared with (cpu: RAM available now; else HBM per device;
+        None: unknown, not checked); ``limit_source``: where the number comes from.
+      host_limit: host bytes per device (accelerator presets; None: unknown or cpu).
+      need: the bytes compared with ``limit`` (cpu: (device + host) x local devices; else the
+        per-device peak); ``fits``: need <= limit and host <= host_limit (None: not checked).
+    """
+
+    breakdown: Any
+    policy: Any
+    hardware: Any
+    n_devices: int
+    local_devices: int
+    on_cpu: bool
+    limit: float | None
+    limit_source: str
+    host_limit: float | None
+    need: float
+    fits: bool | None
+
+    @property
+    def over_hbm(self) -> bool:
+        return not self.on_cpu and self.limit is not None and self.need > self.limit
+
+    @property
+    def over_host(self) -> bool:
+        return not self.on_cpu and self.host_limit is not None and self.breakdown.host > self.host_limit
+
+
+def memory_policy(model_cfg: ModelConfig, memory: MemoryOptions | None = None):
+    """The :class:`lcx.cost.ActivationPolicy` a run trains with: the model's remat policy and
+    its placements (``model.remat``, ``model.remat_*``) and the ``memory:`` options."""
+    from lcx.cost import ActivationPolicy
+
+    mem = memory or MemoryOptions()
+    return ActivationPolicy.from_model(model_cfg, vocab_tiling=mem.vocab_tiling, offload_optimizer=mem.offload_optimizer,
+                                       offload_params=mem.offload_params)
+
+
+def memory_check(cfg: DictConfig, model_cfg: ModelConfig, plan, n_devices: int, *, memory: MemoryOptions | None = None,
+                 local_devices: int | None = None, policy=None) -> MemoryCheck:
+    """Price the run's step with the cost ledger and compare it with the hardware's memory.
+
+    ``policy`` (default :func:`memory_policy`) prices another policy on the same run (the
+    advice of :func:`check_memory` tries its fixes this way). Pure arithmetic; touches no device.
+    """
+    from lcx.cost import host_memory_available, memory_breakdown
+
+    mem = memory or MemoryOptions.from_config(cfg.get("memory"))
+    pol = policy or memory_policy(model_cfg, mem)
+    n = int(n_devices)
+    k = int(local_devices or n)
+    t = cfg.train
+    hw = hardware_from_config(cfg.hardware, n, probe=False)
+    kinds = {}
+    if "memory_kinds" in inspect.signature(memory_breakdown).parameters:
+        # XLA:CPU strips JAX memory kinds: offloaded tensors stay where they are, in the same RAM
+        kinds["memory_kinds"] = hw.name != "cpu"
+    m = memory_breakdown(model_cfg, plan, n, seq_len=int(t.seq_len), global_batch=int(t.global_batch), policy=pol,
+                         dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype,
+                         tie_embeddings=model_cfg.tie_embeddings, **kinds)
+    if hw.name == "cpu":
+        avail = host_memory_available()
+        limit, source = avail if avail is not None else (None, "this machine's available RAM cannot be read")
+        need = (m.total + m.host) * k  # the simulated devices of this process share its host's RAM
+        fits = None if limit is None else need <= limit
+        return MemoryCheck(m, pol, hw, n, k, True, limit, source, None, need, fits)
+    host = hw.host_memory_per_device
+    fits = (hw.hbm_bytes is None or m.total <= hw.hbm_bytes) and (host is None or m.host <= host)
+    return MemoryCheck(m, pol, hw, n, k, False, hw.hbm_bytes, "hardware.hbm_bytes", host, m.total, fits)
+
+
+def check_memory(cfg: DictConfig, model_cfg: ModelConfig, plan, devices, *, memory: MemoryOptions | None = None,
+                 local_devices: int | None = None) -> MemoryCheck:
+    """Refuse, before anything compiles, a step the cost ledger says cannot fit in memory.
+
+    The per-device estimate is :func:`lcx.cost.memory_breakdown` of the policy the run trains
+    with under ``plan``: the model's remat policy and placements plus the ``memory:`` options
+    (``memory.vocab_tiling`` divides the logits' transient; ``memory.offload_optimizer`` /
+    ``offload_params`` move that state to host memory as the ledger prices it) (0.92-1.06 of
+    XLA's compiled footprint for the tiny model on 8 CPU devices, docs/cost_ledger.md; 54 MiB vs
+    the 56 MiB compiled per device for the default run). The limit: on ``hardware=cpu`` the
+    simulated devices of this process share the host's RAM, so their sum (device and host bytes:
+    ``pinned_host`` is the same RAM) must fit in the RAM available now
+    (:func:`lcx.cost.host_memory_available`); on an accelerator preset each device's total must
+    fit in ``hardware.hbm_bytes`` and its offloaded bytes in its share of the host memory. No
+    margin is added: the ledger can be up to ~8% under XLA's footprint (more where XLA's heap
+    packing loses bytes), so a run estimated just under the limit may still run out.
+    ``train.check_memory=false`` skips the check.
+
+    Args:
+      devices: the run's devices, or their number (a dry run has only the count).
+      memory: the ``memory:`` options (None: read from ``cfg``).
+      local_devices: devices of this process (None: those of ``devices`` in this process, or all
+        of a count).
+
+    Returns:
+      The :class:`MemoryCheck` (``fits`` None where this machine's RAM cannot be read).
+
+    Raises:
+      ValueError: the estimate exceeds the limit; names both, the largest part and the fixes,
+        each an override Hydra accepts.
+    """
+    from lcx.cost.memory import DTYPE_BYTES
+
+    if isinstance(devices, int):
+        n = devices
+    else:
+        devices = list(devices)
+        n = len(devices)
+        if local_devices is None:
+            me = jax.process_index()
+            local_devices = sum(1 for d in devices if getattr(d, "process_index", 0) == me) or n
+    mem = memory or MemoryOptions.from_config(cfg.get("memory"))
+    chk = memory_check(cfg, model_cfg, plan, n, memory=mem, local_devices=local_devices)
+    if chk.fits is None:
+        log.warning("train.check_memory: this machine's available RAM cannot be read; memory not checked")
+        return chk
+    if chk.fits:
+        return chk
+    m, hw, k = chk.breakdown, chk.hardware, chk.local_devices
+    gib = lambda b: f"{b / 2**30:,.2f} GiB"  # noqa: E731
+    # parameters, gradients and AdamW's two states, sharded over every device: no plan does better
+    state_min = model_cfg.n_params * DTYPE_BYTES[model_cfg.param_dtype] * 4 / n
+    if chk.on_cpu:
+        what = (f"{gib(m.total + m.host)} per device x {k} simulated CPU devices = {gib(chk.need)} of host RAM, "
+                f"but this machine has {gib(chk.limit)} available ({chk.limit_source})")
+        state_alone = state_min * k > chk.limit
+    else:
+        what = (f"{gib(m.total)} of HBM per device, but hardware.hbm_bytes is {gib(hw.hbm_bytes)}" if chk.over_hbm
+                else f"{gib(m.host)} of offloaded bytes per device, but its share of host memory is "
+                     f"{gib(chk.host_limit)}")
+        state_alone = chk.over_hbm and state_min > hw.hbm_bytes
+    parts = _parts(m)
+    big = max(parts, key=parts.get)
+    fixes = _memory_fixes(model_cfg, plan, m, state_min, state_alone, gib, on_cpu=chk.on_cpu, n=n, k=k,
+                          check=chk, reprice=lambda pol: memory_check(cfg, model_cfg, plan, n, memory=mem,
+                                                                      local_devices=k, policy=pol),
+                          local_seq=int(cfg.train.seq_len) // plan.context_degree(n))
+    raise ValueError(
+        f"model={model_cfg.name} does not fit: the cost ledger estimates {what}; the largest part is {big} "
+        f"({gib(parts[big])} per device); {fixes}. train.check_memory=false skips this check"
+    )
+
+
+def _parts(m) -> dict[str, int]:
+    """The parts of a :class:`lcx.cost.MemoryBreakdown` the memory check names as the largest."""
+    return {"parameters + gradients + optimizer state": m.state, "saved activations": m.activations,
+            "block backward": m.layer_working, "attention backward": m.attention, "logits": m.logits}
+
+
+def _memory_fixes(model_cfg: ModelConfig, plan, m, state_min: float, state_alone: bool, gib, *,
+                  on_cpu: bool, n: int, k: int, check: MemoryCheck | None = None, reprice=None,
+                  local_seq: int | None = None) -> str:
+    """The advice of :func:`check_memory`: only changes that lower the estimate it compared.
+
+    On ``hardware=cpu`` the limit is the host RAM that all simulated devices share, so what counts
+    is the sum over devices: more devices or a larger ``plan.mesh.context`` only split the same
+    tokens differently (the sum stays), while sharding replicated parameters does lower it (n
+    copies become one), and host offload only moves bytes within the same RAM. Overrides are
+    printed in a form Hydra accepts: ``plan.params`` has no ``embed`` key unless the preset sets
+    one, so the rule is added with ``+``; the ``memory:`` keys exist in config.yaml.
+
+    With ``check`` and ``reprice`` (a function from an :class:`lcx.cost.ActivationPolicy` to the
+    :class:`MemoryCheck` of the same run under it), the policy fixes are priced before they are
+    offered: vocabulary tiling (the smallest ``memory.vocab_tiling`` that divides the
+    ``local_seq`` tokens of a device and makes the step fit, else the one at which the logits
+    stop being the largest part) when the logits are the largest part; optimizer and parameter
+    host offload when the state is (each only if it lowers the estimate, and its offloaded bytes
+    fit the host's share); remat ``full`` only where it lowers the estimate.
+    """
+    tiny = model_cfg.name == "tiny"
+    smaller = None if tiny else "a smaller model (e.g. model=tiny)"
+    if state_alone:
+        if on_cpu:  # sharded or not, the k simulated devices together hold at least one whole copy
+            return (f"the parameters, gradients and AdamW state alone need {gib(state_min * k)} of host RAM (summed "
+                    f"over the {k} simulated devices, however they are sharded), so model={model_cfg.name} cannot fit "
+                    f"on this machine" + (f": use {smaller}" if smaller else ""))
+        alone = (f"the parameters, gradients and AdamW state alone need {gib(state_min)} per device even sharded over "
+                 f"all {n} devices")
+        state_fix = _offload_fix(check, reprice, gib) if check is not None and reprice is not None else None
+        return alone + ": use " + (f"{state_fix}, or " if state_fix else "") + (f"{smaller} or " if smaller else "") + \
+            "more devices"
+    opts = []
+    parts = _parts(m)
+    big = max(parts, key=parts.get)
+    if check is not None and reprice is not None:
+        if big == "logits" and local_seq:
+            tile = _tiling_fix(check, reprice, local_seq, gib)
+            if tile:
+                opts.append(tile)
+        if big == "parameters + gradients + optimizer state" and not on_cpu:
+            off = _offload_fix(check, reprice, gib)
+            if off:
+                opts.append(off)
+    if m.state > 1.01 * state_min:
+        axes = ",".join(plan.mesh_axis_names)
+        alt = "" if plan.name == "ring_cp" else ", or plan=ring_cp"
+        opts.append(f"parameters sharded over every device (+plan.params.embed=[{axes}]{alt})")
+    if not on_cpu:
+        opts.append("more context parallelism (a larger plan.mesh.context: fewer tokens per device)")
+    if model_cfg.remat != "full":
+        full = _remat_full_fix(model_cfg, check, reprice)
+        if full:
+            opts.append(full)
+    opts.append("a shorter train.seq_len or smaller train.global_batch")
+    if smaller:
+        opts.append(smaller)
+    fixes = "use " + ", or ".join(opts)
+    if on_cpu:
+        fixes += ("; more simulated devices or more context parallelism do not help here: the devices share this "
+                  "machine's RAM, and the sum over them stays the same")
+        if tiny:
+            fixes += "; model=tiny is the smallest preset: if none of these fit, the step cannot fit on this machine"
+    return fixes
+
+
+def _tiling_fix(check: MemoryCheck, reprice, local_seq: int, gib) -> str | None:
+    """``vocabulary tiling (memory.vocab_tiling=N ...)`` with the smallest N > the current one
+    that divides ``local_seq`` and makes the step fit; else the smallest at which the logits are
+    no longer the largest part; None if no tile count lowers the estimate."""
+    cur = check.policy.vocab_tiling
+    divs = [d for d in _divisors(local_seq) if d > cur]
+    first_not_largest = None
+    for d in divs:
+        c = reprice(dataclasses.replace(check.policy, vocab_tiling=d))
+        if c.fits:
+            return _tiling_text(d, local_seq, check, c, gib, fits=True)
+        if first_not_largest is None and max(_parts(c.breakdown), key=_parts(c.breakdown).get) != "logits":
+            first_not_largest = (d, c)
+    if first_not_largest is not None:
+        return _tiling_text(*first_not_largest[:1], local_seq, check, first_not_largest[1], gib, fits=False)
+    return None
+
+
+def _tiling_text(d: int, local_seq: int, check: MemoryCheck, c: MemoryCheck, gib, *, fits: bool) -> str:
+    return (f"vocabulary tiling (memory.vocab_tiling={d}: the logits in {d} tiles of {local_seq // d:,} tokens, "
+            f"{gib(c.breakdown.logits)} instead of {gib(check.breakdown.logits)} per device"
+            + ("; then it fits" if fits else "") + ")")
+
+
+def _offload_fix(check: MemoryCheck, reprice, gib) -> str | None:
+    """``memory.offload_optimizer=true`` and/or ``memory.offload_params=true``: those not set yet
+    that lower the compared estimate with their host bytes within the host's share (accelerator
+    presets only: on cpu the host is the same RAM); None if none does."""
+    if check.on_cpu:
+        return None
+    pol = check.policy
+    keys = [f for f in ("offload_optimizer", "offload_params") if not getattr(pol, f)]
+    helped = []
+    for f in keys:
+        c = reprice(dataclasses.replace(pol, **{f: True}))
+        if c.need < check.need and not c.over_host:
+            helped.append(f)
+    if not helped:
+        return None
+    c = reprice(dataclasses.replace(pol, **{f: True for f in helped}))
+    if c.over_host:
+        return None
+    overrides = " ".join(f"memory.{f}=true" for f in helped)
+    return (f"host offload of the {' and '.join(f.split('_')[1].replace('params', 'parameters') for f in helped)} "
+            f"({overrides}: {gib(c.need)} instead of {gib(check.need)} per device"
+            + ("; then it fits" if c.fits else "") + ")")
+
+
+def _remat_full_fix(model_cfg: ModelConfig, check: MemoryCheck | None, reprice) -> str | None:
+    """``remat (model.remat=full ...)`` when it lowers the estimate (always offered without a
+    pricing function); the ``remat_*`` placements are reset, ModelConfig refuses them otherwise."""
+    placed = [f"model.{f}={ModelConfig.__dataclass_fields__[f].default}"
+              for f in ("remat_layer_input", "remat_context", "remat_qkv")
+              if getattr(model_cfg, f) != ModelConfig.__dataclass_fields__[f].default]
+    text = "remat (model.remat=full" + "".join(" " + p for p in placed) + " keeps only each block's input)"
+    if check is None or reprice is None:
+        return text
+    c = reprice(dataclasses.replace(check.policy, remat="full", decoder_layer_input="device", context="remat",
+                                    qkv="remat"))
+    return text if c.need < check.need else None
+
+
+def _count(n: int) -> str:
+    """A parameter count with a unit that leaves digits to read: 8.03B, 443K."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
