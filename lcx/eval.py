@@ -27,18 +27,21 @@ def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
     """
     from lcx.sharding import bind
     from lcx.sharding.config import plan_from_config
-    from lcx.training.checkpoint import Checkpoints, checkpoint_config, load_model
+    from lcx.conf.schema import EvalCheckpointSchema, EvalSchema, check_section
+    from lcx.training.checkpoint import Checkpoints, load_model, resolve_dir
     from lcx.training.retrieval import grid, passkey_grid, write_heatmap
 
+    check_section(cfg.eval, EvalSchema, "eval", tool="lcx.eval")
+    check_section(cfg.checkpoint, EvalCheckpointSchema, "checkpoint", tool="lcx.eval")
     if cfg.eval.task != "passkey":
         raise ValueError(f"eval.task={cfg.eval.task!r} is unknown; lcx.eval has 'passkey'")
-    ckpt = checkpoint_config(cfg.checkpoint).dir
+    ckpt = resolve_dir(cfg.checkpoint.dir)
     c = Checkpoints(ckpt, read_only=True)
     try:
         steps = c.steps()
         if not steps:
             raise FileNotFoundError(f"no checkpoint in {ckpt}")
-        step = int(cfg.checkpoint.step) if cfg.checkpoint.get("step") is not None else steps[-1]
+        step = int(cfg.checkpoint.step) if cfg.checkpoint.step is not None else steps[-1]
         run = c.read_meta(step)["config"]
     finally:
         c.close()
@@ -79,10 +82,17 @@ def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval_config")
-def main(cfg: DictConfig) -> float:
+def _hydra_main(cfg: DictConfig) -> float:
     from lcx.train import explain_errors
 
     return explain_errors(_main, cfg)
+
+
+def main() -> float:
+    from lcx.train import check_command_line
+
+    check_command_line("lcx.eval")
+    return _hydra_main()
 
 
 def _main(cfg: DictConfig) -> float:
@@ -94,7 +104,11 @@ def _main(cfg: DictConfig) -> float:
     if not cfg.get("checkpoint") or not cfg.checkpoint.get("dir"):
         raise ValueError("lcx.eval needs a checkpoint to evaluate: python -m lcx.eval checkpoint.dir=DIR "
                          "(the checkpoint.dir of a python -m lcx.train run)")
+    from lcx.conf.schema import EvalCheckpointSchema, EvalSchema, HardwareSchema, check_section
 
+    check_section(cfg.eval, EvalSchema, "eval", tool="lcx.eval")
+    check_section(cfg.checkpoint, EvalCheckpointSchema, "checkpoint", tool="lcx.eval")
+    check_section(cfg.hardware, HardwareSchema, "hardware", tool="lcx.eval")
     apply_hardware_flags(cfg.hardware)
     devices = configure_devices(cfg)
     out = HydraConfig.get().runtime.output_dir

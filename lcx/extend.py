@@ -18,12 +18,28 @@ from omegaconf import DictConfig
 import lcx.conf  # noqa: F401  (registers the structured plan schema with Hydra)
 
 
+def main() -> float | None:
+    from lcx.train import check_command_line
+
+    check_command_line("lcx.extend")
+    return _hydra_main()
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> float | None:
+def _hydra_main(cfg: DictConfig) -> float | None:
+    from lcx.train import explain_errors
+
+    return explain_errors(_main, cfg)
+
+
+def _main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
+    from lcx.conf.schema import check_train_config
     from lcx.cost import apply_hardware_flags
     from lcx.train import configure_devices
+
+    check_train_config(cfg, tool="lcx.extend")
 
     apply_hardware_flags(cfg.hardware)  # XLA/libtpu flags must be set before the backend starts
     devices = configure_devices(cfg)

@@ -90,6 +90,14 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     from lcx.sharding.config import plan_from_config
     from lcx.sharding.describe import describe
 
+    from lcx.conf.schema import HardwareSchema, MemorySchema, PlannerSchema, TrainSchema, check_section
+
+    # lcx.plan reads train.seq_len/global_batch (an experiment may set more train.* keys, which
+    # lcx.train reads): every key must still be a real one, with the right type
+    check_section(cfg.train, TrainSchema, "train", complete=False, tool="lcx.plan")
+    check_section(cfg.get("memory"), MemorySchema, "memory", complete=False, tool="lcx.plan")
+    check_section(cfg.get("planner"), PlannerSchema, "planner", tool="lcx.plan")
+    check_section(cfg.hardware, HardwareSchema, "hardware", tool="lcx.plan")
     model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
     hwn = cfg.hardware
     chips = hwn.get("chips")
@@ -102,10 +110,10 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     else:
         chips = positive_int(chips, "hardware.chips")
     n = chips * devices_per_chip
-    rows = cfg.get("planner", {}).get("rows", "best")
+    rows = cfg.planner.rows
     if rows not in ("best", "all"):
         raise ValueError(f"planner.rows={rows!r}: use best (the best policy per strategy and degree) or all")
-    probe = bool(cfg.get("planner", {}).get("probe_cpu", False))
+    probe = cfg.planner.probe_cpu
     hw = hardware_from_config(hwn, n, probe=probe)
     host_ram = None
     if hw.name == "cpu" and hw.hbm_bytes is None:
@@ -192,7 +200,7 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         "model": model_cfg.to_dict(), "hardware": dataclasses.asdict(hw), "chips": int(chips), "n_devices": n,
         "seq_len": S, "global_batch": B, "kv_bytes_per_token": kv, "given": given_report,
     }
-    if cfg.get("planner", {}).get("search", True):
+    if cfg.planner.search:
         rec = search(model_cfg, hw, n, seq_len=S, global_batch=B, dtype=dtype, param_dtype=pdtype,
                      attention=dataclasses.replace(given.attention), window=model_cfg.sliding_window)
         if not rec.candidates:
@@ -418,8 +426,15 @@ def _est_dict(e) -> dict[str, Any]:
     }
 
 
+def main() -> None:
+    from lcx.train import check_command_line
+
+    check_command_line("lcx.plan")
+    _hydra_main()
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="plan_config")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     import jax
     from hydra.core.hydra_config import HydraConfig
 

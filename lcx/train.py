@@ -34,7 +34,7 @@ def configure_devices(cfg: DictConfig) -> list:
     """
     import jax
 
-    n = cfg.hardware.get("cpu_devices")
+    n = cfg.hardware.cpu_devices
     if n:
         try:
             if not os.environ.get("JAX_PLATFORMS"):
@@ -42,17 +42,17 @@ def configure_devices(cfg: DictConfig) -> list:
             jax.config.update("jax_num_cpu_devices", int(n))
         except RuntimeError:
             pass  # backend already initialised (second job of a multirun): checked below
-    dist = cfg.get("distributed") or {}
-    if dist.get("auto"):
+    dist = cfg.get("distributed")  # lcx.eval's config has none: one process
+    if dist is not None and dist.auto:
         jax.distributed.initialize()
-    elif dist.get("coordinator_address"):
+    elif dist is not None and dist.coordinator_address:
         jax.distributed.initialize(
             coordinator_address=str(dist.coordinator_address),
             num_processes=int(dist.num_processes),
             process_id=int(dist.process_id),
         )
     devices = jax.devices()
-    name = str(cfg.hardware.get("name"))
+    name = str(cfg.hardware.name)
     if name != "cpu" and jax.default_backend() == "cpu":
         raise ValueError(
             f"hardware={name} but JAX found no accelerator backend (only cpu: {len(devices)} device(s)); "
@@ -88,9 +88,22 @@ def explain_errors(fn, *args):
         sys.exit(2)
 
 
+def check_command_line(tool: str) -> None:
+    """Refuse a misspelt key on the command line (``train.stpes=1``) naming the nearest valid
+    key, before Hydra composes (:func:`lcx.conf.schema.check_overrides`); exits with status 2."""
+    from lcx.conf.schema import check_overrides
+
+    explain_errors(check_overrides, sys.argv[1:], tool)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> float | None:
+def _hydra_main(cfg: DictConfig) -> float | None:
     return explain_errors(_main, cfg)
+
+
+def main() -> float | None:
+    check_command_line("lcx.train")
+    return _hydra_main()
 
 
 def _main(cfg: DictConfig) -> float | None:
@@ -99,7 +112,10 @@ def _main(cfg: DictConfig) -> float | None:
     from lcx.conf import boolean
     from lcx.cost import apply_hardware_flags
 
-    if boolean(cfg.train.get("dry_run", False), "train.dry_run",
+    from lcx.conf.schema import check_train_config
+
+    check_train_config(cfg)  # every key known and typed, before any device or compile
+    if boolean(cfg.train.dry_run, "train.dry_run",
                "validate the plan and check memory for the configured hardware, without devices"):
         dry_run(cfg, HydraConfig.get().runtime.output_dir)
         return None

@@ -363,8 +363,12 @@ def test_save_refuses_nonfinite_tensors(tmp_path, reference, devices):
 
 def test_checkpoint_config_resolves_relative_dirs_against_the_launch_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert checkpoint_config(None).dir is None and not checkpoint_config({"dir": None}).enabled
-    c = checkpoint_config({"dir": "ck", "every": 5, "keep": 2})
+    full = {"dir": "ck", "every": 5, "keep": 2, "async_save": True}
+    assert checkpoint_config(None).dir is None and not checkpoint_config({**full, "dir": None}).enabled
+    c = checkpoint_config(full)
     assert c.dir == tmp_path / "ck" and c.due(10) and not c.due(11)
     with pytest.raises(ValueError, match="checkpoint.keep must be >= 1"):
-        checkpoint_config({"dir": "ck", "keep": 0})
+        checkpoint_config({**full, "keep": 0})
+    # no defaults in code (config.yaml holds them): a partial section is refused, naming the key
+    with pytest.raises(ValueError, match="checkpoint.async_save is missing"):
+        checkpoint_config({"dir": "ck", "every": 5, "keep": 2})

@@ -8,6 +8,7 @@ Also :func:`positive_int`, the one check of the whole-number settings the entry 
 from typing import Any
 
 from lcx.sharding import config as _plan_config  # noqa: F401  (registers plan/schema)
+from lcx.conf import schema as _schema  # noqa: F401  (registers schema/*: train, checkpoint, data, ...)
 
 
 def positive_int(value: Any, key: str, what: str = "a count") -> int:

@@ -399,8 +399,16 @@ def make_data(
       ValueError, FileNotFoundError: bad sizes or layout, unknown corpus or tokenizer, missing
         or unreadable paths, an empty corpus, fewer than 2 non-empty documents.
     """
+    from lcx.conf.schema import DATA_SCHEMAS, check_section
+
+    # every key a real key of this data config, with the right type (``+data.val_fractoin=0.5``
+    # is refused, naming data.val_fraction); lcx.train has checked the section complete already
+    name = _get(cfg_data, "name", "stdlib")
+    if name not in DATA_SCHEMAS:
+        raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
+    check_section(cfg_data, DATA_SCHEMAS[name], "data", complete=False, tool="lcx")
     val_global_batch = global_batch if val_global_batch is None else val_global_batch
-    if _get(cfg_data, "name", "stdlib") == "passkey":  # synthetic task: no corpus, rows generated
+    if name == "passkey":  # synthetic task: no corpus, rows generated
         from lcx.data.passkey import passkey_data
 
         return passkey_data(cfg_data, seq_len=seq_len, global_batch=global_batch, layout=layout,

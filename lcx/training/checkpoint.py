@@ -68,9 +68,9 @@ class CheckpointConfig:
     """
 
     dir: pathlib.Path | None
-    every: int = 100
-    keep: int = 3
-    async_save: bool = True
+    every: int
+    keep: int
+    async_save: bool
 
     def __post_init__(self):
         if self.every < 0:
@@ -100,30 +100,31 @@ def launch_dir() -> pathlib.Path:
     return pathlib.Path.cwd()
 
 
-def checkpoint_config(node: Any) -> CheckpointConfig:
-    """:class:`CheckpointConfig` from the ``checkpoint`` config node (None or missing: off).
+def resolve_dir(d: Any) -> pathlib.Path | None:
+    """A configured directory as an absolute path (None or "": None). Relative paths resolve
+    against :func:`launch_dir`, so ``checkpoint.dir=ckpt`` means the same place whatever Hydra
+    does with the working directory."""
+    if d in (None, ""):
+        return None
+    path = pathlib.Path(os.path.expanduser(str(d)))
+    return path if path.is_absolute() else launch_dir() / path
 
-    Relative directories resolve against :func:`launch_dir`, so ``checkpoint.dir=ckpt`` means
-    the same place whatever Hydra does with the working directory.
+
+def checkpoint_config(node: Any) -> CheckpointConfig:
+    """:class:`CheckpointConfig` from the ``checkpoint`` section of an ``lcx.train`` config,
+    checked against :class:`lcx.conf.schema.CheckpointSchema` (every key, typed; the values
+    are ``lcx/conf/config.yaml``'s, there are no defaults in code). None: checkpointing off.
 
     Raises:
-      ValueError: ``every < 0`` or ``keep < 1``.
+      ValueError: an unknown, missing or mistyped key; ``every < 0`` or ``keep < 1``.
     """
+    from lcx.conf.schema import CheckpointSchema, check_section
+
     if node is None:
-        return CheckpointConfig(dir=None)
-    get = node.get if hasattr(node, "get") else lambda k, d=None: getattr(node, k, d)
-    d = get("dir", None)
-    path = None
-    if d not in (None, ""):
-        path = pathlib.Path(os.path.expanduser(str(d)))
-        if not path.is_absolute():
-            path = launch_dir() / path
-    return CheckpointConfig(
-        dir=path,
-        every=int(get("every", 100)),
-        keep=int(get("keep", 3)),
-        async_save=bool(get("async_save", True)),
-    )
+        return CheckpointConfig(dir=None, every=0, keep=1, async_save=False)
+    c = check_section(node, CheckpointSchema, "checkpoint", tool="lcx.train")
+    return CheckpointConfig(dir=resolve_dir(c["dir"]), every=c["every"], keep=c["keep"],
+                            async_save=c["async_save"])
 
 
 # -- abstract targets -----------------------------------------------------------------------------

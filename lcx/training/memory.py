@@ -76,7 +76,12 @@ class MemoryOptions:
                     raise ValueError(f"memory.{k}={v!r} is read by lcx.plan only (to price a policy the model does "
                                      f"not run); lcx.train trains the model's own: set {PLAN_ONLY_KEYS[k]} instead")
             elif k not in fields:
-                raise ValueError(f"memory.{k}: unknown key; lcx.train reads memory.{', memory.'.join(sorted(fields))}")
+                import difflib  # noqa: PLC0415
+
+                near = difflib.get_close_matches(k, sorted(fields) + sorted(PLAN_ONLY_KEYS), n=1, cutoff=0.6)
+                hint = f"did you mean memory.{near[0]}? " if near else ""
+                raise ValueError(f"memory.{k}: unknown key; {hint}lcx.train reads "
+                                 f"memory.{', memory.'.join(sorted(fields))}")
         vt = d.get("vocab_tiling", 1)
         if isinstance(vt, float) and vt.is_integer():
             vt = int(vt)

@@ -67,12 +67,14 @@ def resolve(cfg: DictConfig, n_devices: int, *, local_devices: int | None = None
       PlanError / ValueError: as :func:`setup`.
     """
     from lcx.conf import boolean, positive_int
+    from lcx.conf.schema import check_train_config
 
+    check_train_config(cfg)  # every key known and typed (also `+` ones), before anything else
     # whole numbers, never truncated: train.seq_len=512.5 is an error, not 512 tokens
     positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
     positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
     positive_int(cfg.train.steps, "train.steps", "optimizer steps")
-    check = boolean(cfg.train.get("check_memory", True), "train.check_memory",
+    check = boolean(cfg.train.check_memory, "train.check_memory",
                     "refuse a step the cost ledger says exceeds memory")
     plan = plan_from_config(cfg.plan, hardware=cfg.hardware)
     model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
@@ -97,14 +99,16 @@ def dry_run_devices(cfg: DictConfig) -> tuple[int, int]:
       ValueError: an accelerator preset without ``hardware.chips``; names the override.
     """
     from lcx.conf import positive_int
+    from lcx.conf.schema import check_train_config
 
+    check_train_config(cfg)
     hwn = cfg.hardware
     name = str(hwn.get("name"))
     per_chip = positive_int(hwn.get("devices_per_chip") or 1, "hardware.devices_per_chip", "JAX devices per chip")
     if hwn.get("cpu_devices"):
         k = positive_int(hwn.get("cpu_devices"), "hardware.cpu_devices", "simulated CPU devices per process")
-        dist = cfg.get("distributed") or {}
-        procs = int(dist.get("num_processes") or 1) if dist.get("coordinator_address") else 1
+        dist = cfg.distributed
+        procs = int(dist.num_processes) if dist.coordinator_address else 1
         return k * procs, k
     chips = hwn.get("chips")
     if chips is None:

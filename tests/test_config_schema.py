@@ -1,0 +1,95 @@
+"""Every config key an entry point reads is known and typed (lcx.conf.schema): a misspelt key,
+with or without ``+``, is refused naming the nearest valid key; a wrong type is refused; the
+values live only in the YAML files."""
+
+import dataclasses
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_module
+
+from lcx.conf import schema as S
+
+CONF = pathlib.Path(S.__file__).parent
+ROOT = CONF.parent.parent
+
+
+def _compose(*overrides, name="config"):
+    with initialize_config_module("lcx.conf", version_base="1.3"):
+        return compose(name, overrides=list(overrides))
+
+
+@pytest.mark.parametrize("override, nearest", [
+    ("+train.stpes=1", "train.steps"),
+    ("+checkpoint.evry=1", "checkpoint.every"),
+    ("+data.val_fractoin=0.5", "data.val_fraction"),
+    ("+hardware.cpu_device=4", "hardware.cpu_devices"),
+    ("+distributed.num_process=2", "distributed.num_processes"),
+    ("+memory.vocab_tilling=4", "memory.vocab_tiling"),
+])
+def test_appended_misspelt_keys_are_refused_naming_the_nearest(override, nearest):
+    # the four of issue 17 exited 0 and trained exactly as without them
+    key = override.lstrip("+").split("=")[0]
+    with pytest.raises(ValueError, match=rf"{key}: unknown key; did you mean {nearest}\?"):
+        S.check_train_config(_compose(override))
+
+
+@pytest.mark.parametrize("override, match", [
+    ("train.steps=1.5", r"train.steps=1.5: must be a whole number"),
+    ("train.lr=fast", r"train.lr='fast': must be a number"),
+    ("checkpoint.async_save=no", r"checkpoint.async_save='no': must be true or false"),
+    ("checkpoint.every=often", r"checkpoint.every='often': must be a whole number"),
+    ("distributed.auto=1", r"distributed.auto=1: must be true or false"),
+    ("hardware.cpu_devices=4.5", r"hardware.cpu_devices=4.5: must be a whole number"),
+    ("data.val_fraction=[1]", r"data.val_fraction=\[1\]: must be a number"),
+])
+def test_wrong_types_are_refused(override, match):
+    with pytest.raises(ValueError, match=match):
+        S.check_train_config(_compose(override))
+
+
+def test_every_shipped_config_fits_its_schema():
+    S.check_train_config(_compose())
+    for data in ("stdlib", "text", "passkey"):
+        S.check_train_config(_compose(f"data={data}"))
+    for exp in sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")):
+        S.check_train_config(_compose(f"experiment={exp}"))
+    for hw in ("cpu", "tpu_v5p", "tpu7"):
+        S.check_section(_compose(f"hardware={hw}").hardware, S.HardwareSchema, "hardware")
+    c = _compose("checkpoint.dir=x", name="eval_config")
+    S.check_section(c.eval, S.EvalSchema, "eval")
+    S.check_section(c.checkpoint, S.EvalCheckpointSchema, "checkpoint")
+    c = _compose(name="plan_config")
+    S.check_section(c.planner, S.PlannerSchema, "planner")
+    S.check_section(c.memory, S.MemorySchema, "memory")
+
+
+def test_defaults_live_in_one_place():
+    # every field without a code default is set by the YAML file of its section, and the YAML
+    # sets no key the schema lacks: the values exist once, in lcx/conf
+    top = yaml.safe_load((CONF / "config.yaml").read_text())
+    for section in ("train", "checkpoint", "distributed"):
+        fields = {f.name for f in dataclasses.fields(S.SECTIONS[section])}
+        required = {f.name for f in dataclasses.fields(S.SECTIONS[section]) if f.default is dataclasses.MISSING}
+        assert set(top[section]) <= fields and required <= set(top[section]), section
+    for name, schema in S.DATA_SCHEMAS.items():
+        assert set(yaml.safe_load((CONF / "data" / f"{name}.yaml").read_text())) == {
+            f.name for f in dataclasses.fields(schema)}
+    from lcx.training.checkpoint import CheckpointConfig
+
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(CheckpointConfig))
+
+
+def test_command_line_misspelling_names_the_nearest_key():
+    # without `+` Hydra refuses the key too, but its message does not say which key was meant
+    with pytest.raises(ValueError, match=r"train.stpes: unknown key; did you mean train.steps\?"):
+        S.check_overrides(["model=tiny", "train.stpes=1"])
+    S.check_overrides(["model=tiny", "train.steps=1", "-m", "hydra.run.dir=x", "plan.mesh.data=2", "data.paths=[a]"])
+    for argv, msg in ((["+train.stpes=1"], "did you mean train.steps?"),
+                      (["train.stpes=1"], "did you mean train.steps?")):
+        r = subprocess.run([sys.executable, "-m", "lcx.train", *argv], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 2 and msg in r.stderr, r.stderr[-2000:]
