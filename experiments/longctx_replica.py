@@ -37,8 +37,10 @@ def runs(equal_seq_len: int) -> dict[str, list[str]]:
     return {"train": [], "tiled_offloaded": eq, "plain": eq + OFF}
 
 
-def launch(sweep: pathlib.Path, equal_seq_len: int) -> None:
+def launch(sweep: pathlib.Path, equal_seq_len: int, parts: list[str]) -> None:
     for name, ov in runs(equal_seq_len).items():
+        if name not in parts or (sweep / name / "metrics.jsonl").exists():
+            continue
         cmd = [sys.executable, "-m", "lcx.train", "experiment=longctx_replica_cpu", f"hydra.run.dir={sweep / name}",
                *ov]
         print("+", " ".join(cmd), flush=True)
@@ -100,10 +102,13 @@ def main(argv=None) -> int:
     ap.add_argument("--equal-seq-len", type=int, default=8192,
                     help="tokens per sequence of the tiled-vs-plain pair (default 8192; the plain step at 32768 "
                          "does not fit in this machine's RAM)")
+    ap.add_argument("--parts", nargs="+", default=list(runs(0)), choices=list(runs(0)),
+                    help="runs to launch (default all); with --runs, runs already there are not repeated")
+    ap.add_argument("--launch", action="store_true", help="with --runs DIR: launch the missing --parts there first")
     args = ap.parse_args(argv)
     sweep = args.runs or C.new_sweep_dir(NAME)
-    if args.runs is None:
-        launch(sweep, args.equal_seq_len)
+    if args.runs is None or args.launch:
+        launch(sweep, args.equal_seq_len, args.parts)
     rows = gather(sweep)
     info = C.load_runs(sweep / "train")[0]["info"]
     C.write_csv(rows, C.RESULTS / f"{NAME}.csv")
