@@ -5,10 +5,19 @@ Also :func:`positive_int`, the one check of the whole-number settings the entry 
 :func:`boolean`, the check of on/off settings (``train.check_memory``).
 """
 
+import secrets
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from lcx.sharding import config as _plan_config  # noqa: F401  (registers plan/schema)
 from lcx.conf import schema as _schema  # noqa: F401  (registers schema/*: train, checkpoint, data, ...)
+
+# ``${lcx_uid:}``: six random hex digits, drawn once per process (cached), in the default run and
+# sweep directories next to a microsecond time: two runs launched in the same second (or the same
+# microsecond, on two machines sharing a file system) never share a directory.
+if not OmegaConf.has_resolver("lcx_uid"):
+    OmegaConf.register_new_resolver("lcx_uid", lambda: secrets.token_hex(3), use_cache=True)
 
 
 def positive_int(value: Any, key: str, what: str = "a count") -> int:

@@ -57,6 +57,7 @@ class TrainSchema:
     eval_batches: int = _req()
     check_memory: bool = _req()
     dry_run: bool = _req()
+    reuse_run_dir: bool = _req()
     # set by lcx.training.schedule for each stage of a length-extension schedule, never in YAML
     schedule_start: Optional[int] = None
 

@@ -71,6 +71,8 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
       CheckpointMismatchError: the checkpoint was written for another model config (names the
         field).
       NoUsableCheckpointError: checkpoints exist but none can be read.
+      RunDirInUseError: ``run_dir`` holds another run's ``metrics.jsonl``
+        (:func:`claim_run_dir`; ``train.reuse_run_dir=true`` keeps it and goes on).
       FloatingPointError: a non-finite loss (names the step and the non-finite tensors); no
         checkpoint of that state is written.
       SystemExit: after SIGTERM/SIGINT, with code 128 + signal number, once the final
@@ -131,6 +133,8 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
     if opt_state is None:
         opt_state = init_opt_state(optimizer, params, steps.opt_shardings)
 
+    metrics_path = run_dir / "metrics.jsonl"
+    claim_run_dir(run_dir, ckpt_dir=ckpt_cfg.dir, reuse=bool(t.reuse_run_dir))
     info = run_info(devices)
     info["config"] = resolved
     info["plan"] = repr(mp.plan)
@@ -139,8 +143,8 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
     info["model_flops_per_step"] = flops.total
     info["checkpoint_dir"] = str(ckpt_cfg.dir) if ckpt_cfg.enabled else None
     info["resumed_from_step"] = start if restored is not None else None
+    _keep_aside(run_dir / "run_info.json")  # a resumed run's earlier attempts keep their record
     (run_dir / "run_info.json").write_text(json.dumps(info, indent=2, default=str))
-    metrics_path = run_dir / "metrics.jsonl"
     _truncate_metrics(metrics_path, start)
 
     def meta(step: int, loss: float | None, val: float | None) -> dict[str, Any]:
@@ -305,6 +309,66 @@ def _rewind(batches, n: int) -> dict[str, int]:
     st = batches.state()
     row = st["epoch"] * batches.rows_per_epoch + st["row"] - n * batches.global_batch
     return dict(st, epoch=row // batches.rows_per_epoch, row=row % batches.rows_per_epoch)
+
+
+class RunDirInUseError(ValueError):
+    """The run directory holds another run's ``metrics.jsonl``."""
+
+
+def claim_run_dir(run_dir: pathlib.Path, *, ckpt_dir: pathlib.Path | None, reuse: bool) -> None:
+    """Make ``run_dir`` this run's, or refuse: nothing another run wrote is ever overwritten.
+
+    - No ``metrics.jsonl`` there: it is created empty with ``O_EXCL``, so of two processes that
+      race for one directory exactly one wins; the other is refused.
+    - One there, written by a run with this run's ``checkpoint.dir`` (its ``run_info.json`` says
+      so): the checkpoint-resume path; :func:`_truncate_metrics` keeps the lines up to the
+      restored step.
+    - One there from another run: refused, unless ``reuse`` (``train.reuse_run_dir=true``), which
+      renames that run's ``metrics.jsonl`` and ``run_info.json`` with a time stamp (kept, never
+      deleted) and starts a new ``metrics.jsonl``.
+
+    Raises:
+      RunDirInUseError: another run's metrics are there and ``reuse`` is off; names the fix.
+    """
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        if ckpt_dir is not None and _run_info_checkpoint_dir(run_dir) == str(ckpt_dir):
+            return  # this run's own directory, resumed from its checkpoint
+        if reuse:
+            for p in (metrics, run_dir / "run_info.json"):
+                kept = _keep_aside(p)
+                if kept is not None:
+                    log.warning("train.reuse_run_dir=true: the previous run's %s is kept as %s", p.name, kept.name)
+        else:
+            raise RunDirInUseError(_in_use_message(run_dir))
+    try:
+        os.close(os.open(metrics, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:  # another process claimed it between the check and here
+        raise RunDirInUseError(_in_use_message(run_dir)) from None
+
+
+def _in_use_message(run_dir: pathlib.Path) -> str:
+    return (f"run directory {run_dir} already holds another run's metrics.jsonl; refusing to overwrite it. Use a "
+            f"new directory (the default hydra.run.dir is unique per launch; drop the hydra.run.dir override), resume "
+            f"that run with its own checkpoint.dir, or set train.reuse_run_dir=true to keep its files (renamed) and "
+            f"write this run there")
+
+
+def _run_info_checkpoint_dir(run_dir: pathlib.Path) -> str | None:
+    try:
+        return json.loads((run_dir / "run_info.json").read_text()).get("checkpoint_dir")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _keep_aside(path: pathlib.Path) -> pathlib.Path | None:
+    """Rename ``path`` to ``<stem>.<UTC time>.<suffix>`` if it exists; return the new path."""
+    if not path.exists():
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"{time.time() % 1:.6f}"[1:]
+    dst = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
+    os.replace(path, dst)
+    return dst
 
 
 def _truncate_metrics(path: pathlib.Path, step: int) -> None:
