@@ -97,3 +97,64 @@ def test_claim_run_dir_refuses_another_runs_metrics(tmp_path):
     kept = sorted(d.glob("metrics.*.jsonl"))
     assert len(kept) == 1 and kept[0].read_text() == '{"step": 1}\n' and (d / "metrics.jsonl").read_text() == ""
     assert len(list(d.glob("run_info.*.json"))) == 1 and not (d / "run_info.json").exists()
+
+
+# -- 2. sweeps and resumes ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sweep_jobs_get_their_own_checkpoints_and_a_changed_resume_is_refused(tmp_path, env):
+    # issue 17: job 1 resumed job 0's final checkpoint, logged "nothing to train", wrote no metrics
+    sweep = tmp_path / "mr"
+    rc, err = _wait(_cli(["-m", *FAST, "train.lr=3e-3,1e-3", "checkpoint.dir=ckpt", "train.steps=2",
+                          f"hydra.sweep.dir={sweep}"], tmp_path, env))
+    assert rc == 0, err[-3000:]
+    jobs = sorted(p.parent for p in sweep.rglob("metrics.jsonl"))
+    assert len(jobs) == 2, jobs
+    for d in jobs:
+        assert _steps(d) == [1, 2]  # every sweep point has its result
+        assert (d / "ckpt" / "2").is_dir() and json.loads((d / "run_info.json").read_text())["checkpoint_dir"] == str(
+            d / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+    # resuming job 0's checkpoint with another learning rate: refused, naming the key, before compiling
+    ck = jobs[0] / "ckpt"
+    # (quoted: the job directory's name holds '=')
+    rc, err = _wait(_cli([*FAST, "train.lr=5e-3", "train.steps=3", f"checkpoint.dir='{ck}'",
+                          f"hydra.run.dir={tmp_path / 'resume'}"], tmp_path, env))
+    assert rc == 2 and "train.lr: 0.003 -> 0.005" in err and "checkpoint.allow_config_change=true" in err, err[-3000:]
+    assert sorted(p.name for p in ck.iterdir() if p.name.isdigit()) == ["2"]  # nothing written or set aside
+
+
+def _meta(step=4, **train):
+    t = {"steps": 4, "lr": 3e-3, "seed": 0, "seq_len": 256, "log_every": 1, "schedule_start": None, **train}
+    return {"step": step, "config": {"model": {"name": "tiny"}, "train": t, "data": {"name": "passkey", "digits": 5}}}
+
+
+def test_config_changes_name_every_training_key_and_allow_extensions():
+    from lcx.training.checkpoint import config_changes
+
+    saved = _meta()["config"]
+    now = lambda **t: {**saved, "train": {**saved["train"], **t}}  # noqa: E731
+    assert config_changes(saved, now(steps=10, log_every=5), 4) == []  # an extension; logging is free
+    assert config_changes(saved, now(steps=2), 4) == []  # at or below the checkpoint: nothing trains
+    assert config_changes(saved, now(steps=3), 2) == ["train.steps: 4 -> 3"]
+    assert config_changes(saved, now(lr=1e-3, seed=1), 4) == ["train.lr: 0.003 -> 0.001", "train.seed: 0 -> 1"]
+    assert config_changes(saved, {**saved, "data": {"name": "passkey", "digits": 7}}, 4) == ["data.digits: 5 -> 7"]
+    # a length-extension stage starting at the checkpoint's step changes its own keys on purpose
+    assert config_changes(saved, now(seq_len=512, lr=1e-3, steps=8, schedule_start=4), 4) == []
+    assert config_changes(saved, now(seq_len=512, schedule_start=4), 6) == ["train.schedule_start: None -> 4",
+                                                                            "train.seq_len: 256 -> 512"]
+
+
+def test_check_resumable_refuses_changes_and_shared_sweep_dirs(caplog):
+    from lcx.training.checkpoint import CheckpointConfigChangedError, CheckpointMismatchError, check_resumable
+
+    meta, cfg = _meta(), _meta(lr=1e-3)["config"]
+    with pytest.raises(CheckpointConfigChangedError, match=r"train.lr: 0.003 -> 0.001.*allow_config_change=true"):
+        check_resumable(meta, cfg, where="ck/4", allow=False)
+    check_resumable(meta, cfg, where="ck/4", allow=True)
+    assert "train.lr: 0.003 -> 0.001" in caplog.text
+    job = {"sweep_dir": "/s", "job": 1, "output_dir": "/s/1"}
+    with pytest.raises(CheckpointMismatchError, match="written by job 0 of this sweep"):
+        check_resumable({**meta, "sweep": {**job, "job": 0}}, meta["config"], where="ck/4", allow=True, job=job)
+    check_resumable({**meta, "sweep": job}, meta["config"], where="ck/4", allow=False, job=job)

@@ -70,6 +70,7 @@ class CheckpointSchema:
     every: int = _req()
     keep: int = _req()
     async_save: bool = _req()
+    allow_config_change: bool = _req()
 
 
 @dataclasses.dataclass

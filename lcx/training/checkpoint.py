@@ -65,12 +65,15 @@ class CheckpointConfig:
       every: steps between periodic saves; 0 saves only at the end and on SIGTERM/SIGINT.
       keep: number of most recent checkpoints kept (older ones are deleted), ``>= 1``.
       async_save: write in a background thread while training continues.
+      allow_config_change: resume from a checkpoint whose training config differs
+        (:func:`config_changes`); off: such a resume is refused.
     """
 
     dir: pathlib.Path | None
     every: int
     keep: int
     async_save: bool
+    allow_config_change: bool
 
     def __post_init__(self):
         if self.every < 0:
@@ -100,14 +103,35 @@ def launch_dir() -> pathlib.Path:
     return pathlib.Path.cwd()
 
 
-def resolve_dir(d: Any) -> pathlib.Path | None:
+def multirun_job() -> dict[str, Any] | None:
+    """``{"sweep_dir", "job", "output_dir"}`` of the Hydra multirun job this process runs, or None
+    outside a multirun."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.initialized():
+            hc = HydraConfig.get()
+            if hc.mode == RunMode.MULTIRUN:
+                return {"sweep_dir": str(pathlib.Path(hc.sweep.dir).absolute()), "job": int(hc.job.num),
+                        "output_dir": str(hc.runtime.output_dir)}
+    except ImportError:  # pragma: no cover - hydra is a dependency
+        pass
+    return None
+
+
+def resolve_dir(d: Any, *, per_job: bool = False) -> pathlib.Path | None:
     """A configured directory as an absolute path (None or "": None). Relative paths resolve
     against :func:`launch_dir`, so ``checkpoint.dir=ckpt`` means the same place whatever Hydra
-    does with the working directory."""
+    does with the working directory; with ``per_job`` under a Hydra multirun, against the job's
+    own directory (``<sweep dir>/<job subdir>/ckpt``), so the jobs of a sweep never share one."""
     if d in (None, ""):
         return None
     path = pathlib.Path(os.path.expanduser(str(d)))
-    return path if path.is_absolute() else launch_dir() / path
+    if path.is_absolute():
+        return path
+    job = multirun_job() if per_job else None
+    return (pathlib.Path(job["output_dir"]) if job else launch_dir()) / path
 
 
 def checkpoint_config(node: Any) -> CheckpointConfig:
@@ -121,10 +145,10 @@ def checkpoint_config(node: Any) -> CheckpointConfig:
     from lcx.conf.schema import CheckpointSchema, check_section
 
     if node is None:
-        return CheckpointConfig(dir=None, every=0, keep=1, async_save=False)
+        return CheckpointConfig(dir=None, every=0, keep=1, async_save=False, allow_config_change=False)
     c = check_section(node, CheckpointSchema, "checkpoint", tool="lcx.train")
-    return CheckpointConfig(dir=resolve_dir(c["dir"]), every=c["every"], keep=c["keep"],
-                            async_save=c["async_save"])
+    return CheckpointConfig(dir=resolve_dir(c["dir"], per_job=True), every=c["every"], keep=c["keep"],
+                            async_save=c["async_save"], allow_config_change=c["allow_config_change"])
 
 
 # -- abstract targets -----------------------------------------------------------------------------
@@ -277,6 +301,83 @@ def check_compatible(meta: Mapping[str, Any], model: Mapping[str, Any], *, where
             f"model.{k}={model.get(k)!r}{more}; resume with the checkpoint's model config "
             f"(e.g. model.{k}={saved.get(k)}) or point checkpoint.dir at a new directory"
         )
+
+
+TRAIN_KEYS_FREE = frozenset({"log_every", "eval_every", "eval_batches", "check_memory", "dry_run", "reuse_run_dir"})
+"""``train.*`` keys a resume may change: what is logged and checked, not what is trained."""
+STAGE_KEYS = frozenset({"seq_len", "steps", "schedule_start", "lr", "warmup_steps", "global_batch"})
+"""``train.*`` keys a length-extension stage sets (:func:`lcx.training.schedule.stage_config`)."""
+
+
+class CheckpointConfigChangedError(CheckpointMismatchError):
+    """The checkpoint was written by a run with another training config."""
+
+
+def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any], step: int) -> list[str]:
+    """The training-relevant differences between a checkpoint's config and this run's.
+
+    Compared: every ``train.*`` key but :data:`TRAIN_KEYS_FREE` (``train.steps`` may grow: an
+    extension; it may shrink only to at most ``step``, where nothing is trained), and every
+    ``data.*`` key. ``model.*`` is :func:`check_compatible`'s; ``plan``, ``hardware`` and
+    ``memory`` may change (a checkpoint restores into any plan). At a stage boundary of a
+    length-extension schedule (``train.schedule_start == step``) the keys a stage sets
+    (:data:`STAGE_KEYS`) change on purpose. Keys present in only one config (written by an older
+    lcx) are not compared.
+
+    Returns:
+      ``"train.lr: 0.003 -> 0.001"`` lines, sorted.
+    """
+    out = []
+    st, nt = dict(saved.get("train") or {}), dict(now.get("train") or {})
+    boundary = nt.get("schedule_start") is not None and int(nt["schedule_start"]) == int(step)
+    for k in sorted(set(st) & set(nt)):
+        a, b = st[k], nt[k]
+        if k in TRAIN_KEYS_FREE or a == b or (boundary and k in STAGE_KEYS):
+            continue
+        if k == "steps" and isinstance(a, int) and isinstance(b, int) and (b >= a or b <= step):
+            continue
+        out.append(f"train.{k}: {a!r} -> {b!r}")
+    sd, nd = dict(saved.get("data") or {}), dict(now.get("data") or {})
+    out += [f"data.{k}: {sd[k]!r} -> {nd[k]!r}" for k in sorted(set(sd) & set(nd)) if sd[k] != nd[k]]
+    return out
+
+
+def check_resumable(meta: Mapping[str, Any], config: Mapping[str, Any], *, where: str, allow: bool,
+                    job: Mapping[str, Any] | None = None) -> None:
+    """Refuse to resume from a checkpoint that another run wrote.
+
+    Args:
+      meta: the checkpoint's ``meta`` item.
+      config: this run's resolved config.
+      where: the checkpoint's path, for messages.
+      allow: ``checkpoint.allow_config_change``: changes are logged instead of refused.
+      job: this process's :func:`multirun_job` (None: not a multirun).
+
+    Raises:
+      CheckpointMismatchError: the model differs (:func:`check_compatible`), or the checkpoint was
+        written by another job of this sweep (a ``checkpoint.dir`` shared by the jobs).
+      CheckpointConfigChangedError: the training config differs (names every differing key), and
+        ``allow`` is off.
+    """
+    check_compatible(meta, dict(config.get("model") or {}), where=where)
+    wrote = meta.get("sweep") or {}
+    if job is not None and wrote.get("sweep_dir") == job["sweep_dir"] and wrote.get("job") != job["job"]:
+        raise CheckpointMismatchError(
+            f"checkpoint {where} was written by job {wrote.get('job')} of this sweep ({job['sweep_dir']}); job "
+            f"{job['job']} must not resume it. The jobs of a sweep share an absolute checkpoint.dir: give a relative "
+            f"one (each job then gets <job dir>/<checkpoint.dir>) or include the job in it, e.g. "
+            f"checkpoint.dir=/ckpt/${{hydra:job.num}}")
+    changes = config_changes(dict(meta.get("config") or {}), config, int(meta.get("step", 0)))
+    if not changes:
+        return
+    if allow:
+        log.warning("resuming %s with a changed config (checkpoint.allow_config_change=true): %s", where,
+                    "; ".join(changes))
+        return
+    raise CheckpointConfigChangedError(
+        f"checkpoint {where} was written by a run with another training config: {'; '.join(changes)}. Resume with "
+        f"the checkpoint's values, point checkpoint.dir at a new directory, or set checkpoint.allow_config_change=true "
+        f"to resume anyway")
 
 
 # -- the manager ----------------------------------------------------------------------------------
@@ -530,6 +631,11 @@ def finite_or_none(x: float | None) -> float | None:
 
 __all__ = [
     "CheckpointConfig",
+    "CheckpointConfigChangedError",
+    "check_resumable",
+    "config_changes",
+    "multirun_job",
+    "resolve_dir",
     "CheckpointMismatchError",
     "Checkpoints",
     "NoUsableCheckpointError",

@@ -32,8 +32,9 @@ from lcx.sharding import MeshPlan
 from lcx.training.checkpoint import (
     Checkpoints,
     abstract_train_state,
-    check_compatible,
+    check_resumable,
     checkpoint_config,
+    multirun_job,
     is_arraylike,
     finite_or_none,
     key_from_json,
@@ -118,7 +119,8 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
         restored = ckpts.restore_latest(
             lambda: abstract_train_state(abstract_params, steps.param_shardings, optimizer, mp.replicated(),
                                          opt_shardings=steps.opt_shardings),
-            check=lambda meta, where: check_compatible(meta, resolved["model"], where=where),
+            check=lambda meta, where: check_resumable(meta, resolved, where=where,
+                                                      allow=ckpt_cfg.allow_config_change, job=multirun_job()),
         )
     if restored is not None:
         params, opt_state = restored.state["params"], restored.state["opt_state"]
@@ -157,6 +159,7 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
             "plan": repr(mp.plan),
             "mesh": {k: int(v) for k, v in mp.mesh.shape.items()},
             "config": resolved,
+            "sweep": multirun_job(),  # which job of which sweep wrote it (None: not a multirun)
         }
 
     losses: list[float] = []
