@@ -47,14 +47,19 @@ def _steps(run_dir: pathlib.Path) -> list[int]:
     return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-# -- 1. run directories ---------------------------------------------------------------------------
+# -- 1 and 2. run directories and sweeps, end to end ---------------------------------------------
 
 
 @pytest.mark.slow
-def test_concurrent_launches_get_their_own_run_dirs_and_nothing_is_overwritten(tmp_path, env):
-    # issue 17: two runs started in the same second shared one directory and interleaved their
-    # metrics; a later run in that directory replaced the first one's metrics.jsonl
+def test_concurrent_runs_and_a_sweep_lose_nothing(tmp_path, env):
+    """Issue 17, scenarios 1 and 2 through the real CLI, all launched at once: two runs started
+    in the same second shared one directory (interleaved metrics.jsonl; run_info.json disagreed
+    with .hydra/overrides.yaml), and the two jobs of a sweep with checkpoint.dir=ckpt shared one
+    checkpoint directory (job 1 resumed job 0's final checkpoint and wrote no metrics)."""
+    sweep = tmp_path / "mr"
     procs = [_cli([*FAST, "train.steps=2", f"train.seed={s}"], tmp_path, env) for s in (1, 2)]
+    procs.append(_cli(["-m", *FAST, "train.lr=3e-3,1e-3", "checkpoint.dir=ckpt", "train.steps=2",
+                       f"hydra.sweep.dir={sweep}"], tmp_path, env))
     for p in procs:
         rc, err = _wait(p)
         assert rc == 0, err[-3000:]
@@ -64,17 +69,29 @@ def test_concurrent_launches_get_their_own_run_dirs_and_nothing_is_overwritten(t
     for d in runs:
         assert _steps(d) == [1, 2]
         info = json.loads((d / "run_info.json").read_text())
-        overrides = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text())
         seed = info["config"]["train"]["seed"]
-        assert f"train.seed={seed}" in overrides  # run_info.json and .hydra agree
+        assert f"train.seed={seed}" in yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text())  # they agree
         seeds.add(seed)
     assert seeds == {1, 2}
+    jobs = sorted(p.parent for p in sweep.rglob("metrics.jsonl"))
+    assert len(jobs) == 2, jobs
+    for d in jobs:
+        assert _steps(d) == [1, 2]  # every sweep point has its result, from its own checkpoints
+        assert (d / "ckpt" / "2").is_dir()
+        assert json.loads((d / "run_info.json").read_text())["checkpoint_dir"] == str(d / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
 
-    first = runs[0]
-    before = (first / "metrics.jsonl").read_text()
-    rc, err = _wait(_cli([*FAST, "train.steps=1", f"hydra.run.dir={first}"], tmp_path, env))
-    assert rc == 2 and "already holds another run's metrics.jsonl" in err and "train.reuse_run_dir=true" in err, err
+    # refused, both before compiling: another run's directory, and job 0's checkpoint resumed
+    # with another learning rate (quoted: the job directory's name holds '=')
+    first, before, ck = runs[0], (runs[0] / "metrics.jsonl").read_text(), jobs[0] / "ckpt"
+    refused = [_cli([*FAST, "train.steps=1", f"hydra.run.dir={first}"], tmp_path, env),
+               _cli([*FAST, "train.lr=5e-3", "train.steps=3", f"checkpoint.dir='{ck}'",
+                     f"hydra.run.dir={tmp_path / 'resume'}"], tmp_path, env)]
+    (rc1, err1), (rc2, err2) = (_wait(p) for p in refused)
+    assert rc1 == 2 and "already holds another run's metrics.jsonl" in err1 and "train.reuse_run_dir=true" in err1, err1
     assert (first / "metrics.jsonl").read_text() == before  # untouched
+    assert rc2 == 2 and "train.lr: 0.003 -> 0.005" in err2 and "checkpoint.allow_config_change=true" in err2, err2
+    assert sorted(p.name for p in ck.iterdir() if p.name.isdigit()) == ["2"]  # nothing written or set aside
 
 
 def test_claim_run_dir_refuses_another_runs_metrics(tmp_path):
@@ -99,30 +116,7 @@ def test_claim_run_dir_refuses_another_runs_metrics(tmp_path):
     assert len(list(d.glob("run_info.*.json"))) == 1 and not (d / "run_info.json").exists()
 
 
-# -- 2. sweeps and resumes ------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_sweep_jobs_get_their_own_checkpoints_and_a_changed_resume_is_refused(tmp_path, env):
-    # issue 17: job 1 resumed job 0's final checkpoint, logged "nothing to train", wrote no metrics
-    sweep = tmp_path / "mr"
-    rc, err = _wait(_cli(["-m", *FAST, "train.lr=3e-3,1e-3", "checkpoint.dir=ckpt", "train.steps=2",
-                          f"hydra.sweep.dir={sweep}"], tmp_path, env))
-    assert rc == 0, err[-3000:]
-    jobs = sorted(p.parent for p in sweep.rglob("metrics.jsonl"))
-    assert len(jobs) == 2, jobs
-    for d in jobs:
-        assert _steps(d) == [1, 2]  # every sweep point has its result
-        assert (d / "ckpt" / "2").is_dir() and json.loads((d / "run_info.json").read_text())["checkpoint_dir"] == str(
-            d / "ckpt")
-    assert not (tmp_path / "ckpt").exists()
-    # resuming job 0's checkpoint with another learning rate: refused, naming the key, before compiling
-    ck = jobs[0] / "ckpt"
-    # (quoted: the job directory's name holds '=')
-    rc, err = _wait(_cli([*FAST, "train.lr=5e-3", "train.steps=3", f"checkpoint.dir='{ck}'",
-                          f"hydra.run.dir={tmp_path / 'resume'}"], tmp_path, env))
-    assert rc == 2 and "train.lr: 0.003 -> 0.005" in err and "checkpoint.allow_config_change=true" in err, err[-3000:]
-    assert sorted(p.name for p in ck.iterdir() if p.name.isdigit()) == ["2"]  # nothing written or set aside
+# -- 2. resumes of a changed config ------------------------------------------------------------
 
 
 def _meta(step=4, **train):
@@ -158,3 +152,103 @@ def test_check_resumable_refuses_changes_and_shared_sweep_dirs(caplog):
     with pytest.raises(CheckpointMismatchError, match="written by job 0 of this sweep"):
         check_resumable({**meta, "sweep": {**job, "job": 0}}, meta["config"], where="ck/4", allow=True, job=job)
     check_resumable({**meta, "sweep": job}, meta["config"], where="ck/4", allow=False, job=job)
+
+
+# -- 3. failed saves on a real full disk ----------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A function mounting a tmpfs of ``size`` bytes (root only; skipped where mounting is not
+    permitted); unmounted afterwards."""
+    mounts = []
+
+    def mount(size: int) -> pathlib.Path:
+        if os.geteuid() != 0:
+            pytest.skip("a full-disk test mounts a tmpfs, which needs root")
+        mnt = tmp_path / f"disk{len(mounts)}"
+        mnt.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True,
+                           text=True)
+        if r.returncode:
+            pytest.skip(f"mounting a tmpfs is not permitted here: {r.stderr.strip()}")
+        mounts.append(mnt)
+        return mnt
+
+    yield mount
+    for m in mounts:
+        subprocess.run(["umount", "-l", str(m)], capture_output=True)
+
+
+def _tmp_dirs(d: pathlib.Path) -> list[str]:
+    return [p.name for p in d.iterdir() if "tmp" in p.name]
+
+
+def test_a_save_that_fills_the_disk_is_never_listed_and_can_be_retried(small_disk):
+    import jax
+    import jax.numpy as jnp
+
+    from lcx.training.checkpoint import CheckpointSaveError, Checkpoints
+
+    ck = small_disk(600 << 10) / "ck"  # 600 KiB: the small state fits, the 1.6 MB one does not
+    small = {"w": jnp.arange(16.0)}
+    big = {"w": jax.random.normal(jax.random.key(0), (400_000,))}  # random: does not compress
+    c = Checkpoints(ck, keep=3, async_save=True)
+    try:
+        c.save(1, small, {}, {"loss": 1.0})
+        c.wait()
+        assert c.steps() == [1]
+        assert c.save(2, big, {}, {"loss": 2.0})  # returns at once; the write fails in the background
+        assert c.steps() == [1] and c.latest_step() == 1  # in flight or failed: never listed
+        with pytest.raises(CheckpointSaveError, match=r"checkpoint of step 2 .*failed.*No space left on device.*"
+                                                      r"the checkpoints kept are steps \[1\]"):
+            c.check(wait=True)
+        assert c.steps() == [1] and _tmp_dirs(ck) == []  # the partial step's files are gone
+        # a good older checkpoint is what a resume gets
+        r = c.restore_latest({"params": {"w": jax.ShapeDtypeStruct((16,), jnp.float32)}, "opt_state": {}})
+        assert r.step == 1 and float(r.state["params"]["w"][3]) == 3.0
+        assert c.save(2, small, {}, {"loss": 2.0})  # the failed step can be saved again (was "already saved")
+        c.wait()
+        assert c.steps() == [1, 2]
+        # a failure found by the next save is raised there, naming its own step, once
+        c.save(3, big, {}, {})
+        with pytest.raises(CheckpointSaveError, match="checkpoint of step 3 "):
+            c.save(4, small, {}, {})
+        assert c.save(4, small, {}, {})
+        c.wait()
+        assert c.steps() == [1, 2, 4]
+    finally:
+        c.close()
+    # a synchronous save fails at once, the same way
+    c = Checkpoints(ck, keep=3, async_save=False)
+    try:
+        with pytest.raises(CheckpointSaveError, match="checkpoint of step 5 .*No space left on device"):
+            c.save(5, big, {}, {})
+        assert c.steps() == [1, 2, 4] and _tmp_dirs(ck) == []
+    finally:
+        c.close()
+
+
+def test_training_stops_at_the_step_after_a_failed_save(tmp_path, small_disk, devices):
+    import jax
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from lcx.models import ModelConfig
+    from lcx.training.checkpoint import CheckpointSaveError, Checkpoints
+    from lcx.training.loop import train
+
+    with initialize_config_module("lcx.conf", version_base="1.3"):
+        c = compose("config", overrides=[*FAST, "train.steps=3", "checkpoint.every=1", "checkpoint.keep=3",
+                                         f"checkpoint.dir={tmp_path / 'disk0' / 'ck'}"])
+    # room for one checkpoint (float32 parameters and AdamW's two moments, plus orbax's metadata)
+    # and a half: step 1 fits, step 2 (written while step 1 is kept) does not
+    n = ModelConfig.from_dict(OmegaConf.to_container(c.model, resolve=True)).n_params
+    ck = small_disk(int(1.5 * (3 * 4 * n + (64 << 10))) // 4096 * 4096) / "ck"
+    with jax.numpy_dtype_promotion("standard"), pytest.raises(  # as the CLI runs (the suite is strict)
+            CheckpointSaveError, match=r"checkpoint of step 2 .*No space left on device"):
+        train(c, tmp_path / "run", devices)
+    assert _steps(tmp_path / "run") == [1, 2, 3]  # raised during step 3, the step after the save
+    r = Checkpoints(ck, read_only=True)
+    assert r.steps() == [1] and _tmp_dirs(ck) == []  # the good step 1 is kept, nothing partial
+    r.close()

@@ -71,6 +71,7 @@ class CheckpointSchema:
     keep: int = _req()
     async_save: bool = _req()
     allow_config_change: bool = _req()
+    on_save_error: str = _req()
 
 
 @dataclasses.dataclass
@@ -381,7 +382,8 @@ def check_overrides(argv: Sequence[str], tool: str = "lcx") -> None:
 
 __all__ = [
     "CheckpointSchema", "DATA_SCHEMAS", "DistributedSchema", "EvalCheckpointSchema", "EvalSchema", "HardwareSchema",
-    "MemorySchema", "PasskeyDataSchema", "PlannerSchema", "SECTIONS", "StdlibDataSchema", "TextDataSchema", "TrainSchema",
+    "MemorySchema", "PasskeyDataSchema", "PlannerSchema", "SECTIONS", "StdlibDataSchema", "TextDataSchema",
+    "TrainSchema",
     "check_overrides", "check_section", "check_train_config", "data_schema", "nearest", "register_schemas",
     "unknown_key_message",
 ]

@@ -56,6 +56,10 @@ class NoUsableCheckpointError(RuntimeError):
     """Checkpoints exist but none of them can be read."""
 
 
+class CheckpointSaveError(RuntimeError):
+    """A save failed (disk full, permissions, ...): names the step, the cause and what was kept."""
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
     """The ``checkpoint:`` section of the training config.
@@ -67,6 +71,9 @@ class CheckpointConfig:
       async_save: write in a background thread while training continues.
       allow_config_change: resume from a checkpoint whose training config differs
         (:func:`config_changes`); off: such a resume is refused.
+      on_save_error: ``stop``: a failed save stops training (:class:`CheckpointSaveError`);
+        ``retry``: the loop logs it and saves the next step's state instead (a second failure in
+        a row stops).
     """
 
     dir: pathlib.Path | None
@@ -74,8 +81,12 @@ class CheckpointConfig:
     keep: int
     async_save: bool
     allow_config_change: bool
+    on_save_error: str
 
     def __post_init__(self):
+        if self.on_save_error not in ("stop", "retry"):
+            raise ValueError(f"checkpoint.on_save_error={self.on_save_error!r}: use stop (a failed save stops "
+                             "training) or retry (save the next step instead, once)")
         if self.every < 0:
             raise ValueError(f"checkpoint.every must be >= 0 (0: only at the end), got {self.every}")
         if self.keep < 1:
@@ -145,10 +156,12 @@ def checkpoint_config(node: Any) -> CheckpointConfig:
     from lcx.conf.schema import CheckpointSchema, check_section
 
     if node is None:
-        return CheckpointConfig(dir=None, every=0, keep=1, async_save=False, allow_config_change=False)
+        return CheckpointConfig(dir=None, every=0, keep=1, async_save=False, allow_config_change=False,
+                                on_save_error="stop")
     c = check_section(node, CheckpointSchema, "checkpoint", tool="lcx.train")
     return CheckpointConfig(dir=resolve_dir(c["dir"], per_job=True), every=c["every"], keep=c["keep"],
-                            async_save=c["async_save"], allow_config_change=c["allow_config_change"])
+                            async_save=c["async_save"], allow_config_change=c["allow_config_change"],
+                            on_save_error=c["on_save_error"])
 
 
 # -- abstract targets -----------------------------------------------------------------------------
@@ -406,6 +419,11 @@ class Checkpoints:
 
     Unless ``read_only``, leftover temporary directories of interrupted saves are deleted on
     construction: only the run that owns the directory may open it writable.
+
+    A save that fails (a full disk, in the background or not) is never listed or restored: only
+    finalized step directories are. Its error is raised, naming the step and the cause, by the
+    first :meth:`check`, :meth:`wait`, :meth:`save` or :meth:`close` after it ended; its
+    temporary files are deleted, older checkpoints are kept, and the step can be saved again.
     """
 
     def __init__(
@@ -422,6 +440,8 @@ class Checkpoints:
             self.directory.mkdir(parents=True, exist_ok=True)
         self._keep = int(keep)
         self._async = bool(async_save)
+        self._pending: int | None = None  # the step of the save in flight
+        self._failed: tuple[int, BaseException] | None = None  # a failed save not yet raised
         if not self.read_only:
             self._remove_interrupted_saves()
         self._manager = self._open()
@@ -452,8 +472,12 @@ class Checkpoints:
     # -- queries ----------------------------------------------------------------------------
 
     def steps(self) -> list[int]:
-        """Steps of the complete (finalized) checkpoints, ascending."""
-        return sorted(self._manager.all_steps())
+        """Steps of the complete (finalized) checkpoints, ascending: never the save in flight nor
+        a failed one (orbax lists a step as soon as its save starts). Does not raise a failed
+        save's error (:meth:`check` does)."""
+        self._collect(block=False)
+        return sorted(s for s in self._manager.all_steps()
+                      if s != self._pending and (self.directory / str(s)).is_dir())
 
     def latest_step(self) -> int | None:
         s = self.steps()
@@ -469,7 +493,8 @@ class Checkpoints:
           FloatingPointError: a parameter or optimizer-state tensor is not finite (the message
             lists them): a poisoned checkpoint is never written.
         """
-        if step in self._manager.all_steps():
+        self.check(wait=True)  # at most one save in flight; a failed one is raised, naming its step
+        if step in self.steps():
             return False
         bad = nonfinite_leaves({"params": params, "opt_state": opt_state})
         if bad:
@@ -479,23 +504,90 @@ class Checkpoints:
                 + "; the last good checkpoint is kept. Lower train.lr or check the data"
             )
         meta = dict(meta, step=int(step))
-        return self._manager.save(
-            int(step),
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
-                meta=ocp.args.JsonSave(meta),
-            ),
-            force=True,
-        )
+        self._pending = int(step)
+        try:
+            started = self._manager.save(
+                int(step),
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+                    meta=ocp.args.JsonSave(meta),
+                ),
+                force=True,
+            )
+        except Exception as e:  # noqa: BLE001 - a synchronous failure: the same path as a background one
+            self._pending = None
+            self._failed = (int(step), e)
+            self._recover(int(step))
+            self.check()
+        if not self._async:
+            self.check(wait=True)
+        return bool(started)
+
+    def check(self, wait: bool = False) -> None:
+        """Raise the error of a save that failed, once (the next save starts clean).
+
+        Args:
+          wait: block until the save in flight ends; False: look only at a save that has ended.
+
+        Raises:
+          CheckpointSaveError: names the failed step, the cause and the checkpoints kept.
+        """
+        self._collect(block=wait)
+        if self._failed is None:
+            return
+        step, e = self._failed
+        self._failed = None
+        cause = str(e).splitlines()[0] if str(e) else ""
+        if len(cause) > 400:  # keep both ends: the failing file and the OS error ("No space left on device")
+            cause = cause[:200] + " ... " + cause[-200:]
+        raise CheckpointSaveError(
+            f"checkpoint of step {step} in {self.directory} failed: {type(e).__name__}: {cause}. Nothing of it is "
+            f"listed or restored; the checkpoints kept are steps {self.steps()}. Fix the cause (e.g. free disk space) "
+            f"and save again: step {step} can be saved anew") from e
+
+    def _collect(self, block: bool) -> None:
+        """Finish the bookkeeping of the save in flight if it ended (or, ``block``, when it ends)."""
+        if self._pending is None:
+            return
+        if not block and self._manager.is_saving_in_progress():
+            return
+        step, self._pending = self._pending, None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - whatever the writer raised is the cause to report
+            self._failed = (step, e)
+            self._recover(step)
+
+    def _recover(self, step: int) -> None:
+        """After a failed save of ``step``: delete its temporary files and reopen orbax (whose
+        manager would otherwise keep listing the step and raise its error again)."""
+        if jax.process_index() == 0:
+            for p in self.directory.glob(f"{step}{TMP_SUFFIX}*"):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        try:
+            self._manager.close()
+        except Exception:  # noqa: BLE001, S110 - the error is the one already recorded
+            pass
+        self._manager = self._open()
 
     def wait(self) -> None:
-        """Block until the save in flight (if any) is on disk."""
-        self._manager.wait_until_finished()
+        """Block until the save in flight (if any) is on disk.
+
+        Raises:
+          CheckpointSaveError: it (or an earlier one not yet raised) failed.
+        """
+        self.check(wait=True)
 
     def close(self) -> None:
-        """Finish the save in flight and release orbax's threads."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Finish the save in flight and release orbax's threads.
+
+        Raises:
+          CheckpointSaveError: the last save failed (orbax's threads are released all the same).
+        """
+        try:
+            self.check(wait=True)
+        finally:
+            self._manager.close()
 
     # -- restoring --------------------------------------------------------------------------
 
@@ -637,6 +729,7 @@ __all__ = [
     "multirun_job",
     "resolve_dir",
     "CheckpointMismatchError",
+    "CheckpointSaveError",
     "Checkpoints",
     "NoUsableCheckpointError",
     "Restored",

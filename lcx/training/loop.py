@@ -30,6 +30,7 @@ from lcx.data import make_data
 from lcx.models import init_model, model_shardings
 from lcx.sharding import MeshPlan
 from lcx.training.checkpoint import (
+    CheckpointSaveError,
     Checkpoints,
     abstract_train_state,
     check_resumable,
@@ -72,6 +73,10 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
       CheckpointMismatchError: the checkpoint was written for another model config (names the
         field).
       NoUsableCheckpointError: checkpoints exist but none can be read.
+      CheckpointSaveError: a checkpoint save failed (names the step and the cause), raised at
+        the step after it (``checkpoint.on_save_error=retry``: after a second failure in a row).
+      CheckpointConfigChangedError: the checkpoint's training config differs (names the keys;
+        ``checkpoint.allow_config_change=true`` resumes anyway).
       RunDirInUseError: ``run_dir`` holds another run's ``metrics.jsonl``
         (:func:`claim_run_dir`; ``train.reuse_run_dir=true`` keeps it and goes on).
       FloatingPointError: a non-finite loss (names the step and the non-finite tensors); no
@@ -193,6 +198,9 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
     log_every = max(1, int(t.log_every))
     eval_every = int(t.eval_every)
     saved_step = start if restored is not None else None
+    save_started = None  # the step whose save is in flight: its outcome is checked at the next step
+    retry_save, retried = False, False
+    last_good = saved_step  # the newest checkpoint known to be on disk
     with contextlib.ExitStack() as stack:
         if ckpts is not None:
             stack.callback(ckpts.close)  # an exception still lets an in-flight (good) save finish
@@ -241,12 +249,25 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
                 post["val"] = f"{val_loss:.3f}"
             bar.set_postfix(post)
             bar.update(1)
-            if ckpts is not None and (ckpt_cfg.due(step) or step == total_steps or stop.signum):
+            if ckpts is not None and save_started is not None:
+                # the save of the previous step overlapped this step; a failure is raised now, naming
+                # its step, not at some later save (or never)
+                try:
+                    ckpts.check(wait=True)
+                    retried, last_good = False, save_started
+                except CheckpointSaveError as e:
+                    saved_step = last_good
+                    if ckpt_cfg.on_save_error != "retry" or retried:
+                        raise
+                    log.warning("%s; checkpoint.on_save_error=retry: saving step %d instead", e, step)
+                    retry_save, retried = True, True
+                save_started = None
+            if ckpts is not None and (ckpt_cfg.due(step) or step == total_steps or stop.signum or retry_save):
                 # the data position must be the one after this step's batch, not the prefetched one
                 state = meta(step, loss, val_loss)
                 state["data"] = _rewind(data.train, 1 if step < total_steps else 0)
                 ckpts.save(step, params, opt_state, state)
-                saved_step = step
+                saved_step, save_started, retry_save = step, step, False
             if stop.signum:
                 ckpts.wait()
                 name = signal.Signals(stop.signum).name
