@@ -25,7 +25,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODULES = (
     "lcx.sharding", "lcx.sharding.layout", "lcx.attention", "lcx.models", "lcx.data", "lcx.data.passkey",
-    "lcx.cost", "lcx.training", "lcx.training.checkpoint", "lcx.training.runinfo", "lcx.train", "lcx.plan",
+    "lcx.cost", "lcx.training", "lcx.training.checkpoint", "lcx.training.preflight", "lcx.training.runinfo", "lcx.train",
+    "lcx.plan",
 )
 
 

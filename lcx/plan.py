@@ -54,7 +54,8 @@ def _model_arrays(model_cfg, param_dtype: str):
 
 def _check_kernel(att) -> None:
     """Refuse, before pricing, the kernel block sizes lcx.train would refuse: the kernel's own
-    check (:func:`lcx.attention.kernels.make_kernel`; splash: multiples of 128 up to 16384),
+    check (:func:`lcx.attention.kernels.make_kernel`; splash: ``block_q`` a multiple of 8, the
+    other blocks multiples of 128, up to 16384),
     not a copy of it. Building the kernel object compiles nothing. Where splash's Pallas module
     is missing, its block sizes have already passed (the kernel checks them first) and the
     planner needs no kernel to price them.
@@ -79,7 +80,7 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     Raises:
       ValueError / PlanError: a hardware preset without ``chips`` and no device count; chips,
         sequence length or batch not a whole number >= 1; ``planner.rows`` not best/all; kernel
-        block sizes lcx.train refuses (splash: multiples of 128); no candidate plan for this
+        block sizes lcx.train refuses (splash: ``block_q`` a multiple of 8, the others of 128); no candidate plan for this
         length, batch and device count (the message says which split fails and what would work).
     """
     from lcx.conf import positive_int

@@ -1,5 +1,17 @@
-"""Training: loss, optimizer, sharded train/eval steps, the loop, run metadata."""
+"""Training: loss (whole or in vocabulary tiles), optimizer, sharded train/eval steps with host
+offload, the loop, the preflight checks, run metadata."""
 
-from lcx.training.loss import loss_sum_and_count as loss_sum_and_count, token_nll as token_nll
+from lcx.training.loss import (
+    loss_sum_and_count as loss_sum_and_count,
+    token_nll as token_nll,
+    vocab_tiled_loss_sum_and_count as vocab_tiled_loss_sum_and_count,
+    vocab_tiled_predictions as vocab_tiled_predictions,
+)
+from lcx.training.memory import MemoryOptions as MemoryOptions
 from lcx.training.optim import make_optimizer as make_optimizer
-from lcx.training.step import Steps as Steps, make_steps as make_steps, put_batch as put_batch
+from lcx.training.step import (
+    Steps as Steps,
+    loss_function as loss_function,
+    make_steps as make_steps,
+    put_batch as put_batch,
+)
