@@ -8,9 +8,9 @@ Runs, each as a user would (``python -m lcx.train`` in a subprocess, 8 simulated
    fall.
 2. ``tiled_offloaded`` vs ``plain``: the same structure for 5 steps with tiling and both
    offloads on, and with all three off. The plain step at 32,768 tokens needs its whole float32
-   logits (4,096 x 128,256 per device, with their log-softmax and cotangent about 33 GB for the
-   8 devices, more than this machine's RAM), so this pair runs at ``--equal-seq-len`` (8,192)
-   tokens; the losses must agree within 1e-5 (relative).
+   logits (4,096 x 128,256 per device; with their log-softmax and cotangent 6,045 MiB per
+   device by the ledger, 47 GiB for the 8 devices, more than this machine's RAM), so this pair
+   runs at ``--equal-seq-len`` (8,192) tokens; the losses must agree within 1e-5 (relative).
 
 Writes ``experiments/results/longctx_replica.csv`` (one row per run and step) and ``.png``.
 
