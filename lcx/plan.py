@@ -163,6 +163,11 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     given_report: dict[str, Any] = {"plan": given.to_config(), "policy": dataclasses.asdict(policy)}
     try:
         given.validate(n, dims=model_cfg.dims(), seq_len=S, global_batch=B)
+        # the tile count lcx.train would refuse (it must divide the local sequence) is not priced
+        from lcx.training.memory import MemoryOptions
+
+        P = given.context_degree(n)
+        MemoryOptions(vocab_tiling=policy.vocab_tiling).check_tiling(S // P, seq_len=S, context_degree=P)
         say(f"== describe(): the given plan (plan={given.name}); parameters from {source}")
         say(describe(given, n, [*arrays, *activation_arrays(model_cfg, S, B, dtype)]))
         e = estimate(model_cfg, given, hw, n, seq_len=S, global_batch=B, policy=policy, dtype=dtype,

@@ -151,3 +151,10 @@ def test_cli_dry_run_that_does_not_fit_exits_2_with_one_line(tmp_path):
     assert "memory anatomy per device" in r.stdout  # what it judged, printed before the verdict
     r = _cli(tmp_path, "train.dry_run=yes")
     assert r.returncode == 2 and "train.dry_run='yes': must be true or false" in r.stderr
+
+
+def test_a_host_overflow_names_the_largest_host_part(tmp_path, no_devices):
+    # 4 sequences of the 4M recipe: the offloaded block inputs and contexts overflow the host share
+    with pytest.raises(ValueError, match=r"of offloaded bytes per device, but its share of host memory is .*"
+                                         r"the largest part is activations offloaded to host"):
+        _dry_run(_config("experiment=longctx_4m_v5p", "train.global_batch=4"), tmp_path)

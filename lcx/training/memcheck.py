@@ -168,7 +168,7 @@ def check_memory(cfg: DictConfig, model_cfg: ModelConfig, plan, devices, *, memo
                 else f"{gib(m.host)} of offloaded bytes per device, but its share of host memory is "
                      f"{gib(chk.host_limit)}")
         state_alone = chk.over_hbm and state_min > hw.hbm_bytes
-    parts = _parts(m)
+    parts = _parts(m) if chk.on_cpu or chk.over_hbm else _host_parts(m, chk.policy)
     big = max(parts, key=parts.get)
     fixes = _memory_fixes(model_cfg, plan, m, state_min, state_alone, gib, on_cpu=chk.on_cpu, n=n, k=k,
                           check=chk, reprice=lambda pol: memory_check(cfg, model_cfg, plan, n, memory=mem,
@@ -178,6 +178,16 @@ def check_memory(cfg: DictConfig, model_cfg: ModelConfig, plan, devices, *, memo
         f"model={model_cfg.name} does not fit: the cost ledger estimates {what}; the largest part is {big} "
         f"({gib(parts[big])} per device); {fixes}. train.check_memory=false skips this check"
     )
+
+
+def _host_parts(m, policy) -> dict[str, int]:
+    """The parts of the offloaded bytes ``m.host`` (when the host's share is what overflows):
+    parameters (``p`` = ``m.grads``), AdamW's two states (``2 p``) and offloaded activations."""
+    p = m.grads
+    out = {"parameters offloaded to host": p if policy.offload_params else 0,
+           "optimizer state offloaded to host": 2 * p if policy.offload_optimizer else 0}
+    out["activations offloaded to host"] = max(0, m.host - sum(out.values()))
+    return out
 
 
 def _parts(m) -> dict[str, int]:
