@@ -79,7 +79,7 @@ def valid_tiling(n: int, local_seq: int) -> int:
     tokens / 128) and 65,536; 14 for ``n=15`` at 114,688."""
     if local_seq % n == 0:
         return n
-    return min(_divisors(local_seq), key=lambda d: (abs(d - n), d))
+    return min(divisors(local_seq), key=lambda d: (abs(d - n), d))
 
 
 def train_overrides(policy: ActivationPolicy) -> list[str]:
@@ -179,7 +179,8 @@ def _data(plan: Plan) -> int:
     return dict(plan.mesh).get("data", 1)
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """Every divisor of ``n >= 1``, ascending (O(sqrt n)): tile counts, device counts."""
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)})
 
@@ -196,14 +197,14 @@ def candidate_plans(cfg, n_devices: int, seq_len: int, global_batch: int, *, att
     base = attention or AttentionConfig()
     kern = kernel or base.kernel
     out: list[tuple[Plan, str]] = []
-    for d in _divisors(n_devices):
+    for d in divisors(n_devices):
         if global_batch % d:
             continue
         P = n_devices // d
         meshes: list[tuple[tuple[tuple[str, int], ...], Any, str, dict]] = []
         for strat in ("allgather", "ring", "a2a"):
             meshes.append(((("data", d), ("context", P)), "context", strat, {}))
-        for U in _divisors(P):
+        for U in divisors(P):
             if 1 < U < P:
                 meshes.append(((("data", d), ("ulysses", U), ("ring", P // U)), ("ulysses", "ring"), "usp",
                                {"ulysses_axis": "ulysses", "ring_axis": "ring"}))
@@ -240,7 +241,7 @@ def no_candidates_reason(cfg, n_devices: int, seq_len: int, global_batch: int, *
     """
     dims = cfg.dims() if hasattr(cfg, "dims") else {}
     chips = n_devices // devices_per_chip
-    degrees = [n_devices // d for d in _divisors(n_devices) if global_batch % d == 0]
+    degrees = [n_devices // d for d in divisors(n_devices) if global_batch % d == 0]
     why = []
     for P in degrees:
         if seq_len % P:
@@ -259,7 +260,7 @@ def no_candidates_reason(cfg, n_devices: int, seq_len: int, global_batch: int, *
                 except PlanError as e:
                     errs.add(f"{strat}/{layout}: {e}")
         why.append(f"P={P}: " + "; ".join(sorted(errs)))
-    if len(degrees) < len(_divisors(n_devices)):
+    if len(degrees) < len(divisors(n_devices)):
         why.append(f"no other context degree: the data degree ({n_devices} devices / P) must divide "
                    f"train.global_batch={global_batch}")
 

@@ -18,6 +18,7 @@ import jax
 from omegaconf import DictConfig
 
 from lcx.cost import hardware_from_config
+from lcx.cost.planner import divisors
 from lcx.models import ModelConfig
 from lcx.training.memory import MemoryOptions
 
@@ -267,7 +268,7 @@ def _tiling_fix(check: MemoryCheck, reprice, local_seq: int, gib) -> str | None:
     that divides ``local_seq`` and makes the step fit; else the smallest at which the logits are
     no longer the largest part; None if no tile count lowers the estimate."""
     cur = check.policy.vocab_tiling
-    divs = [d for d in _divisors(local_seq) if d > cur]
+    divs = [d for d in divisors(local_seq) if d > cur]
     first_not_largest = None
     for d in divs:
         c = reprice(dataclasses.replace(check.policy, vocab_tiling=d))
@@ -331,7 +332,3 @@ def _count(n: int) -> str:
             return f"{n / scale:.3g}{unit}"
     return str(n)
 
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})

@@ -97,7 +97,9 @@ class MemoryOptions:
         n, t = self.vocab_tiling, local_seq_len
         if t % n == 0:
             return
-        divs = _divisors(t)
+        from lcx.cost.planner import divisors  # noqa: PLC0415 - keep this config module free of JAX
+
+        divs = divisors(t)
         best = min(divs, key=lambda d: (abs(d - n), d))
         lower = max((d for d in divs if d < n), default=None)
         upper = min((d for d in divs if d > n), default=None)
@@ -123,10 +125,6 @@ def with_memory_kind(shardings: Any, kind: str) -> Any:
     return jax.tree.map(lambda s: s.with_memory_kind(kind), shardings,
                         is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
 
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
 
 
 __all__ = ["DEVICE", "HOST", "MemoryOptions", "PLAN_ONLY_KEYS", "with_memory_kind"]
