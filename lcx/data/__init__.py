@@ -1,4 +1,6 @@
-"""Data: corpora (embedded stdlib default), tokenizers, packing, batching with sequence layouts."""
+"""Data: corpora (embedded stdlib default), tokenizers, packing, batching with sequence layouts;
+one batch-stream interface (:mod:`lcx.data.stream`) and a registry of sources
+(:mod:`lcx.data.sources`)."""
 
 from lcx.data.corpora import (
     STDLIB_SKIP_DIRS as STDLIB_SKIP_DIRS,
@@ -14,13 +16,14 @@ from lcx.data.packing import (
 )
 from lcx.data.pipeline import (
     Batches as Batches,
-    Data as Data,
     EvalBatches as EvalBatches,
+    corpus_data as corpus_data,
     lay_out as lay_out,
     load_corpus as load_corpus,
-    make_data as make_data,
     split_documents as split_documents,
 )
+from lcx.data.sources import SOURCES as SOURCES, make_data as make_data
+from lcx.data.stream import Batch as Batch, BatchStream as BatchStream, Data as Data
 from lcx.data.tokenizers import (
     TOKENIZERS as TOKENIZERS,
     ByteTokenizer as ByteTokenizer,

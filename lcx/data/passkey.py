@@ -22,14 +22,18 @@ Rows are a pure function of ``(seed, row index)``: the stream is deterministic a
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from lcx.data.packing import BATCH_KEYS
+from lcx.data.stream import BatchStream, Data
 from lcx.data.tokenizers import ByteTokenizer
 from lcx.sharding.layout import apply_layout, check_layout
+
+log = logging.getLogger(__name__)
 
 INTRO = "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -161,7 +165,7 @@ def _stack(examples: Sequence[PasskeyExample], layout: str, degree: int) -> dict
     return {k: apply_layout(np.stack([e.arrays[k] for e in examples]), layout, degree, axis=-1) for k in BATCH_KEYS}
 
 
-class PasskeyBatches(Iterator[dict[str, np.ndarray]]):
+class PasskeyBatches(BatchStream):
     """Infinite, deterministic, resumable training batches of passkey rows.
 
     Row ``r`` draws its passkey, depth (uniform in ``[min_depth, max_depth]``) and filler offset
@@ -229,19 +233,10 @@ class PasskeyBatches(Iterator[dict[str, np.ndarray]]):
         return passkey_example(self.seq_len, key, depth, offset, recall_loss=self.recall_loss, filler=self.filler,
                                loss_on=self.loss_on)
 
-    def __iter__(self) -> PasskeyBatches:
-        return self
-
     def __next__(self) -> dict[str, np.ndarray]:
         ex = [self.example(self._row + i) for i in range(self.global_batch)]
         self._row += self.global_batch
         return _stack(ex, self.layout, self.context_degree)
-
-    def skip(self, n: int) -> None:
-        """Advance by ``n >= 0`` batches without building them."""
-        if n < 0:
-            raise ValueError(f"can only skip forward, got n={n}")
-        self._row += int(n) * self.global_batch
 
     def state(self) -> dict[str, int]:
         """The stream position (``epoch``, ``row``) and its identity (``seed``, ``seq_len``, ``digits``)."""
@@ -259,6 +254,16 @@ class PasskeyBatches(Iterator[dict[str, np.ndarray]]):
             if k in state and int(state[k]) != mine[k]:
                 raise ValueError(f"data state mismatch: checkpoint has {k}={state[k]}, this run has {k}={mine[k]}")
         self._row = int(state["epoch"]) * self.rows_per_epoch + int(state["row"])
+
+    def resume(self, state: Mapping[str, Any]) -> None:
+        """:meth:`restore`; a ``state`` written at another ``seq_len`` continues at the next row
+        (rows are drawn from ``(seed, row index)`` at whatever length the stage asks for)."""
+        old_len = state.get("seq_len")
+        if old_len is not None and int(old_len) != self.seq_len:
+            log.info("sequence length %s -> %d: generated data continues at row %s", old_len, self.seq_len,
+                     state.get("row"))
+            state = {**state, "seq_len": self.seq_len}
+        self.restore(state)
 
 
 class PasskeyEval(Sequence[dict[str, np.ndarray]]):
@@ -325,8 +330,9 @@ class PasskeyEval(Sequence[dict[str, np.ndarray]]):
 
 
 def passkey_data(cfg_data: Any, *, seq_len: int, global_batch: int, layout: str, context_degree: int, seed: int,
-                 val_global_batch: int | None = None):
-    """:class:`lcx.data.Data` for ``data=passkey`` (called by :func:`lcx.data.make_data`).
+                 val_global_batch: int | None = None) -> Data:
+    """The ``data=passkey`` source (:data:`lcx.data.sources.SOURCES`): generated training rows
+    and a fixed evaluation set.
 
     Config keys (``lcx/conf/data/passkey.yaml``): ``digits``, ``min_depth``, ``max_depth``, ``recall_loss``, ``filler``, ``loss_on``,
     ``eval_depths``, ``eval_per_depth``, ``split_seed``, ``tokenizer`` (must be ``byte``).
@@ -334,8 +340,6 @@ def passkey_data(cfg_data: Any, *, seq_len: int, global_batch: int, layout: str,
     Raises:
       ValueError: a tokenizer other than ``byte``, or any error of :class:`PasskeyBatches`.
     """
-    from lcx.data.pipeline import Data
-
     get = cfg_data.get if hasattr(cfg_data, "get") else (lambda k, d=None: d)
     if str(get("tokenizer", "byte")) != "byte":
         raise ValueError("data=passkey is byte-level text; keep data.tokenizer=byte")

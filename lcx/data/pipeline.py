@@ -1,4 +1,5 @@
-"""Batches for training and evaluation, the train/validation split, and the trainer's entry point.
+"""Batches of a text corpus for training and evaluation, the train/validation split, and the
+corpus source (``data=stdlib`` / ``data=text``, :func:`corpus_data`).
 
 A batch is a dict of five arrays ``[global_batch, seq_len]`` (see :mod:`lcx.data.packing`), with
 the sequence layout (contiguous or zigzag, :mod:`lcx.sharding.layout`) applied ONCE, to all five
@@ -7,17 +8,19 @@ together, here on the host. Nothing downstream un-permutes it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from lcx.data.corpora import Corpus, stdlib_corpus, text_corpus
 from lcx.data.packing import BATCH_KEYS, EpochIndex, Packer, check_packing_args, unigram_entropy
-from lcx.data.tokenizers import Tokenizer, get_tokenizer
+from lcx.data.stream import Batch, BatchStream, Data
+from lcx.data.tokenizers import get_tokenizer
 from lcx.sharding.layout import apply_layout, check_layout
 
-Batch = dict[str, np.ndarray]
+log = logging.getLogger(__name__)
 
 
 def lay_out(batch: Mapping[str, np.ndarray], layout: str, degree: int) -> Batch:
@@ -39,7 +42,7 @@ def _check_common(seq_len: int, global_batch: int, layout: str, context_degree: 
     check_layout(layout, seq_len, context_degree)
 
 
-class Batches(Iterator[Batch]):
+class Batches(BatchStream):
     """Infinite, deterministic, resumable training batches.
 
     Epoch ``e`` packs the documents in the order ``np.random.default_rng([seed, e]).permutation``
@@ -138,9 +141,6 @@ class Batches(Iterator[Batch]):
         """Epoch of the next row to be produced (0-based)."""
         return self._row // self.rows_per_epoch
 
-    def __iter__(self) -> Batches:
-        return self
-
     def __next__(self) -> Batch:
         R, B = self.rows_per_epoch, self.global_batch
         parts = []
@@ -154,12 +154,6 @@ class Batches(Iterator[Batch]):
         self._row = row
         batch = {k: np.concatenate([p[k] for p in parts]) for k in BATCH_KEYS} if len(parts) > 1 else parts[0]
         return lay_out(batch, self.layout, self.context_degree)
-
-    def skip(self, n: int) -> None:
-        """Advance by ``n >= 0`` batches without building them (O(1))."""
-        if n < 0:
-            raise ValueError(f"can only skip forward, got n={n}")
-        self._row += int(n) * self.global_batch
 
     def state(self) -> dict[str, int]:
         """The exact stream position, as a dict of Python ints (JSON- and checkpoint-friendly).
@@ -199,6 +193,19 @@ class Batches(Iterator[Batch]):
                 f"data state out of range: epoch={epoch}, row={row} (rows per epoch {self.rows_per_epoch})"
             )
         self._row = epoch * self.rows_per_epoch + row
+
+    def resume(self, state: Mapping[str, Any]) -> None:
+        """:meth:`restore`, or, for a ``state`` written at another ``seq_len``, continue in the same
+        epoch at the same fraction of its tokens (to within one row)."""
+        old_len = state.get("seq_len")
+        if old_len is None or int(old_len) == self.seq_len:
+            self.restore(state)
+            return
+        fraction = min(1.0, int(state["row"]) * int(old_len) / max(1, int(state["num_tokens"])))
+        row = min(self.rows_per_epoch - 1, int(fraction * self.rows_per_epoch))
+        log.info("sequence length %s -> %d: data continues at row %d of epoch %s", old_len, self.seq_len, row,
+                 state["epoch"])
+        self.restore({**state, "seq_len": self.seq_len, "num_tokens": self.num_tokens, "row": row})
 
 
 class EvalBatches(Sequence[Batch]):
@@ -291,34 +298,6 @@ def split_documents(num_docs: int, val_fraction: float, seed: int = 0) -> tuple[
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
-class Data(NamedTuple):
-    """What :func:`make_data` returns; unpacks as ``train, val, tokenizer = make_data(...)``.
-
-    Attributes:
-      train: infinite resumable training batches.
-      val: one fixed pass over the validation documents.
-      tokenizer: the tokenizer (``vocab_size`` sizes the model's embedding).
-    """
-
-    train: Batches
-    val: EvalBatches
-    tokenizer: Tokenizer
-
-    def val_batches(self, max_batches: int | None = None) -> Iterator[Batch]:
-        """The first ``max_batches`` validation batches (all of them if ``None`` or too many).
-
-        Always the same batches, from the start of the validation pass, so successive
-        evaluations of one run are comparable.
-        """
-        n = len(self.val) if max_batches is None else min(int(max_batches), len(self.val))
-        return (self.val[i] for i in range(n))
-
-    def unigram_entropy(self) -> float:
-        """Unigram entropy of the validation tokens, nats per token: a validation loss below it
-        shows the model uses context."""
-        return self.val.unigram_entropy()
-
-
 def _get(cfg: Any, key: str, default: Any = None) -> Any:
     try:
         value = cfg.get(key, default)
@@ -365,7 +344,7 @@ def load_corpus(cfg_data: Any) -> Corpus:
     raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
 
 
-def make_data(
+def corpus_data(
     cfg_data: Any,
     *,
     seq_len: int,
@@ -375,44 +354,22 @@ def make_data(
     seed: int = 0,
     val_global_batch: int | None = None,
 ) -> Data:
-    """Build training and validation batches from a data config (the trainer's single entry).
-
-    Every check runs here, before anything compiles.
+    """The ``data=stdlib`` / ``data=text`` source: the corpus tokenized, split by document into
+    training :class:`Batches` and an evaluation :class:`EvalBatches` pass.
 
     Args:
-      cfg_data: the ``data`` config node (OmegaConf or a mapping) with ``name`` (``stdlib`` |
-        ``text`` | ``passkey``: the synthetic task of :mod:`lcx.data.passkey`), ``paths`` (text
-        only: files or globs), ``text_field`` (JSON-lines field),
-        ``tokenizer`` (``byte``), ``val_fraction`` (fraction of documents held out, in (0, 1)),
-        ``split_seed`` (seed of the split, independent of ``seed``).
-      seq_len: S, tokens per row.
-      global_batch: B, rows per training batch.
-      layout: ``"contiguous"`` or ``"zigzag"``.
-      context_degree: context-parallel degree P.
-      seed: training shuffle seed.
+      cfg_data: the ``data`` config node: ``name``, ``paths`` (text only: files or globs),
+        ``text_field`` (JSON-lines field), ``tokenizer`` (``byte``), ``val_fraction`` (fraction
+        of documents held out, in (0, 1)), ``split_seed`` (seed of the split, independent of
+        ``seed``).
+      seq_len, global_batch, layout, context_degree, seed: as for :class:`Batches`.
       val_global_batch: rows per validation batch; defaults to ``global_batch``.
 
-    Returns:
-      :class:`Data` ``(train, val, tokenizer)``.
-
     Raises:
-      ValueError, FileNotFoundError: bad sizes or layout, unknown corpus or tokenizer, missing
-        or unreadable paths, an empty corpus, fewer than 2 non-empty documents.
+      ValueError, FileNotFoundError: bad sizes or layout, unknown tokenizer, missing or
+        unreadable paths, an empty corpus, fewer than 2 non-empty documents.
     """
-    from lcx.conf.schema import DATA_SCHEMAS, check_section
-
-    # every key a real key of this data config, with the right type (``+data.val_fractoin=0.5``
-    # is refused, naming data.val_fraction); lcx.train has checked the section complete already
-    name = _get(cfg_data, "name", "stdlib")
-    if name not in DATA_SCHEMAS:
-        raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
-    check_section(cfg_data, DATA_SCHEMAS[name], "data", complete=False, tool="lcx")
     val_global_batch = global_batch if val_global_batch is None else val_global_batch
-    if name == "passkey":  # synthetic task: no corpus, rows generated
-        from lcx.data.passkey import passkey_data
-
-        return passkey_data(cfg_data, seq_len=seq_len, global_batch=global_batch, layout=layout,
-                            context_degree=context_degree, seed=seed, val_global_batch=val_global_batch)
     _check_common(seq_len, global_batch, layout, context_degree)
     _check_common(seq_len, val_global_batch, layout, context_degree)
     tokenizer = get_tokenizer(str(_get(cfg_data, "tokenizer", "byte")))

@@ -1,0 +1,70 @@
+"""The registry of data sources and the trainer's single entry, :func:`make_data`.
+
+A source is a function ``build(cfg_data, *, seq_len, global_batch, layout, context_degree, seed,
+val_global_batch) -> Data`` (:class:`lcx.data.stream.Data`); a new one is a module plus one line
+in :data:`SOURCES` (and its ``lcx/conf/data/<name>.yaml`` with a schema in
+:data:`lcx.conf.schema.DATA_SCHEMAS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from lcx.data.passkey import passkey_data
+from lcx.data.pipeline import _get, corpus_data
+from lcx.data.stream import Data
+
+SOURCES: dict[str, Callable[..., Data]] = {
+    "stdlib": corpus_data,  # the embedded Python standard library sources
+    "text": corpus_data,  # files or globs in data.paths
+    "passkey": passkey_data,  # the synthetic retrieval task (lcx.data.passkey)
+}
+
+
+def make_data(
+    cfg_data: Any,
+    *,
+    seq_len: int,
+    global_batch: int,
+    layout: str = "contiguous",
+    context_degree: int = 1,
+    seed: int = 0,
+    val_global_batch: int | None = None,
+) -> Data:
+    """Build training and validation batches from a data config (the trainer's single entry).
+
+    Every check runs here, before anything compiles.
+
+    Args:
+      cfg_data: the ``data`` config node (OmegaConf or a mapping); ``name`` picks the source in
+        :data:`SOURCES` (``stdlib`` | ``text`` | ``passkey``), the other keys are the source's
+        (:func:`lcx.data.pipeline.corpus_data`, :func:`lcx.data.passkey.passkey_data`).
+      seq_len: S, tokens per row.
+      global_batch: B, rows per training batch.
+      layout: ``"contiguous"`` or ``"zigzag"``.
+      context_degree: context-parallel degree P.
+      seed: training shuffle seed.
+      val_global_batch: rows per validation batch; defaults to ``global_batch``.
+
+    Returns:
+      :class:`lcx.data.stream.Data` ``(train, val, tokenizer)``.
+
+    Raises:
+      ValueError, FileNotFoundError: an unknown ``data.name`` (names the known ones), an unknown
+        or mistyped key, and every error of the source (bad sizes or layout, missing paths, ...).
+    """
+    from lcx.conf.schema import DATA_SCHEMAS, check_section
+
+    # every key a real key of this data config, with the right type (``+data.val_fractoin=0.5``
+    # is refused, naming data.val_fraction); lcx.train has checked the section complete already
+    name = _get(cfg_data, "name", "stdlib")
+    if name not in DATA_SCHEMAS or name not in SOURCES:
+        raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
+    check_section(cfg_data, DATA_SCHEMAS[name], "data", complete=False, tool="lcx")
+    val_global_batch = global_batch if val_global_batch is None else val_global_batch
+    return SOURCES[name](cfg_data, seq_len=seq_len, global_batch=global_batch, layout=layout,
+                         context_degree=context_degree, seed=seed, val_global_batch=val_global_batch)
+
+
+__all__ = ["SOURCES", "make_data"]

@@ -1,0 +1,112 @@
+"""The one interface the trainer reads data through: a resumable stream of batches, and the
+:class:`Data` triple (training stream, evaluation pass, tokenizer) every source builds.
+
+A source is a function ``build(cfg_data, *, seq_len, global_batch, layout, context_degree, seed,
+val_global_batch) -> Data``; :data:`lcx.data.sources.SOURCES` names them, one line each. The
+trainer never asks which source it reads: it iterates :class:`BatchStream` batches, saves
+:meth:`BatchStream.state` in checkpoints and resumes with :meth:`BatchStream.resume`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+
+
+class BatchStream(Iterator[Batch], abc.ABC):
+    """Infinite, deterministic training batches whose position is their whole state.
+
+    The stream is a sequence of rows counted from 0 (``_row``: the next row to produce); each
+    batch is the next ``global_batch`` rows, ``[global_batch, seq_len]`` arrays of the five
+    :data:`lcx.data.BATCH_KEYS`. Epochs of ``rows_per_epoch`` rows locate a row as
+    ``(epoch, row)``, which is what :meth:`state` stores.
+
+    Subclasses set ``seq_len``, ``global_batch``, ``rows_per_epoch`` and ``_row`` and implement
+    :meth:`__next__`, :meth:`state`, :meth:`restore` and :meth:`resume`; the concrete methods
+    here are final.
+    """
+
+    seq_len: int
+    global_batch: int
+    rows_per_epoch: int
+    _row: int
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    @abc.abstractmethod
+    def __next__(self) -> Batch:
+        """The next batch: a dict of the five batch arrays, each ``[global_batch, seq_len]``."""
+
+    @abc.abstractmethod
+    def state(self) -> dict[str, int]:
+        """The exact position (``epoch``, ``row``) plus the fields that identify the stream, as
+        Python ints (JSON- and checkpoint-friendly)."""
+
+    @abc.abstractmethod
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Resume exactly at ``state`` (from :meth:`state`) of this same stream.
+
+        Raises:
+          ValueError: ``state`` comes from a different stream (names the field).
+        """
+
+    @abc.abstractmethod
+    def resume(self, state: Mapping[str, Any]) -> None:
+        """:meth:`restore`, or, when ``state`` was written at another ``seq_len`` (the previous
+        stage of a length-extension schedule, :mod:`lcx.training.schedule`), continue at the
+        equivalent position of this stream."""
+
+    def skip(self, n: int) -> None:
+        """Advance by ``n >= 0`` batches without building them (O(1)).
+
+        Raises:
+          ValueError: ``n < 0``.
+        """
+        if n < 0:
+            raise ValueError(f"can only skip forward, got n={n}")
+        self._row += int(n) * self.global_batch
+
+    def state_before(self, n: int) -> dict[str, int]:
+        """:meth:`state` as it was ``n`` batches ago (the stream only moves forward): the
+        position to checkpoint when ``n`` batches were prefetched but not yet trained on."""
+        st = self.state()
+        row = st["epoch"] * self.rows_per_epoch + st["row"] - n * self.global_batch
+        return dict(st, epoch=row // self.rows_per_epoch, row=row % self.rows_per_epoch)
+
+
+class Data(NamedTuple):
+    """What a data source builds; unpacks as ``train, val, tokenizer = make_data(...)``.
+
+    Attributes:
+      train: the infinite resumable training stream.
+      val: one fixed evaluation pass, a re-iterable sequence of batches with
+        ``unigram_entropy()``.
+      tokenizer: the tokenizer (``vocab_size`` sizes the model's embedding).
+    """
+
+    train: BatchStream
+    val: Sequence[Batch]
+    tokenizer: Any
+
+    def val_batches(self, max_batches: int | None = None) -> Iterator[Batch]:
+        """The first ``max_batches`` validation batches (all of them if ``None`` or too many).
+
+        Always the same batches, from the start of the validation pass, so successive
+        evaluations of one run are comparable.
+        """
+        n = len(self.val) if max_batches is None else min(int(max_batches), len(self.val))
+        return (self.val[i] for i in range(n))
+
+    def unigram_entropy(self) -> float:
+        """Unigram entropy of the validation tokens, nats per token: a validation loss below it
+        shows the model uses context."""
+        return self.val.unigram_entropy()  # type: ignore[attr-defined]
+
+
+__all__ = ["Batch", "BatchStream", "Data"]
