@@ -106,7 +106,7 @@ def evaluate(run_dir: pathlib.Path, per_depth: int) -> tuple[list[dict], dict]:
     from lcx.sharding import bind
     from lcx.sharding.config import plan_from_config
     from lcx.sharding.layout import undo_layout
-    from lcx.training.checkpoint import load_model
+    from lcx.training.resume import load_model
     from lcx.training.step import put_batch
 
     devices = jax.devices()[: int(cfg["hardware"]["cpu_devices"])]

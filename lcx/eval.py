@@ -28,7 +28,8 @@ def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
     from lcx.sharding import bind
     from lcx.sharding.config import plan_from_config
     from lcx.conf.schema import EvalCheckpointSchema, EvalSchema, check_section
-    from lcx.training.checkpoint import Checkpoints, load_model, resolve_dir
+    from lcx.training.checkpoint import Checkpoints
+    from lcx.training.resume import load_model, resolve_dir
     from lcx.training.retrieval import grid, passkey_grid, write_heatmap
 
     check_section(cfg.eval, EvalSchema, "eval", tool="lcx.eval")

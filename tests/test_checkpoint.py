@@ -23,10 +23,9 @@ from hydra import compose, initialize_config_module
 
 from lcx.sharding import bind
 from lcx.sharding.config import preset
-from lcx.training.checkpoint import (
-    CORRUPT_DIR,
+from lcx.training.checkpoint import CORRUPT_DIR, Checkpoints
+from lcx.training.resume import (
     CheckpointMismatchError,
-    Checkpoints,
     check_compatible,
     checkpoint_config,
     load_model,
@@ -256,16 +255,16 @@ def test_restore_under_another_plan_gives_identical_state(reference, devices, pl
     n = int(np.prod(list(mesh.values())))
     mp = bind(p, devices[:n])
     dst = _state(reference["ckpt"], STEPS, mp)
-    _assert_trees_equal(src.state, dst.state)
+    _assert_trees_equal(src.state.arrays(), dst.state.arrays())
     target, _ = train_state_target(src.meta["config"], mp)
-    for x, t in zip(jax.tree.leaves(dst.state), jax.tree.leaves(target)):
+    for x, t in zip(jax.tree.leaves(dst.state.arrays()), jax.tree.leaves(target.arrays()), strict=True):
         assert x.sharding == t.sharding
     if plan == "fsdp":  # really sharded, not replicated
-        emb = dst.state["params"].embed.weight
+        emb = dst.state.params.embed.weight
         assert len({str(s.index) for s in emb.addressable_shards}) == 8
     model, meta = load_model(reference["ckpt"], mp)
     assert meta["step"] == STEPS
-    _assert_trees_equal(jax.tree.leaves(model), jax.tree.leaves(dst.state["params"]))
+    _assert_trees_equal(jax.tree.leaves(model), jax.tree.leaves(dst.state.params))
 
 
 def _corrupt_arrays(step_dir: pathlib.Path):
@@ -299,7 +298,7 @@ def test_corrupt_and_partial_checkpoints_fall_back_to_the_previous_one(tmp_path,
     assert f"step {STEPS + 2}" in text and f"step {STEPS}" in text and "unreadable" in text
     assert _complete(ckpt) == [12]
     assert len(list((ckpt / CORRUPT_DIR).iterdir())) == 2
-    _assert_trees_equal(r.state, _state(reference["ckpt"], 12, mp).state)
+    _assert_trees_equal(r.state.arrays(), _state(reference["ckpt"], 12, mp).state.arrays())
 
     # a broken meta item (bad JSON) is unreadable too; with nothing left, the error says so
     (ckpt / "12" / "meta" / "metadata").write_text("{not json")
@@ -350,13 +349,13 @@ def test_nonfinite_loss_stops_with_diagnostic_and_no_poisoned_checkpoint(tmp_pat
 def test_save_refuses_nonfinite_tensors(tmp_path, reference, devices):
     mp = bind(preset("ring"), devices)
     r = _state(reference["ckpt"], STEPS, mp)
-    params = r.state["params"]
+    params = r.state.params
     import equinox as eqx
 
     poisoned = eqx.tree_at(lambda p: p.final_norm.weight, params, params.final_norm.weight * np.float32(np.nan))
     c = Checkpoints(tmp_path / "ckpt")
     with pytest.raises(FloatingPointError, match=r"refusing to checkpoint step 3: non-finite values in .*final_norm"):
-        c.save(3, poisoned, r.state["opt_state"], r.meta)
+        c.save(r.state.replace(params=poisoned, step=3), r.meta)
     c.close()
     assert _complete(tmp_path / "ckpt") == []
 

@@ -78,7 +78,7 @@ def test_defaults_live_in_one_place():
     for name, schema in S.DATA_SCHEMAS.items():
         assert set(yaml.safe_load((CONF / "data" / f"{name}.yaml").read_text())) == {
             f.name for f in dataclasses.fields(schema)}
-    from lcx.training.checkpoint import CheckpointConfig
+    from lcx.training.resume import CheckpointConfig
 
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(CheckpointConfig))
 

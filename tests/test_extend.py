@@ -15,7 +15,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf, open_dict
 
 from lcx.sharding import PlanError
-from lcx.training.checkpoint import CheckpointMismatchError, Checkpoints, check_compatible
+from lcx.training.checkpoint import Checkpoints
+from lcx.training.resume import CheckpointMismatchError, check_compatible
 from lcx.training.preflight import setup
 from lcx.training.optim import make_optimizer
 from lcx.training.schedule import run_schedule, stage_config, stages_from_config
@@ -53,7 +54,7 @@ def test_two_stage_schedule_hands_over_through_the_checkpoint(tmp_path, devices,
     cfg = _config("model=tiny", "plan=allgather", "train.global_batch=2", "train.eval_every=0",
                   f"checkpoint.dir={ckpt}", "checkpoint.every=0", stages=STAGES)
     # optax's Adam bias correction computes `float ** int32 step`, which strict promotion refuses
-    with caplog.at_level(logging.WARNING, logger="lcx.training.checkpoint"), jax.numpy_dtype_promotion("standard"):
+    with caplog.at_level(logging.WARNING, logger="lcx.training.resume"), jax.numpy_dtype_promotion("standard"):
         out = run_schedule(cfg, tmp_path / "run", devices)
     assert [(s["first_step"], s["last_step"], s["start_step"]) for s in out] == [(1, 2, 0), (3, 4, 2)]
     assert all(np.isfinite(s["final_loss"]) for s in out)

@@ -95,7 +95,7 @@ def test_concurrent_runs_and_a_sweep_lose_nothing(tmp_path, env):
 
 
 def test_claim_run_dir_refuses_another_runs_metrics(tmp_path):
-    from lcx.training.loop import RunDirInUseError, claim_run_dir
+    from lcx.training.rundir import RunDirInUseError, claim_run_dir
 
     d = tmp_path / "run"
     d.mkdir()
@@ -125,7 +125,7 @@ def _meta(step=4, **train):
 
 
 def test_config_changes_name_every_training_key_and_allow_extensions():
-    from lcx.training.checkpoint import config_changes
+    from lcx.training.resume import config_changes
 
     saved = _meta()["config"]
     now = lambda **t: {**saved, "train": {**saved["train"], **t}}  # noqa: E731
@@ -141,7 +141,7 @@ def test_config_changes_name_every_training_key_and_allow_extensions():
 
 
 def test_check_resumable_refuses_changes_and_shared_sweep_dirs(caplog):
-    from lcx.training.checkpoint import CheckpointConfigChangedError, CheckpointMismatchError, check_resumable
+    from lcx.training.resume import CheckpointConfigChangedError, CheckpointMismatchError, check_resumable
 
     meta, cfg = _meta(), _meta(lr=1e-3)["config"]
     with pytest.raises(CheckpointConfigChangedError, match=r"train.lr: 0.003 -> 0.001.*allow_config_change=true"):
@@ -189,32 +189,33 @@ def test_a_save_that_fills_the_disk_is_never_listed_and_can_be_retried(small_dis
     import jax.numpy as jnp
 
     from lcx.training.checkpoint import CheckpointSaveError, Checkpoints
+    from lcx.training.state import TrainState
 
     ck = small_disk(600 << 10) / "ck"  # 600 KiB: the small state fits, the 1.6 MB one does not
     small = {"w": jnp.arange(16.0)}
     big = {"w": jax.random.normal(jax.random.key(0), (400_000,))}  # random: does not compress
     c = Checkpoints(ck, keep=3, async_save=True)
     try:
-        c.save(1, small, {}, {"loss": 1.0})
+        c.save(TrainState(params=small, opt_state={}, step=1), {"loss": 1.0})
         c.wait()
         assert c.steps() == [1]
-        assert c.save(2, big, {}, {"loss": 2.0})  # returns at once; the write fails in the background
+        assert c.save(TrainState(params=big, opt_state={}, step=2), {"loss": 2.0})  # returns at once; the write fails in the background
         assert c.steps() == [1] and c.latest_step() == 1  # in flight or failed: never listed
         with pytest.raises(CheckpointSaveError, match=r"checkpoint of step 2 .*failed.*No space left on device.*"
                                                       r"the checkpoints kept are steps \[1\]"):
             c.check(wait=True)
         assert c.steps() == [1] and _tmp_dirs(ck) == []  # the partial step's files are gone
         # a good older checkpoint is what a resume gets
-        r = c.restore_latest({"params": {"w": jax.ShapeDtypeStruct((16,), jnp.float32)}, "opt_state": {}})
-        assert r.step == 1 and float(r.state["params"]["w"][3]) == 3.0
-        assert c.save(2, small, {}, {"loss": 2.0})  # the failed step can be saved again (was "already saved")
+        r = c.restore_latest(TrainState(params={"w": jax.ShapeDtypeStruct((16,), jnp.float32)}, opt_state={}))
+        assert r.step == 1 and r.state.step == 1 and float(r.state.params["w"][3]) == 3.0
+        assert c.save(TrainState(params=small, opt_state={}, step=2), {"loss": 2.0})  # the failed step can be saved again (was "already saved")
         c.wait()
         assert c.steps() == [1, 2]
         # a failure found by the next save is raised there, naming its own step, once
-        c.save(3, big, {}, {})
+        c.save(TrainState(params=big, opt_state={}, step=3), {})
         with pytest.raises(CheckpointSaveError, match="checkpoint of step 3 "):
-            c.save(4, small, {}, {})
-        assert c.save(4, small, {}, {})
+            c.save(TrainState(params=small, opt_state={}, step=4), {})
+        assert c.save(TrainState(params=small, opt_state={}, step=4), {})
         c.wait()
         assert c.steps() == [1, 2, 4]
     finally:
@@ -223,7 +224,7 @@ def test_a_save_that_fills_the_disk_is_never_listed_and_can_be_retried(small_dis
     c = Checkpoints(ck, keep=3, async_save=False)
     try:
         with pytest.raises(CheckpointSaveError, match="checkpoint of step 5 .*No space left on device"):
-            c.save(5, big, {}, {})
+            c.save(TrainState(params=big, opt_state={}, step=5), {})
         assert c.steps() == [1, 2, 4] and _tmp_dirs(ck) == []
     finally:
         c.close()

@@ -211,7 +211,7 @@ def test_remat_policy_and_checkpoint_compatibility():
         lm.remat_policy("custom", remat_kv="device")
     with pytest.raises(ValueError, match="qkv"):
         cost.ActivationPolicy("custom", qkv="host")
-    from lcx.training.checkpoint import check_compatible
+    from lcx.training.resume import check_compatible
 
     old = {k: v for k, v in CFG.to_dict().items() if not k.startswith("remat_")}  # written before the placements
     check_compatible({"config": {"model": old}}, CFG.replace(**OFFLOAD).to_dict(), where="x")

@@ -1,12 +1,15 @@
-"""Checkpoints that survive faults and change plans (orbax).
+"""Checkpoints that survive faults and change plans (orbax): save and restore a
+:class:`~lcx.training.state.TrainState`, nothing else (what a run may resume from is
+:mod:`lcx.training.resume`'s).
 
 A checkpoint is one orbax step directory ``<checkpoint.dir>/<step>/`` with two items:
 
-- ``state`` (``StandardSave``): ``{"params": ..., "opt_state": ...}``, every array written by
-  the devices that hold it, with its logical shape; nothing about the writer's mesh is needed
-  to read it back.
-- ``meta`` (``JsonSave``): the step, the data iterator position (:meth:`lcx.data.Batches.state`),
-  the RNG key data, the last loss, and the resolved configuration of the run.
+- ``state`` (``StandardSave``): ``{"params": ..., "opt_state": ...}`` (:meth:`TrainState.arrays`),
+  every array written by the devices that hold it, with its logical shape; nothing about the
+  writer's mesh is needed to read it back.
+- ``meta`` (``JsonSave``): the state's step, data stream position and RNG key data
+  (:meth:`TrainState.meta`), plus what the caller adds: the last loss and the resolved
+  configuration of the run.
 
 Saves are asynchronous: :meth:`Checkpoints.save` returns once the arrays are copied to host
 memory, and a background thread writes them into a temporary directory that orbax renames to
@@ -24,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import math
 import os
 import pathlib
 import shutil
@@ -32,12 +34,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
 import orbax.checkpoint as ocp
 
-from lcx.training.step import is_arraylike, opt_state_shardings
+from lcx.training.state import TrainState, nonfinite_leaves
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +47,6 @@ CORRUPT_DIR = "corrupt"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 
-class CheckpointMismatchError(ValueError):
-    """A checkpoint cannot serve this run: it was written for a different model configuration."""
-
-
 class NoUsableCheckpointError(RuntimeError):
     """Checkpoints exist but none of them can be read."""
 
@@ -60,349 +55,14 @@ class CheckpointSaveError(RuntimeError):
     """A save failed (disk full, permissions, ...): names the step, the cause and what was kept."""
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckpointConfig:
-    """The ``checkpoint:`` section of the training config.
-
-    Attributes:
-      dir: absolute checkpoint directory, or None (checkpointing off).
-      every: steps between periodic saves; 0 saves only at the end and on SIGTERM/SIGINT.
-      keep: number of most recent checkpoints kept (older ones are deleted), ``>= 1``.
-      async_save: write in a background thread while training continues.
-      allow_config_change: resume from a checkpoint whose training config differs
-        (:func:`config_changes`); off: such a resume is refused.
-      on_save_error: ``stop``: a failed save stops training (:class:`CheckpointSaveError`);
-        ``retry``: the loop logs it and saves the next step's state instead (a second failure in
-        a row stops).
-    """
-
-    dir: pathlib.Path | None
-    every: int
-    keep: int
-    async_save: bool
-    allow_config_change: bool
-    on_save_error: str
-
-    def __post_init__(self):
-        if self.on_save_error not in ("stop", "retry"):
-            raise ValueError(f"checkpoint.on_save_error={self.on_save_error!r}: use stop (a failed save stops "
-                             "training) or retry (save the next step instead, once)")
-        if self.every < 0:
-            raise ValueError(f"checkpoint.every must be >= 0 (0: only at the end), got {self.every}")
-        if self.keep < 1:
-            raise ValueError(f"checkpoint.keep must be >= 1, got {self.keep}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.dir is not None
-
-    def due(self, step: int) -> bool:
-        """Whether ``step`` (1-based count of completed steps) is a periodic save step."""
-        return self.every > 0 and step % self.every == 0
-
-
-def launch_dir() -> pathlib.Path:
-    """The directory the run was launched from: Hydra's ``runtime.cwd`` when Hydra runs the job
-    (it may have changed the working directory), else the current directory."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if HydraConfig.initialized():
-            return pathlib.Path(HydraConfig.get().runtime.cwd)
-    except ImportError:  # pragma: no cover - hydra is a dependency
-        pass
-    return pathlib.Path.cwd()
-
-
-def multirun_job() -> dict[str, Any] | None:
-    """``{"sweep_dir", "job", "output_dir"}`` of the Hydra multirun job this process runs, or None
-    outside a multirun."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        if HydraConfig.initialized():
-            hc = HydraConfig.get()
-            if hc.mode == RunMode.MULTIRUN:
-                return {"sweep_dir": str(pathlib.Path(hc.sweep.dir).absolute()), "job": int(hc.job.num),
-                        "output_dir": str(hc.runtime.output_dir)}
-    except ImportError:  # pragma: no cover - hydra is a dependency
-        pass
-    return None
-
-
-def resolve_dir(d: Any, *, per_job: bool = False) -> pathlib.Path | None:
-    """A configured directory as an absolute path (None or "": None). Relative paths resolve
-    against :func:`launch_dir`, so ``checkpoint.dir=ckpt`` means the same place whatever Hydra
-    does with the working directory; with ``per_job`` under a Hydra multirun, against the job's
-    own directory (``<sweep dir>/<job subdir>/ckpt``), so the jobs of a sweep never share one."""
-    if d in (None, ""):
-        return None
-    path = pathlib.Path(os.path.expanduser(str(d)))
-    if path.is_absolute():
-        return path
-    job = multirun_job() if per_job else None
-    return (pathlib.Path(job["output_dir"]) if job else launch_dir()) / path
-
-
-def checkpoint_config(node: Any) -> CheckpointConfig:
-    """:class:`CheckpointConfig` from the ``checkpoint`` section of an ``lcx.train`` config,
-    checked against :class:`lcx.conf.schema.CheckpointSchema` (every key, typed; the values
-    are ``lcx/conf/config.yaml``'s, there are no defaults in code). None: checkpointing off.
-
-    Raises:
-      ValueError: an unknown, missing or mistyped key; ``every < 0`` or ``keep < 1``.
-    """
-    from lcx.conf.schema import CheckpointSchema, check_section
-
-    if node is None:
-        return CheckpointConfig(dir=None, every=0, keep=1, async_save=False, allow_config_change=False,
-                                on_save_error="stop")
-    c = check_section(node, CheckpointSchema, "checkpoint", tool="lcx.train")
-    return CheckpointConfig(dir=resolve_dir(c["dir"], per_job=True), every=c["every"], keep=c["keep"],
-                            async_save=c["async_save"], allow_config_change=c["allow_config_change"],
-                            on_save_error=c["on_save_error"])
-
-
-# -- abstract targets -----------------------------------------------------------------------------
-
-
-def abstract_like(tree: Any, shardings: Any) -> Any:
-    """``jax.ShapeDtypeStruct`` leaves with the shapes and dtypes of ``tree`` and the given
-    shardings: the restore target that makes orbax place each shard on the new plan's devices.
-
-    Args:
-      tree: pytree of arrays or ``ShapeDtypeStruct`` (e.g. from ``jax.eval_shape``).
-      shardings: pytree of ``Sharding`` with the structure of ``tree``.
-    """
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
-
-def abstract_train_state(abstract_params: Any, param_shardings: Any, optimizer: optax.GradientTransformation,
-                         replicated: jax.sharding.Sharding, *, opt_shardings: Any = None) -> dict[str, Any]:
-    """Restore target ``{"params", "opt_state"}`` for a model under a plan.
-
-    Args:
-      abstract_params: ``eqx.filter(abstract_model, is_arraylike)``: pytree of
-        ``ShapeDtypeStruct`` (None where the model has no array).
-      param_shardings: matching pytree of ``NamedSharding`` (:func:`lcx.models.model_shardings`).
-      optimizer: the optax transformation whose state was saved.
-      replicated: the plan's replicated sharding (``MeshPlan.replicated()``), for optax's
-        scalar ``count``.
-      opt_shardings: the optimizer state's shardings (default: each state like its parameter,
-        :func:`lcx.training.step.opt_state_shardings`); ``Steps.opt_shardings`` places it where
-        the run keeps it (``pinned_host`` with ``memory.offload_optimizer``). A checkpoint
-        written from either memory kind restores into either.
-    """
-    abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
-    if opt_shardings is None:
-        opt_shardings = opt_state_shardings(optimizer, abstract_params, param_shardings, replicated)
-    return {
-        "params": abstract_like(abstract_params, param_shardings),
-        "opt_state": abstract_like(abstract_opt, opt_shardings),
-    }
-
-
-def train_state_target(config: Mapping[str, Any], mp: Any) -> tuple[dict[str, Any], Any]:
-    """Restore target for a run's resolved ``config`` (as stored in a checkpoint's ``meta``)
-    under the bound plan ``mp`` (:class:`lcx.sharding.MeshPlan`), which may differ from the
-    plan that wrote the checkpoint.
-
-    Returns:
-      ``(target, static)``: ``{"params", "opt_state"}`` of ``ShapeDtypeStruct`` with ``mp``'s
-      shardings, and the model's static part (``eqx.combine(params, static)`` is the model).
-    """
-    import equinox as eqx  # noqa: PLC0415 - keep this module's import light for the loop
-
-    from lcx.models import ModelConfig, init_model, model_shardings
-    from lcx.training.optim import optimizer_from_config
-
-    model_cfg = ModelConfig.from_dict(dict(config["model"]))
-    optimizer, _ = optimizer_from_config(config["train"])
-    abstract = eqx.filter_eval_shape(init_model, model_cfg, key=jax.random.key(0))
-    abstract_params, static = eqx.partition(abstract, is_arraylike)
-    target = abstract_train_state(abstract_params, model_shardings(abstract, mp), optimizer, mp.replicated())
-    return target, static
-
-
-def load_model(directory: str | os.PathLike, mp: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
-    """The model of a checkpoint, placed on the bound plan ``mp`` (any plan, any device count).
-
-    Args:
-      directory: a ``checkpoint.dir``.
-      mp: :class:`lcx.sharding.MeshPlan` to place the parameters by.
-      step: checkpoint step; default the newest.
-
-    Returns:
-      ``(model, meta)``.
-
-    Raises:
-      FileNotFoundError: no checkpoint in ``directory`` (or no such ``step``).
-    """
-    ckpts = Checkpoints(directory, read_only=True)
-    try:
-        steps = ckpts.steps()
-        if not steps or (step is not None and step not in steps):
-            raise FileNotFoundError(f"no checkpoint{'' if step is None else f' for step {step}'} in {directory}; "
-                                    f"steps there: {steps}")
-        step = steps[-1] if step is None else step
-        target, static = train_state_target(ckpts.read_meta(step)["config"], mp)
-        r = ckpts.restore(step, target)
-    finally:
-        ckpts.close()
-    import equinox as eqx  # noqa: PLC0415
-
-    return eqx.combine(r.state["params"], static), r.meta
-
-
-# -- checks ---------------------------------------------------------------------------------------
-
-
-def nonfinite_leaves(tree: Any) -> list[str]:
-    """Paths (``jax.tree_util.keystr``) of the floating-point leaves of ``tree`` that hold a NaN
-    or an infinity; empty if all are finite. One small reduction per leaf, run on the devices."""
-    leaves = [
-        (jax.tree_util.keystr(p), x)
-        for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)
-    ]
-    if not leaves:
-        return []
-    flags = jax.device_get(_all_finite([x for _, x in leaves]))
-    return [name for (name, _), ok in zip(leaves, flags) if not bool(ok)]
-
-
-@jax.jit
-def _all_finite(xs):
-    return [jnp.all(jnp.isfinite(x)) for x in xs]
-
-
-def check_compatible(meta: Mapping[str, Any], model: Mapping[str, Any], *, where: str) -> None:
-    """Refuse a checkpoint written for a different model configuration.
-
-    Args:
-      meta: the checkpoint's ``meta`` item (its ``config.model`` is compared).
-      model: this run's resolved ``model`` config.
-      where: the checkpoint's path, for the message.
-
-    ``model.remat`` (with its ``model.remat_*`` placements) and the RoPE fields
-    (``model.rope_*``) may differ: neither changes a parameter, and a length-extension stage changes RoPE scaling on purpose (logged).
-
-    Raises:
-      CheckpointMismatchError: some other ``model.<field>`` differs; the message names the field,
-        both values and the fix.
-    """
-    saved = dict((meta.get("config") or {}).get("model") or {})
-    # `remat` trades memory for compute, and the RoPE fields (rope_theta, rope_scaling_*, ...)
-    # change positions' phases, not a parameter: a length-extension stage changes them on purpose
-    # (lcx.training.schedule). Both may differ; RoPE changes are logged.
-    rope = sorted(k for k in set(saved) | set(model) if k.startswith("rope_") and saved.get(k) != model.get(k))
-    if rope:
-        log.warning(
-            "resuming %s with changed RoPE settings: %s",
-            where,
-            ", ".join(f"model.{k}: {saved.get(k)!r} -> {model.get(k)!r}" for k in rope),
-        )
-    # remat_* placements (absent from checkpoints written before they existed) likewise
-    ignore = {"remat", *rope, *(k for k in set(saved) | set(model) if k.startswith("remat_"))}
-    diff = sorted(k for k in set(saved) | set(model) if k not in ignore and saved.get(k) != model.get(k))
-    if diff:
-        k = diff[0]
-        more = f" (and {', '.join('model.' + d for d in diff[1:])})" if len(diff) > 1 else ""
-        raise CheckpointMismatchError(
-            f"checkpoint {where} was written for model.{k}={saved.get(k)!r} but this run has "
-            f"model.{k}={model.get(k)!r}{more}; resume with the checkpoint's model config "
-            f"(e.g. model.{k}={saved.get(k)}) or point checkpoint.dir at a new directory"
-        )
-
-
-TRAIN_KEYS_FREE = frozenset({"log_every", "eval_every", "eval_batches", "check_memory", "dry_run", "reuse_run_dir"})
-"""``train.*`` keys a resume may change: what is logged and checked, not what is trained."""
-STAGE_KEYS = frozenset({"seq_len", "steps", "schedule_start", "lr", "warmup_steps", "global_batch"})
-"""``train.*`` keys a length-extension stage sets (:func:`lcx.training.schedule.stage_config`)."""
-
-
-class CheckpointConfigChangedError(CheckpointMismatchError):
-    """The checkpoint was written by a run with another training config."""
-
-
-def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any], step: int) -> list[str]:
-    """The training-relevant differences between a checkpoint's config and this run's.
-
-    Compared: every ``train.*`` key but :data:`TRAIN_KEYS_FREE` (``train.steps`` may grow: an
-    extension; it may shrink only to at most ``step``, where nothing is trained), and every
-    ``data.*`` key. ``model.*`` is :func:`check_compatible`'s; ``plan``, ``hardware`` and
-    ``memory`` may change (a checkpoint restores into any plan). At a stage boundary of a
-    length-extension schedule (``train.schedule_start == step``) the keys a stage sets
-    (:data:`STAGE_KEYS`) change on purpose. Keys present in only one config (written by an older
-    lcx) are not compared.
-
-    Returns:
-      ``"train.lr: 0.003 -> 0.001"`` lines, sorted.
-    """
-    out = []
-    st, nt = dict(saved.get("train") or {}), dict(now.get("train") or {})
-    boundary = nt.get("schedule_start") is not None and int(nt["schedule_start"]) == int(step)
-    for k in sorted(set(st) & set(nt)):
-        a, b = st[k], nt[k]
-        if k in TRAIN_KEYS_FREE or a == b or (boundary and k in STAGE_KEYS):
-            continue
-        if k == "steps" and isinstance(a, int) and isinstance(b, int) and (b >= a or b <= step):
-            continue
-        out.append(f"train.{k}: {a!r} -> {b!r}")
-    sd, nd = dict(saved.get("data") or {}), dict(now.get("data") or {})
-    out += [f"data.{k}: {sd[k]!r} -> {nd[k]!r}" for k in sorted(set(sd) & set(nd)) if sd[k] != nd[k]]
-    return out
-
-
-def check_resumable(meta: Mapping[str, Any], config: Mapping[str, Any], *, where: str, allow: bool,
-                    job: Mapping[str, Any] | None = None) -> None:
-    """Refuse to resume from a checkpoint that another run wrote.
-
-    Args:
-      meta: the checkpoint's ``meta`` item.
-      config: this run's resolved config.
-      where: the checkpoint's path, for messages.
-      allow: ``checkpoint.allow_config_change``: changes are logged instead of refused.
-      job: this process's :func:`multirun_job` (None: not a multirun).
-
-    Raises:
-      CheckpointMismatchError: the model differs (:func:`check_compatible`), or the checkpoint was
-        written by another job of this sweep (a ``checkpoint.dir`` shared by the jobs).
-      CheckpointConfigChangedError: the training config differs (names every differing key), and
-        ``allow`` is off.
-    """
-    check_compatible(meta, dict(config.get("model") or {}), where=where)
-    wrote = meta.get("sweep") or {}
-    if job is not None and wrote.get("sweep_dir") == job["sweep_dir"] and wrote.get("job") != job["job"]:
-        raise CheckpointMismatchError(
-            f"checkpoint {where} was written by job {wrote.get('job')} of this sweep ({job['sweep_dir']}); job "
-            f"{job['job']} must not resume it. The jobs of a sweep share an absolute checkpoint.dir: give a relative "
-            f"one (each job then gets <job dir>/<checkpoint.dir>) or include the job in it, e.g. "
-            f"checkpoint.dir=/ckpt/${{hydra:job.num}}")
-    changes = config_changes(dict(meta.get("config") or {}), config, int(meta.get("step", 0)))
-    if not changes:
-        return
-    if allow:
-        log.warning("resuming %s with a changed config (checkpoint.allow_config_change=true): %s", where,
-                    "; ".join(changes))
-        return
-    raise CheckpointConfigChangedError(
-        f"checkpoint {where} was written by a run with another training config: {'; '.join(changes)}. Resume with "
-        f"the checkpoint's values, point checkpoint.dir at a new directory, or set checkpoint.allow_config_change=true "
-        f"to resume anyway")
-
-
-# -- the manager ----------------------------------------------------------------------------------
-
-
 @dataclasses.dataclass
 class Restored:
-    """A restored checkpoint: ``step`` (completed optimizer steps), ``state``
-    (``{"params", "opt_state"}`` placed by the restore target's shardings), ``meta`` (dict)."""
+    """A restored checkpoint: ``step`` (completed optimizer steps), ``state`` (the
+    :class:`TrainState`, its arrays placed by the restore target's shardings), ``meta`` (the
+    whole ``meta`` item, dict)."""
 
     step: int
-    state: dict[str, Any]
+    state: TrainState
     meta: dict[str, Any]
 
 
@@ -485,31 +145,36 @@ class Checkpoints:
 
     # -- saving -----------------------------------------------------------------------------
 
-    def save(self, step: int, params: Any, opt_state: Any, meta: Mapping[str, Any]) -> bool:
-        """Start saving the state after ``step`` completed steps; returns False if that step is
+    def save(self, state: TrainState, meta: Mapping[str, Any] | None = None) -> bool:
+        """Start saving ``state`` as checkpoint ``state.step``; returns False if that step is
         already saved. Waits for the previous save first (at most one is in flight).
+
+        Args:
+          state: the state to write (its arrays, and :meth:`TrainState.meta` in the ``meta`` item).
+          meta: more JSON for the ``meta`` item (loss, config, ...); the state's own keys win.
 
         Raises:
           FloatingPointError: a parameter or optimizer-state tensor is not finite (the message
             lists them): a poisoned checkpoint is never written.
         """
+        step = int(state.step)
         self.check(wait=True)  # at most one save in flight; a failed one is raised, naming its step
         if step in self.steps():
             return False
-        bad = nonfinite_leaves({"params": params, "opt_state": opt_state})
+        bad = nonfinite_leaves(state.arrays())
         if bad:
             raise FloatingPointError(
                 f"refusing to checkpoint step {step}: non-finite values in {', '.join(bad[:8])}"
                 + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
                 + "; the last good checkpoint is kept. Lower train.lr or check the data"
             )
-        meta = dict(meta, step=int(step))
+        meta = {**(meta or {}), **state.meta()}
         self._pending = int(step)
         try:
             started = self._manager.save(
                 int(step),
                 args=ocp.args.Composite(
-                    state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+                    state=ocp.args.StandardSave(state.arrays()),
                     meta=ocp.args.JsonSave(meta),
                 ),
                 force=True,
@@ -603,13 +268,14 @@ class Checkpoints:
             raise ValueError(f"meta item has no 'step': {str(meta)[:200]}")
         return meta
 
-    def restore(self, step: int, target: Mapping[str, Any]) -> Restored:
+    def restore(self, step: int, target: TrainState) -> Restored:
         """Read checkpoint ``step`` into ``target``'s shapes, dtypes and shardings.
 
         Args:
           step: a step from :meth:`steps`.
-          target: ``{"params", "opt_state"}`` of ``jax.ShapeDtypeStruct`` with the shardings
-            wanted now (:func:`abstract_train_state`); may be a different plan than the writer's.
+          target: a :class:`TrainState` of ``jax.ShapeDtypeStruct`` with the shardings wanted now
+            (:func:`lcx.training.state.abstract_train_state`); may be a different plan than the
+            writer's. Its ``step``, ``rng`` and ``data`` are ignored: the checkpoint's are read.
 
         Raises:
           Exception: orbax's error for a missing, partial or corrupt checkpoint, or for shapes
@@ -617,13 +283,14 @@ class Checkpoints:
         """
         out = self._manager.restore(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(dict(target)), meta=ocp.args.JsonRestore()),
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(target.arrays()), meta=ocp.args.JsonRestore()),
         )
-        return Restored(step=int(step), state=dict(out["state"]), meta=dict(out["meta"]))
+        meta = dict(out["meta"])
+        return Restored(step=int(step), state=TrainState.from_checkpoint(out["state"], meta), meta=meta)
 
     def restore_latest(
         self,
-        target: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+        target: TrainState | Callable[[], TrainState],
         *,
         check: Callable[[dict[str, Any], str], None] | None = None,
     ) -> Restored | None:
@@ -638,7 +305,7 @@ class Checkpoints:
           target: the restore target, or a function that builds it (called once, only if a
             checkpoint exists).
           check: called as ``check(meta, path)`` before any array is read; raise to refuse the
-            checkpoint (e.g. :func:`check_compatible`). Its errors propagate: a refused
+            checkpoint (e.g. :func:`lcx.training.resume.check_resumable`). Its errors propagate: a refused
             checkpoint is not corrupt, and silently starting over would hide the mistake.
 
         Raises:
@@ -663,7 +330,7 @@ class Checkpoints:
                 tgt = target() if callable(target) else target
             try:
                 restored = self.restore(step, tgt)
-                _check_restored(restored.state, tgt)
+                _check_restored(restored.state.arrays(), tgt.arrays())
             except Exception as e:  # noqa: BLE001
                 failures.append(self._set_aside(step, e))
                 continue
@@ -702,45 +369,11 @@ def _check_restored(state: Mapping[str, Any], target: Mapping[str, Any]) -> None
             raise ValueError(f"restored array {x.shape} {x.dtype} differs from target {t.shape} {t.dtype}")
 
 
-# -- metadata helpers -----------------------------------------------------------------------------
-
-
-def key_to_json(key: jax.Array) -> dict[str, Any]:
-    """A typed PRNG key as JSON: its implementation name and raw ``uint32`` key data."""
-    data = np.asarray(jax.random.key_data(key))
-    return {"impl": str(jax.random.key_impl(key)), "data": data.astype(np.uint32).tolist()}
-
-
-def key_from_json(d: Mapping[str, Any]) -> jax.Array:
-    """Inverse of :func:`key_to_json` (bit-exact)."""
-    return jax.random.wrap_key_data(np.asarray(d["data"], dtype=np.uint32), impl=d["impl"])
-
-
-def finite_or_none(x: float | None) -> float | None:
-    """JSON cannot hold NaN/inf portably: store None instead."""
-    return None if x is None or not math.isfinite(x) else float(x)
-
-
 __all__ = [
-    "CheckpointConfig",
-    "CheckpointConfigChangedError",
-    "check_resumable",
-    "config_changes",
-    "multirun_job",
-    "resolve_dir",
-    "CheckpointMismatchError",
+    "CORRUPT_DIR",
     "CheckpointSaveError",
     "Checkpoints",
     "NoUsableCheckpointError",
     "Restored",
-    "abstract_like",
-    "abstract_train_state",
-    "check_compatible",
-    "is_arraylike",
-    "checkpoint_config",
-    "key_from_json",
-    "key_to_json",
-    "load_model",
-    "train_state_target",
-    "nonfinite_leaves",
+    "TMP_SUFFIX",
 ]

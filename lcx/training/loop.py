@@ -1,5 +1,7 @@
-"""The training loop: validate the plan, build data, model and optimizer, train, log, evaluate,
-checkpoint (:mod:`lcx.training.checkpoint`) and resume.
+"""The training loop, as a short sequence of named phases: prepare (validate the plan; build
+data, model, optimizer and steps), the initial state (resumed from a checkpoint or fresh), claim
+the run directory, compile, then step with hooks (:mod:`lcx.training.hooks`: evaluation,
+metrics, progress, checkpoints) and return a :class:`~lcx.training.state.TrainResult`.
 
 Everything that can be wrong with the configuration (plan vs devices, model and batch; data
 paths; sequence length; memory) is checked before anything compiles: :mod:`lcx.training.preflight`
@@ -9,14 +11,10 @@ paths; sequence length; memory) is checked before anything compiles: :mod:`lcx.t
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import logging
 import math
-import os
 import pathlib
-import signal
-import sys
-import threading
 import time
 from typing import Any
 
@@ -26,47 +24,47 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from lcx.cost import hardware_from_config, training_flops
-from lcx.data import make_data
+from lcx.data import Data, make_data
 from lcx.models import init_model, model_shardings
 from lcx.sharding import MeshPlan
-from lcx.training.checkpoint import (
-    CheckpointSaveError,
-    Checkpoints,
+from lcx.training.checkpoint import Checkpoints, Restored
+from lcx.training.hooks import CheckpointHook, EvalHook, Hooks, MetricsHook, ProgressHook, StepInfo
+from lcx.training.hooks import evaluate as evaluate
+from lcx.training.optim import optimizer_from_config
+from lcx.training.preflight import setup as setup
+from lcx.training.resume import CheckpointConfig, check_resumable, checkpoint_config
+from lcx.training.rundir import RunDirInUseError as RunDirInUseError
+from lcx.training.rundir import claim_run_dir as claim_run_dir
+from lcx.training.rundir import multirun_job, truncate_metrics, write_run_info
+from lcx.training.runinfo import run_info
+from lcx.training.signals import StopSignals
+from lcx.training.state import (
+    TrainResult,
+    TrainState,
     abstract_train_state,
-    check_resumable,
-    checkpoint_config,
-    multirun_job,
-    is_arraylike,
     finite_or_none,
-    key_from_json,
-    key_to_json,
+    init_train_state,
     nonfinite_leaves,
 )
-from lcx.training.memory import MemoryOptions
-from lcx.training.preflight import setup
-from lcx.training.optim import optimizer_from_config
-from lcx.training.runinfo import run_info
-from lcx.training.step import init_opt_state, make_steps, put_batch
+from lcx.training.step import Steps, is_arraylike, make_steps, put_batch
 
 log = logging.getLogger(__name__)
 
 
-def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[str, Any]:
+def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> TrainResult:
     """Train as configured; write ``metrics.jsonl`` and ``run_info.json`` in ``run_dir``.
 
     With ``checkpoint.dir`` set, resumes from the newest readable checkpoint there (if any),
     saves every ``checkpoint.every`` steps and at the end, and on SIGTERM/SIGINT saves the
     current step before exiting. A resumed run continues ``metrics.jsonl`` (lines of steps
     after the restored one, written before a crash, are dropped) and reproduces the losses of
-    an uninterrupted run exactly: parameters, optimizer state (hence the learning-rate
-    schedule), data position, RNG key and step counter all come from the checkpoint.
+    an uninterrupted run exactly: the whole :class:`TrainState` (parameters, optimizer state,
+    hence the learning-rate schedule, data position, RNG key, step) comes from the checkpoint.
 
     Returns:
-      Summary dict: ``losses`` (per step run by this call), ``final_loss`` (the last step's loss;
-      None when this call trained no step: the checkpoint already reached ``train.steps``),
-      ``val_loss`` (last; the checkpoint's when no step was trained), ``params`` (final
-      parameters, for tests), ``static``, ``run_dir``, ``compile_s``, ``start_step`` (steps
-      already done when this call began: 0, or the restored step).
+      :class:`TrainResult`: ``losses`` (per step run by this call), ``final_loss`` (None when
+      this call trained no step), ``val_loss``, ``state`` (and ``params``), ``static``,
+      ``run_dir``, ``compile_s``, ``start_step``.
 
     Raises:
       PlanError / ValueError: an invalid configuration, before anything compiles.
@@ -78,7 +76,7 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
       CheckpointConfigChangedError: the checkpoint's training config differs (names the keys;
         ``checkpoint.allow_config_change=true`` resumes anyway).
       RunDirInUseError: ``run_dir`` holds another run's ``metrics.jsonl``
-        (:func:`claim_run_dir`; ``train.reuse_run_dir=true`` keeps it and goes on).
+        (:func:`lcx.training.rundir.claim_run_dir`; ``train.reuse_run_dir=true`` keeps it).
       FloatingPointError: a non-finite loss (names the step and the non-finite tensors); no
         checkpoint of that state is written.
       SystemExit: after SIGTERM/SIGINT, with code 128 + signal number, once the final
@@ -86,210 +84,227 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> dict[st
     """
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    t = cfg.train
-    total_steps = int(t.steps)
-    ckpt_cfg = checkpoint_config(cfg.get("checkpoint"))
-    ctx = setup(cfg, devices)
-    mp: MeshPlan = ctx["plan"]
-    model_cfg = ctx["model_cfg"]
-    devices = ctx["devices"]
-    memory: MemoryOptions = ctx["memory"]
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    data = make_data(
-        cfg.data,
-        seq_len=int(t.seq_len),
-        global_batch=int(t.global_batch),
-        layout=mp.plan.attention.layout,
-        context_degree=mp.context_degree,
-        seed=int(t.seed),
-    )
-    hw = hardware_from_config(cfg.hardware, len(devices))
-    flops = training_flops(model_cfg, int(t.seq_len), int(t.global_batch), window=model_cfg.sliding_window)
-
-    key = jax.random.key(int(t.seed))
-    abstract = eqx.filter_eval_shape(init_model, model_cfg, key=key)
-    p_shard = model_shardings(abstract, mp)
-    abstract_params, static = eqx.partition(abstract, is_arraylike)
-    optimizer, schedule = optimizer_from_config(t)
-    # where parameters and optimizer state live between steps: pinned_host when offloaded
-    steps = make_steps(abstract, optimizer, mp, p_shard, memory)
-
-    # The training RNG stream. The step draws no randomness today (no dropout); the key is
-    # carried through checkpoints so that a stochastic step would resume exactly too.
-    rng = jax.random.fold_in(key, 1)
-    start = 0
-    ckpts = Checkpoints(ckpt_cfg.dir, keep=ckpt_cfg.keep, async_save=ckpt_cfg.async_save) if ckpt_cfg.enabled else None
-    restored = None
-    if ckpts is not None:
-        restored = ckpts.restore_latest(
-            lambda: abstract_train_state(abstract_params, steps.param_shardings, optimizer, mp.replicated(),
-                                         opt_shardings=steps.opt_shardings),
-            check=lambda meta, where: check_resumable(meta, resolved, where=where,
-                                                      allow=ckpt_cfg.allow_config_change, job=multirun_job()),
-        )
-    if restored is not None:
-        params, opt_state = restored.state["params"], restored.state["opt_state"]
-        _restore_data(data.train, restored.meta["data"])
-        rng = key_from_json(restored.meta["rng"])
-        start = int(restored.meta["step"])
-        log.info("resumed from %s at step %d", ckpts.directory / str(start), start)
-    else:
-        params = jax.jit(lambda k: eqx.filter(init_model(model_cfg, key=k), eqx.is_array),
-                         out_shardings=steps.param_shardings)(key)
-        opt_state = None
-    if opt_state is None:
-        opt_state = init_opt_state(optimizer, params, steps.opt_shardings)
-
-    metrics_path = run_dir / "metrics.jsonl"
-    claim_run_dir(run_dir, ckpt_dir=ckpt_cfg.dir, reuse=bool(t.reuse_run_dir))
-    info = run_info(devices)
-    info["config"] = resolved
-    info["plan"] = repr(mp.plan)
-    info["mesh"] = dict(mp.mesh.shape)
-    info["peak_flops_per_device"] = hw.peak_flops_per_device
-    info["model_flops_per_step"] = flops.total
-    info["checkpoint_dir"] = str(ckpt_cfg.dir) if ckpt_cfg.enabled else None
-    info["resumed_from_step"] = start if restored is not None else None
-    _keep_aside(run_dir / "run_info.json")  # a resumed run's earlier attempts keep their record
-    (run_dir / "run_info.json").write_text(json.dumps(info, indent=2, default=str))
-    _truncate_metrics(metrics_path, start)
-
-    def meta(step: int, loss: float | None, val: float | None) -> dict[str, Any]:
-        return {
-            "step": step,
-            "data": data.train.state(),
-            "rng": key_to_json(rng),
-            "loss": finite_or_none(loss),
-            "val_loss": finite_or_none(val),
-            "plan": repr(mp.plan),
-            "mesh": {k: int(v) for k, v in mp.mesh.shape.items()},
-            "config": resolved,
-            "sweep": multirun_job(),  # which job of which sweep wrote it (None: not a multirun)
-        }
-
-    losses: list[float] = []
+    run = prepare(cfg, devices)
+    ckpts = (Checkpoints(run.ckpt.dir, keep=run.ckpt.keep, async_save=run.ckpt.async_save)
+             if run.ckpt.enabled else None)
+    state, restored = initial_state(run, ckpts)
+    record_run(run, run_dir, state.step, resumed=restored is not None)
+    start = state.step
     val_loss = restored.meta.get("val_loss") if restored is not None else None
-    compile_s = None
-    if start >= total_steps:
+    if start >= run.total_steps:
         # no step runs, so no loss is computed: the checkpoint's last loss is not this run's
-        log.info("checkpoint at step %d already reached train.steps=%d; nothing to train", start, total_steps)
+        log.info("checkpoint at step %d already reached train.steps=%d; nothing to train", start, run.total_steps)
         if ckpts is not None:
             ckpts.close()
-        return {
-            "losses": losses,
-            "final_loss": None,
-            "val_loss": val_loss,
-            "params": params,
-            "static": static,
-            "run_dir": str(run_dir),
-            "compile_s": compile_s,
-            "start_step": start,
-        }
-
-    batch = put_batch(next(data.train), steps.batch_sharding)
-    t0 = time.perf_counter()
-    train_c = steps.train.lower(params, opt_state, batch).compile()
-    compile_s = time.perf_counter() - t0
-    mem = train_c.memory_analysis()
-    temp_bytes = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
-
-    tokens_per_step = int(t.seq_len) * int(t.global_batch)
-    peak_total = hw.peak_flops_per_device * len(devices)
-    log_every = max(1, int(t.log_every))
-    eval_every = int(t.eval_every)
-    saved_step = start if restored is not None else None
-    save_started = None  # the step whose save is in flight: its outcome is checked at the next step
-    retry_save, retried = False, False
-    last_good = saved_step  # the newest checkpoint known to be on disk
+        return TrainResult(losses=[], final_loss=None, val_loss=val_loss, state=state, static=run.static,
+                           run_dir=str(run_dir), compile_s=None, start_step=start)
+    batch = put_batch(next(run.data.train), run.steps.batch_sharding)
+    train_c, first = compile_step(run, state, batch, resumed=restored is not None)
+    losses: list[float] = []
     with contextlib.ExitStack() as stack:
         if ckpts is not None:
             stack.callback(ckpts.close)  # an exception still lets an in-flight (good) save finish
-        stop = stack.enter_context(_StopSignals(enabled=ckpts is not None))
-        mf = stack.enter_context(metrics_path.open("a"))
+        stop = stack.enter_context(StopSignals(enabled=ckpts is not None))
+        hooks = Hooks()
+        if int(run.t.eval_every) > 0:
+            hooks.add_hook(EvalHook(run.steps, run.data, int(run.t.eval_batches)), every=int(run.t.eval_every))
+        metrics = stack.enter_context((run_dir / "metrics.jsonl").open("a"))
+        hooks.add_hook(MetricsHook(metrics), every=max(1, int(run.t.log_every)), also=lambda i: "val_loss" in i.record)
         bar = stack.enter_context(
-            tqdm(total=total_steps, initial=start, desc=f"train[{mp.plan.name}]", unit="step")
+            tqdm(total=run.total_steps, initial=start, desc=f"train[{run.mp.plan.name}]", unit="step"))
+        hooks.add_hook(ProgressHook(bar))
+        ckpt_hook = None
+        if ckpts is not None:
+            ckpt_hook = CheckpointHook(ckpts, run.ckpt, stop, lambda loss, val: checkpoint_meta(run, loss, val),
+                                       saved_step=start if restored is not None else None)
+            hooks.add_hook(ckpt_hook)
+        for step in range(start + 1, run.total_steps + 1):
+            state, batch, info = train_step(run, train_c, state, batch, step, first if step == start + 1 else {},
+                                            val_loss, ckpts, ckpt_hook)
+            losses.append(info.loss)
+            hooks.run(info)
+            val_loss = info.val_loss
+    return TrainResult(losses=losses, final_loss=losses[-1], val_loss=val_loss, state=state, static=run.static,
+                       run_dir=str(run_dir), compile_s=first["compile_s"], start_step=start)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What :func:`prepare` builds once per run: the checked configuration, its plan bound to
+    the devices, the data, the model's structure, the optimizer and the (uncompiled) steps."""
+
+    cfg: DictConfig
+    resolved: dict[str, Any]
+    ckpt: CheckpointConfig
+    mp: MeshPlan
+    model_cfg: Any
+    devices: list
+    data: Data
+    hw: Any
+    flops: Any
+    key: jax.Array
+    abstract_params: Any
+    static: Any
+    optimizer: Any
+    schedule: Any
+    steps: Steps
+
+    @property
+    def t(self) -> DictConfig:
+        return self.cfg.train
+
+    @property
+    def total_steps(self) -> int:
+        return int(self.t.steps)
+
+
+def prepare(cfg: DictConfig, devices=None) -> Run:
+    """Phase 1: validate (:func:`lcx.training.preflight.setup`), then build the data, the model's
+    abstract structure and shardings, the optimizer and the sharded steps. Nothing compiles.
+
+    Raises:
+      PlanError / ValueError: what :func:`train` raises before anything compiles.
+    """
+    t = cfg.train
+    ckpt = checkpoint_config(cfg.get("checkpoint"))
+    ctx = setup(cfg, devices)
+    mp: MeshPlan = ctx["plan"]
+    model_cfg, devices = ctx["model_cfg"], ctx["devices"]
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    data = make_data(cfg.data, seq_len=int(t.seq_len), global_batch=int(t.global_batch),
+                     layout=mp.plan.attention.layout, context_degree=mp.context_degree, seed=int(t.seed))
+    hw = hardware_from_config(cfg.hardware, len(devices))
+    flops = training_flops(model_cfg, int(t.seq_len), int(t.global_batch), window=model_cfg.sliding_window)
+    key = jax.random.key(int(t.seed))
+    abstract = eqx.filter_eval_shape(init_model, model_cfg, key=key)
+    abstract_params, static = eqx.partition(abstract, is_arraylike)
+    optimizer, schedule = optimizer_from_config(t)
+    # where parameters and optimizer state live between steps: pinned_host when offloaded
+    steps = make_steps(abstract, optimizer, mp, model_shardings(abstract, mp), ctx["memory"])
+    return Run(cfg=cfg, resolved=resolved, ckpt=ckpt, mp=mp, model_cfg=model_cfg, devices=devices, data=data,
+               hw=hw, flops=flops, key=key, abstract_params=abstract_params, static=static, optimizer=optimizer,
+               schedule=schedule, steps=steps)
+
+
+def initial_state(run: Run, ckpts: Checkpoints | None) -> tuple[TrainState, Restored | None]:
+    """Phase 2: the newest readable checkpoint's :class:`TrainState` (checked resumable, the
+    data stream moved to its position), or a fresh one at step 0.
+
+    The training RNG stream is ``fold_in(key, 1)``. The step draws no randomness today (no
+    dropout); the key is carried through checkpoints so that a stochastic step would resume
+    exactly too.
+    """
+    restored = None
+    if ckpts is not None:
+        restored = ckpts.restore_latest(
+            lambda: abstract_train_state(run.abstract_params, run.steps.param_shardings, run.optimizer,
+                                         run.mp.replicated(), opt_shardings=run.steps.opt_shardings),
+            check=lambda meta, where: check_resumable(meta, run.resolved, where=where,
+                                                      allow=run.ckpt.allow_config_change, job=multirun_job()),
         )
-        for step in range(start + 1, total_steps + 1):
-            ts = time.perf_counter()
-            params, opt_state, m = train_c(params, opt_state, batch)  # dispatched asynchronously
-            # Host work overlaps the step on the devices: fetch the next batch while it runs.
-            if step < total_steps:
-                batch = put_batch(next(data.train), steps.batch_sharding)
-            loss = float(m["loss"])  # blocks: the step time below is the whole step
-            dt = time.perf_counter() - ts
-            grad_norm = float(m["grad_norm"])
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                # A non-finite gradient poisons the update even when the loss is still finite;
-                # both scalars are on the host already, so this check costs nothing per step.
-                raise FloatingPointError(_nonfinite_report(step, loss, grad_norm, params, opt_state, ckpts, saved_step))
-            losses.append(loss)
-            rec = {
-                "step": step,
-                "loss": loss,
-                "tokens_per_sec": tokens_per_step / dt,
-                "mfu": flops.total / dt / peak_total,
-                "step_time_s": dt,
-                "lr": float(schedule(step - 1)),
-                "grad_norm": grad_norm,
-                "valid_tokens": float(m["tokens"]),
-            }
-            if step == start + 1:
-                rec["compile_s"] = compile_s
-                rec["temp_bytes_per_device"] = temp_bytes
-                if restored is not None:
-                    rec["resumed_from"] = start
-            if eval_every > 0 and (step % eval_every == 0 or step == total_steps):
-                val_loss = evaluate(steps, params, data.val_batches(int(t.eval_batches)))
-                rec["val_loss"] = val_loss
-            if step % log_every == 0 or "val_loss" in rec or step == total_steps:
-                mf.write(json.dumps(rec) + "\n")
-                mf.flush()
-            post = {"loss": f"{loss:.3f}", "tok/s": f"{rec['tokens_per_sec']:.0f}"}
-            if val_loss is not None:
-                post["val"] = f"{val_loss:.3f}"
-            bar.set_postfix(post)
-            bar.update(1)
-            if ckpts is not None and save_started is not None:
-                # the save of the previous step overlapped this step; a failure is raised now, naming
-                # its step, not at some later save (or never)
-                try:
-                    ckpts.check(wait=True)
-                    retried, last_good = False, save_started
-                except CheckpointSaveError as e:
-                    saved_step = last_good
-                    if ckpt_cfg.on_save_error != "retry" or retried:
-                        raise
-                    log.warning("%s; checkpoint.on_save_error=retry: saving step %d instead", e, step)
-                    retry_save, retried = True, True
-                save_started = None
-            if ckpts is not None and (ckpt_cfg.due(step) or step == total_steps or stop.signum or retry_save):
-                # the data position must be the one after this step's batch, not the prefetched one
-                state = meta(step, loss, val_loss)
-                state["data"] = _rewind(data.train, 1 if step < total_steps else 0)
-                ckpts.save(step, params, opt_state, state)
-                saved_step, save_started, retry_save = step, step, False
-            if stop.signum:
-                ckpts.wait()
-                name = signal.Signals(stop.signum).name
-                msg = f"{name}: checkpoint of step {step} saved in {ckpts.directory}; exiting"
-                log.warning(msg)
-                print(msg, file=sys.stderr, flush=True)
-                raise SystemExit(128 + stop.signum)
+    if restored is None:
+        state = init_train_state(run.model_cfg, run.key, run.optimizer, run.steps,
+                                 rng=jax.random.fold_in(run.key, 1), data=run.data.train.state())
+        return state, None
+    run.data.train.resume(restored.meta["data"])
+    log.info("resumed from %s at step %d", ckpts.directory / str(restored.step), restored.step)
+    return restored.state.replace(data=run.data.train.state()), restored
+
+
+def record_run(run: Run, run_dir: pathlib.Path, start: int, *, resumed: bool) -> None:
+    """Phase 3: claim ``run_dir``, write ``run_info.json`` and drop ``metrics.jsonl`` lines of
+    steps after ``start`` (a crashed attempt's, redone now).
+
+    Raises:
+      RunDirInUseError: ``run_dir`` holds another run's metrics.
+    """
+    claim_run_dir(run_dir, ckpt_dir=run.ckpt.dir, reuse=bool(run.t.reuse_run_dir))
+    info = run_info(run.devices)
+    info["config"] = run.resolved
+    info["plan"] = repr(run.mp.plan)
+    info["mesh"] = dict(run.mp.mesh.shape)
+    info["peak_flops_per_device"] = run.hw.peak_flops_per_device
+    info["model_flops_per_step"] = run.flops.total
+    info["checkpoint_dir"] = str(run.ckpt.dir) if run.ckpt.enabled else None
+    info["resumed_from_step"] = start if resumed else None
+    write_run_info(run_dir, info)
+    truncate_metrics(run_dir / "metrics.jsonl", start)
+
+
+def compile_step(run: Run, state: TrainState, batch: dict, *, resumed: bool) -> tuple[Any, dict[str, Any]]:
+    """Phase 4: compile the train step for ``batch``'s shapes.
+
+    Returns:
+      ``(compiled, first)``: the compiled step and the extra fields of the first step's
+      ``metrics.jsonl`` record (``compile_s``, ``temp_bytes_per_device``, ``resumed_from``).
+    """
+    t0 = time.perf_counter()
+    compiled = run.steps.train.lower(state.params, state.opt_state, batch).compile()
+    compile_s = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    first = {"compile_s": compile_s,
+             "temp_bytes_per_device": getattr(mem, "temp_size_in_bytes", None) if mem is not None else None}
+    if resumed:
+        first["resumed_from"] = state.step
+    return compiled, first
+
+
+def train_step(run: Run, compiled: Any, state: TrainState, batch: dict, step: int, extra: dict[str, Any],
+               val_loss: float | None, ckpts: Checkpoints | None,
+               ckpt_hook: CheckpointHook | None) -> tuple[TrainState, dict | None, StepInfo]:
+    """Phase 5, once per step: run step ``step`` on ``batch``, prefetch the next batch while the
+    devices work, and build the step's :class:`StepInfo` (its metrics record plus ``extra``).
+
+    Raises:
+      FloatingPointError: a non-finite loss or gradient norm (:func:`nonfinite_report`).
+    """
+    ts = time.perf_counter()
+    params, opt_state, m = compiled(state.params, state.opt_state, batch)  # dispatched asynchronously
+    # Host work overlaps the step on the devices: fetch the next batch while it runs.
+    last = step == run.total_steps
+    batch = None if last else put_batch(next(run.data.train), run.steps.batch_sharding)
+    loss = float(m["loss"])  # blocks: the step time below is the whole step
+    dt = time.perf_counter() - ts
+    grad_norm = float(m["grad_norm"])
+    # the data position is the one after this step's batch, not the prefetched one's
+    state = state.replace(params=params, opt_state=opt_state, step=step,
+                          data=run.data.train.state_before(0 if last else 1))
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        # A non-finite gradient poisons the update even when the loss is still finite; both
+        # scalars are on the host already, so this check costs nothing per step.
+        raise FloatingPointError(nonfinite_report(state, loss, grad_norm, ckpts,
+                                                  ckpt_hook.saved_step if ckpt_hook is not None else None))
+    record = {
+        "step": step,
+        "loss": loss,
+        "tokens_per_sec": int(run.t.seq_len) * int(run.t.global_batch) / dt,
+        "mfu": run.flops.total / dt / (run.hw.peak_flops_per_device * len(run.devices)),
+        "step_time_s": dt,
+        "lr": float(run.schedule(step - 1)),
+        "grad_norm": grad_norm,
+        "valid_tokens": float(m["tokens"]),
+        **extra,
+    }
+    return state, batch, StepInfo(state=state, last=last, loss=loss, record=record, val_loss=val_loss)
+
+
+def checkpoint_meta(run: Run, loss: float | None, val: float | None) -> dict[str, Any]:
+    """The run's part of a checkpoint's ``meta`` (the state adds step, data position, RNG)."""
     return {
-        "losses": losses,
-        "final_loss": losses[-1],
-        "val_loss": val_loss,
-        "params": params,
-        "static": static,
-        "run_dir": str(run_dir),
-        "compile_s": compile_s,
-        "start_step": start,
+        "loss": finite_or_none(loss),
+        "val_loss": finite_or_none(val),
+        "plan": repr(run.mp.plan),
+        "mesh": {k: int(v) for k, v in run.mp.mesh.shape.items()},
+        "config": run.resolved,
+        "sweep": multirun_job(),  # which job of which sweep wrote it (None: not a multirun)
     }
 
 
-def _nonfinite_report(step, loss, grad_norm, params, opt_state, ckpts, saved_step) -> str:
+def nonfinite_report(state: TrainState, loss: float, grad_norm: float, ckpts: Checkpoints | None,
+                     saved_step: int | None) -> str:
     """The diagnostic of a non-finite step: which scalars, which tensors, what was kept."""
-    bad = nonfinite_leaves({"params": params, "opt_state": opt_state})
+    step = state.step
+    bad = nonfinite_leaves(state.arrays())
     what = "loss" if not math.isfinite(loss) else "gradient norm"
     msg = f"non-finite {what} at step {step} (loss={loss}, grad_norm={grad_norm}); "
     if bad:
@@ -306,159 +321,4 @@ def _nonfinite_report(step, loss, grad_norm, params, opt_state, ckpts, saved_ste
     return msg + ". Lower train.lr, lengthen train.warmup_steps or check the data"
 
 
-def _restore_data(batches, state: dict[str, Any]) -> None:
-    """``batches.restore(state)``, or, when the checkpoint was written at another sequence length
-    (the previous stage of a length-extension schedule, :mod:`lcx.training.schedule`), continue
-    in the same epoch at the same fraction of its tokens (to within one row)."""
-    old_len = state.get("seq_len")
-    if old_len is None or int(old_len) == batches.seq_len:
-        batches.restore(state)
-        return
-    if "num_tokens" not in state:
-        # a generated stream (data=passkey): rows are drawn from (seed, row index) at whatever
-        # length the stage asks for, so it simply continues at the next row
-        log.info("sequence length %s -> %d: generated data continues at row %s", old_len, batches.seq_len,
-                 state.get("row"))
-        batches.restore({**state, "seq_len": batches.seq_len})
-        return
-    fraction = min(1.0, int(state["row"]) * int(old_len) / max(1, int(state["num_tokens"])))
-    row = min(batches.rows_per_epoch - 1, int(fraction * batches.rows_per_epoch))
-    log.info("sequence length %s -> %d: data continues at row %d of epoch %s", old_len, batches.seq_len, row,
-             state["epoch"])
-    batches.restore({**state, "seq_len": batches.seq_len, "num_tokens": batches.num_tokens, "row": row})
-
-
-def _rewind(batches, n: int) -> dict[str, int]:
-    """``batches.state()`` as it was ``n`` batches ago (the iterator only moves forward)."""
-    st = batches.state()
-    row = st["epoch"] * batches.rows_per_epoch + st["row"] - n * batches.global_batch
-    return dict(st, epoch=row // batches.rows_per_epoch, row=row % batches.rows_per_epoch)
-
-
-class RunDirInUseError(ValueError):
-    """The run directory holds another run's ``metrics.jsonl``."""
-
-
-def claim_run_dir(run_dir: pathlib.Path, *, ckpt_dir: pathlib.Path | None, reuse: bool) -> None:
-    """Make ``run_dir`` this run's, or refuse: nothing another run wrote is ever overwritten.
-
-    - No ``metrics.jsonl`` there: it is created empty with ``O_EXCL``, so of two processes that
-      race for one directory exactly one wins; the other is refused.
-    - One there, written by a run with this run's ``checkpoint.dir`` (its ``run_info.json`` says
-      so): the checkpoint-resume path; :func:`_truncate_metrics` keeps the lines up to the
-      restored step.
-    - One there from another run: refused, unless ``reuse`` (``train.reuse_run_dir=true``), which
-      renames that run's ``metrics.jsonl`` and ``run_info.json`` with a time stamp (kept, never
-      deleted) and starts a new ``metrics.jsonl``.
-
-    Raises:
-      RunDirInUseError: another run's metrics are there and ``reuse`` is off; names the fix.
-    """
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.exists():
-        if ckpt_dir is not None and _run_info_checkpoint_dir(run_dir) == str(ckpt_dir):
-            return  # this run's own directory, resumed from its checkpoint
-        if reuse:
-            for p in (metrics, run_dir / "run_info.json"):
-                kept = _keep_aside(p)
-                if kept is not None:
-                    log.warning("train.reuse_run_dir=true: the previous run's %s is kept as %s", p.name, kept.name)
-        else:
-            raise RunDirInUseError(_in_use_message(run_dir))
-    try:
-        os.close(os.open(metrics, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-    except FileExistsError:  # another process claimed it between the check and here
-        raise RunDirInUseError(_in_use_message(run_dir)) from None
-
-
-def _in_use_message(run_dir: pathlib.Path) -> str:
-    return (f"run directory {run_dir} already holds another run's metrics.jsonl; refusing to overwrite it. Use a "
-            f"new directory (the default hydra.run.dir is unique per launch; drop the hydra.run.dir override), resume "
-            f"that run with its own checkpoint.dir, or set train.reuse_run_dir=true to keep its files (renamed) and "
-            f"write this run there")
-
-
-def _run_info_checkpoint_dir(run_dir: pathlib.Path) -> str | None:
-    try:
-        return json.loads((run_dir / "run_info.json").read_text()).get("checkpoint_dir")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _keep_aside(path: pathlib.Path) -> pathlib.Path | None:
-    """Rename ``path`` to ``<stem>.<UTC time>.<suffix>`` if it exists; return the new path."""
-    if not path.exists():
-        return None
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"{time.time() % 1:.6f}"[1:]
-    dst = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
-    os.replace(path, dst)
-    return dst
-
-
-def _truncate_metrics(path: pathlib.Path, step: int) -> None:
-    """Keep the lines of ``metrics.jsonl`` for steps ``<= step`` (a resumed run re-does the steps
-    after its checkpoint; their first, lost attempt must not appear twice). Atomic rename, so a
-    crash here leaves the old file or the new one, never half of one."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= step:
-                keep.append(line)
-        except (ValueError, KeyError, TypeError):
-            break  # a line cut short by a crash: everything after it is untrustworthy
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(x + "\n" for x in keep))
-    os.replace(tmp, path)
-
-
-class _StopSignals:
-    """While active, SIGTERM and SIGINT only set ``signum``; the loop saves and exits at the end
-    of the current step. A second signal restores the previous action and re-raises it, so a
-    stuck save can still be interrupted. With ``enabled=False`` (no checkpointing) or outside
-    the main thread (where Python forbids signal handlers) this does nothing."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
-        self.signum: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def _handle(self, signum, frame):
-        if self.signum is not None:
-            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
-            os.kill(os.getpid(), signum)
-            return
-        self.signum = signum
-        print(
-            f"{signal.Signals(signum).name} received: saving a checkpoint after this step "
-            "(send it again to exit without saving)",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def __enter__(self):
-        if self.enabled and threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signal.signal(s, h)
-        return False
-
-
-def evaluate(steps, params, batches) -> float:
-    """Validation loss in nats/token: global sum over all batches / global valid-token count."""
-    total, count = 0.0, 0.0
-    for b in batches:
-        s, c = steps.evaluate(params, put_batch(b, steps.batch_sharding))
-        total += float(s)
-        count += float(c)
-    if count == 0:
-        raise ValueError("validation set has no valid tokens; raise data.val_fraction")
-    return total / count
-
+__all__ = ["Run", "TrainResult", "TrainState", "train"]

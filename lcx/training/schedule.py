@@ -22,7 +22,7 @@ Semantics:
 - Every stage's plan is validated (:func:`lcx.training.preflight.setup`: mesh vs devices, sequence
   length vs context degree and layout, heads vs Ulysses degree, batch) before the first stage
   trains, and again when the stage starts.
-- Checkpoints accept RoPE changes across stages (:func:`lcx.training.checkpoint.check_compatible`);
+- Checkpoints accept RoPE changes across stages (:func:`lcx.training.resume.check_compatible`);
   any other model change is refused. The data stream continues in the same epoch at the same
   fraction of its tokens when the sequence length changes.
 - Stages that the checkpoint already covers are skipped, so re-running the same command after
@@ -148,8 +148,9 @@ def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> 
         (e.g. a warmup longer than the stage) is invalid; raised before the first stage trains.
       Whatever :func:`lcx.training.loop.train` raises.
     """
-    from lcx.training.checkpoint import Checkpoints, checkpoint_config
+    from lcx.training.checkpoint import Checkpoints
     from lcx.training.loop import setup, train
+    from lcx.training.resume import checkpoint_config
     from lcx.training.optim import optimizer_from_config
 
     run_dir = pathlib.Path(run_dir)
@@ -191,7 +192,7 @@ def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> 
             log.info("stage %d (%s): steps %d-%d at seq_len %d, lr %g, model %s", i, st.name, first, last,
                      st.seq_len, st.lr, dict(st.model))
             out = train(c, sub, devices)
-            summary.update(final_loss=out["final_loss"], val_loss=out["val_loss"], start_step=out["start_step"])
+            summary.update(final_loss=out.final_loss, val_loss=out.val_loss, start_step=out.start_step)
             done = last
         summaries.append(summary)
         (run_dir / "schedule.json").write_text(json.dumps(summaries, indent=2, default=str))

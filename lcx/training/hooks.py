@@ -1,0 +1,176 @@
+"""What happens around a training step, as hooks (Levanter's ``TrainerHooks.add_hook(fn, every=N)``).
+
+The loop (:func:`lcx.training.loop.train`) runs one step, fills a :class:`StepInfo` and hands it
+to :class:`Hooks`; every cross-cutting concern is one hook here, run in the order registered:
+:class:`EvalHook` (validation loss), :class:`MetricsHook` (``metrics.jsonl``),
+:class:`ProgressHook` (the tqdm bar) and :class:`CheckpointHook` (saves, their failures, and the
+graceful stop after SIGTERM/SIGINT).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Iterable
+from typing import IO, Any
+
+from lcx.training.checkpoint import CheckpointSaveError, Checkpoints
+from lcx.training.resume import CheckpointConfig
+from lcx.training.signals import StopSignals, exit_after_save
+from lcx.training.state import TrainState
+from lcx.training.step import put_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class StepInfo:
+    """One finished step, as the hooks see it (they may add to ``record`` and set ``val_loss``).
+
+    Attributes:
+      state: the state after the step (``state.step`` is the 1-based step; ``state.data`` the
+        stream position after its batch).
+      last: whether this is the run's last step (``train.steps``).
+      loss: the step's training loss, nats/token.
+      record: the step's ``metrics.jsonl`` record.
+      val_loss: the newest validation loss (nats/token; None before the first evaluation).
+    """
+
+    state: TrainState
+    last: bool
+    loss: float
+    record: dict[str, Any]
+    val_loss: float | None
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+
+class Hooks:
+    """Hooks run after every step, in the order added."""
+
+    def __init__(self) -> None:
+        self._hooks: list[tuple[Callable[[StepInfo], None], int, Callable[[StepInfo], bool] | None]] = []
+
+    def add_hook(self, fn: Callable[[StepInfo], None], *, every: int = 1,
+                 also: Callable[[StepInfo], bool] | None = None) -> None:
+        """Run ``fn(info)`` after every ``every``-th step, after the last step, and after any step
+        for which ``also(info)`` is true.
+
+        Raises:
+          ValueError: ``every < 1``.
+        """
+        if every < 1:
+            raise ValueError(f"a hook runs every N >= 1 steps, got every={every}")
+        self._hooks.append((fn, int(every), also))
+
+    def run(self, info: StepInfo) -> None:
+        for fn, every, also in self._hooks:
+            if info.step % every == 0 or info.last or (also is not None and also(info)):
+                fn(info)
+
+
+def evaluate(steps: Any, params: Any, batches: Iterable[dict]) -> float:
+    """Validation loss in nats/token: global sum over all batches / global valid-token count.
+
+    Raises:
+      ValueError: the batches hold no valid token (names ``data.val_fraction``).
+    """
+    total, count = 0.0, 0.0
+    for b in batches:
+        s, c = steps.evaluate(params, put_batch(b, steps.batch_sharding))
+        total += float(s)
+        count += float(c)
+    if count == 0:
+        raise ValueError("validation set has no valid tokens; raise data.val_fraction")
+    return total / count
+
+
+@dataclasses.dataclass
+class EvalHook:
+    """The validation loss over the first ``batches`` validation batches of ``data``."""
+
+    steps: Any
+    data: Any
+    batches: int
+
+    def __call__(self, info: StepInfo) -> None:
+        info.val_loss = evaluate(self.steps, info.state.params, self.data.val_batches(self.batches))
+        info.record["val_loss"] = info.val_loss
+
+
+@dataclasses.dataclass
+class MetricsHook:
+    """One JSON line of ``metrics.jsonl`` per logged step, flushed at once (a crash keeps it)."""
+
+    file: IO[str]
+
+    def __call__(self, info: StepInfo) -> None:
+        self.file.write(json.dumps(info.record) + "\n")
+        self.file.flush()
+
+
+@dataclasses.dataclass
+class ProgressHook:
+    """The progress bar: loss, throughput and the newest validation loss."""
+
+    bar: Any
+
+    def __call__(self, info: StepInfo) -> None:
+        post = {"loss": f"{info.loss:.3f}", "tok/s": f"{info.record['tokens_per_sec']:.0f}"}
+        if info.val_loss is not None:
+            post["val"] = f"{info.val_loss:.3f}"
+        self.bar.set_postfix(post)
+        self.bar.update(1)
+
+
+class CheckpointHook:
+    """Saves every ``checkpoint.every`` steps, at the last step and after a stop signal; checks
+    each save's outcome at the next step (so a failure names its step) and, with
+    ``checkpoint.on_save_error=retry``, saves the next step instead, once.
+
+    Args:
+      ckpts: the run's checkpoints.
+      config: the ``checkpoint:`` section.
+      stop: the signal watcher; after a signal the step is saved and the process exits.
+      meta: ``meta(loss, val_loss)``: the run's JSON for the checkpoint's ``meta`` item.
+      saved_step: the newest checkpoint on disk when the loop starts (None: none).
+
+    Raises (from ``__call__``):
+      CheckpointSaveError: a save failed (``retry``: twice in a row).
+      SystemExit: after a stop signal, once the checkpoint is on disk.
+    """
+
+    def __init__(self, ckpts: Checkpoints, config: CheckpointConfig, stop: StopSignals,
+                 meta: Callable[[float, float | None], dict[str, Any]], saved_step: int | None):
+        self.ckpts, self.config, self.stop, self.meta = ckpts, config, stop, meta
+        self.saved_step = saved_step  # the newest checkpoint written (or being written)
+        self._started: int | None = None  # the step whose save is in flight: checked at the next step
+        self._retry, self._retried = False, False
+        self._last_good = saved_step  # the newest checkpoint known to be on disk
+
+    def __call__(self, info: StepInfo) -> None:
+        step = info.step
+        if self._started is not None:
+            # the save of the previous step overlapped this step; a failure is raised now, naming
+            # its step, not at some later save (or never)
+            try:
+                self.ckpts.check(wait=True)
+                self._retried, self._last_good = False, self._started
+            except CheckpointSaveError as e:
+                self.saved_step = self._last_good
+                if self.config.on_save_error != "retry" or self._retried:
+                    raise
+                log.warning("%s; checkpoint.on_save_error=retry: saving step %d instead", e, step)
+                self._retry, self._retried = True, True
+            self._started = None
+        if self.config.due(step) or info.last or self.stop.signum or self._retry:
+            self.ckpts.save(info.state, self.meta(info.loss, info.val_loss))
+            self.saved_step, self._started, self._retry = step, step, False
+        if self.stop.signum:
+            exit_after_save(self.stop.signum, self.ckpts, step)
+
+
+__all__ = ["CheckpointHook", "EvalHook", "Hooks", "MetricsHook", "ProgressHook", "StepInfo", "evaluate"]

@@ -1,0 +1,269 @@
+"""Whether and what a run resumes: the ``checkpoint:`` section, the checks that refuse a
+checkpoint another run or another model wrote, and reading a checkpoint's model back.
+
+:mod:`lcx.training.checkpoint` saves and restores a :class:`~lcx.training.state.TrainState`;
+this module decides what it may restore into (:func:`check_resumable`) and builds the restore
+target from a run's config (:func:`train_state_target`, :func:`load_model`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+
+from lcx.training.checkpoint import Checkpoints
+from lcx.training.rundir import resolve_dir
+from lcx.training.state import TrainState, abstract_train_state
+from lcx.training.step import is_arraylike
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint cannot serve this run: it was written for a different model configuration."""
+
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """The ``checkpoint:`` section of the training config.
+
+    Attributes:
+      dir: absolute checkpoint directory, or None (checkpointing off).
+      every: steps between periodic saves; 0 saves only at the end and on SIGTERM/SIGINT.
+      keep: number of most recent checkpoints kept (older ones are deleted), ``>= 1``.
+      async_save: write in a background thread while training continues.
+      allow_config_change: resume from a checkpoint whose training config differs
+        (:func:`config_changes`); off: such a resume is refused.
+      on_save_error: ``stop``: a failed save stops training (:class:`CheckpointSaveError`);
+        ``retry``: the loop logs it and saves the next step's state instead (a second failure in
+        a row stops).
+    """
+
+    dir: pathlib.Path | None
+    every: int
+    keep: int
+    async_save: bool
+    allow_config_change: bool
+    on_save_error: str
+
+    def __post_init__(self):
+        if self.on_save_error not in ("stop", "retry"):
+            raise ValueError(f"checkpoint.on_save_error={self.on_save_error!r}: use stop (a failed save stops "
+                             "training) or retry (save the next step instead, once)")
+        if self.every < 0:
+            raise ValueError(f"checkpoint.every must be >= 0 (0: only at the end), got {self.every}")
+        if self.keep < 1:
+            raise ValueError(f"checkpoint.keep must be >= 1, got {self.keep}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.dir is not None
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` (1-based count of completed steps) is a periodic save step."""
+        return self.every > 0 and step % self.every == 0
+
+def checkpoint_config(node: Any) -> CheckpointConfig:
+    """:class:`CheckpointConfig` from the ``checkpoint`` section of an ``lcx.train`` config,
+    checked against :class:`lcx.conf.schema.CheckpointSchema` (every key, typed; the values
+    are ``lcx/conf/config.yaml``'s, there are no defaults in code). None: checkpointing off.
+
+    Raises:
+      ValueError: an unknown, missing or mistyped key; ``every < 0`` or ``keep < 1``.
+    """
+    from lcx.conf.schema import CheckpointSchema, check_section
+
+    if node is None:
+        return CheckpointConfig(dir=None, every=0, keep=1, async_save=False, allow_config_change=False,
+                                on_save_error="stop")
+    c = check_section(node, CheckpointSchema, "checkpoint", tool="lcx.train")
+    return CheckpointConfig(dir=resolve_dir(c["dir"], per_job=True), every=c["every"], keep=c["keep"],
+                            async_save=c["async_save"], allow_config_change=c["allow_config_change"],
+                            on_save_error=c["on_save_error"])
+
+
+def train_state_target(config: Mapping[str, Any], mp: Any) -> tuple[TrainState, Any]:
+    """Restore target for a run's resolved ``config`` (as stored in a checkpoint's ``meta``)
+    under the bound plan ``mp`` (:class:`lcx.sharding.MeshPlan`), which may differ from the
+    plan that wrote the checkpoint.
+
+    Returns:
+      ``(target, static)``: a :class:`TrainState` of ``ShapeDtypeStruct`` with ``mp``'s
+      shardings, and the model's static part (``eqx.combine(params, static)`` is the model).
+    """
+    from lcx.models import ModelConfig, init_model, model_shardings
+    from lcx.training.optim import optimizer_from_config
+
+    model_cfg = ModelConfig.from_dict(dict(config["model"]))
+    optimizer, _ = optimizer_from_config(config["train"])
+    abstract = eqx.filter_eval_shape(init_model, model_cfg, key=jax.random.key(0))
+    abstract_params, static = eqx.partition(abstract, is_arraylike)
+    target = abstract_train_state(abstract_params, model_shardings(abstract, mp), optimizer, mp.replicated())
+    return target, static
+
+
+def load_model(directory: str | os.PathLike, mp: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """The model of a checkpoint, placed on the bound plan ``mp`` (any plan, any device count).
+
+    Args:
+      directory: a ``checkpoint.dir``.
+      mp: :class:`lcx.sharding.MeshPlan` to place the parameters by.
+      step: checkpoint step; default the newest.
+
+    Returns:
+      ``(model, meta)``.
+
+    Raises:
+      FileNotFoundError: no checkpoint in ``directory`` (or no such ``step``).
+    """
+    ckpts = Checkpoints(directory, read_only=True)
+    try:
+        steps = ckpts.steps()
+        if not steps or (step is not None and step not in steps):
+            raise FileNotFoundError(f"no checkpoint{'' if step is None else f' for step {step}'} in {directory}; "
+                                    f"steps there: {steps}")
+        step = steps[-1] if step is None else step
+        target, static = train_state_target(ckpts.read_meta(step)["config"], mp)
+        r = ckpts.restore(step, target)
+    finally:
+        ckpts.close()
+    return eqx.combine(r.state.params, static), r.meta
+
+
+def check_compatible(meta: Mapping[str, Any], model: Mapping[str, Any], *, where: str) -> None:
+    """Refuse a checkpoint written for a different model configuration.
+
+    Args:
+      meta: the checkpoint's ``meta`` item (its ``config.model`` is compared).
+      model: this run's resolved ``model`` config.
+      where: the checkpoint's path, for the message.
+
+    ``model.remat`` (with its ``model.remat_*`` placements) and the RoPE fields
+    (``model.rope_*``) may differ: neither changes a parameter, and a length-extension stage changes RoPE scaling on purpose (logged).
+
+    Raises:
+      CheckpointMismatchError: some other ``model.<field>`` differs; the message names the field,
+        both values and the fix.
+    """
+    saved = dict((meta.get("config") or {}).get("model") or {})
+    # `remat` trades memory for compute, and the RoPE fields (rope_theta, rope_scaling_*, ...)
+    # change positions' phases, not a parameter: a length-extension stage changes them on purpose
+    # (lcx.training.schedule). Both may differ; RoPE changes are logged.
+    rope = sorted(k for k in set(saved) | set(model) if k.startswith("rope_") and saved.get(k) != model.get(k))
+    if rope:
+        log.warning(
+            "resuming %s with changed RoPE settings: %s",
+            where,
+            ", ".join(f"model.{k}: {saved.get(k)!r} -> {model.get(k)!r}" for k in rope),
+        )
+    # remat_* placements (absent from checkpoints written before they existed) likewise
+    ignore = {"remat", *rope, *(k for k in set(saved) | set(model) if k.startswith("remat_"))}
+    diff = sorted(k for k in set(saved) | set(model) if k not in ignore and saved.get(k) != model.get(k))
+    if diff:
+        k = diff[0]
+        more = f" (and {', '.join('model.' + d for d in diff[1:])})" if len(diff) > 1 else ""
+        raise CheckpointMismatchError(
+            f"checkpoint {where} was written for model.{k}={saved.get(k)!r} but this run has "
+            f"model.{k}={model.get(k)!r}{more}; resume with the checkpoint's model config "
+            f"(e.g. model.{k}={saved.get(k)}) or point checkpoint.dir at a new directory"
+        )
+
+
+TRAIN_KEYS_FREE = frozenset({"log_every", "eval_every", "eval_batches", "check_memory", "dry_run", "reuse_run_dir"})
+"""``train.*`` keys a resume may change: what is logged and checked, not what is trained."""
+STAGE_KEYS = frozenset({"seq_len", "steps", "schedule_start", "lr", "warmup_steps", "global_batch"})
+"""``train.*`` keys a length-extension stage sets (:func:`lcx.training.schedule.stage_config`)."""
+
+
+class CheckpointConfigChangedError(CheckpointMismatchError):
+    """The checkpoint was written by a run with another training config."""
+
+
+def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any], step: int) -> list[str]:
+    """The training-relevant differences between a checkpoint's config and this run's.
+
+    Compared: every ``train.*`` key but :data:`TRAIN_KEYS_FREE` (``train.steps`` may grow: an
+    extension; it may shrink only to at most ``step``, where nothing is trained), and every
+    ``data.*`` key. ``model.*`` is :func:`check_compatible`'s; ``plan``, ``hardware`` and
+    ``memory`` may change (a checkpoint restores into any plan). At a stage boundary of a
+    length-extension schedule (``train.schedule_start == step``) the keys a stage sets
+    (:data:`STAGE_KEYS`) change on purpose. Keys present in only one config (written by an older
+    lcx) are not compared.
+
+    Returns:
+      ``"train.lr: 0.003 -> 0.001"`` lines, sorted.
+    """
+    out = []
+    st, nt = dict(saved.get("train") or {}), dict(now.get("train") or {})
+    boundary = nt.get("schedule_start") is not None and int(nt["schedule_start"]) == int(step)
+    for k in sorted(set(st) & set(nt)):
+        a, b = st[k], nt[k]
+        if k in TRAIN_KEYS_FREE or a == b or (boundary and k in STAGE_KEYS):
+            continue
+        if k == "steps" and isinstance(a, int) and isinstance(b, int) and (b >= a or b <= step):
+            continue
+        out.append(f"train.{k}: {a!r} -> {b!r}")
+    sd, nd = dict(saved.get("data") or {}), dict(now.get("data") or {})
+    out += [f"data.{k}: {sd[k]!r} -> {nd[k]!r}" for k in sorted(set(sd) & set(nd)) if sd[k] != nd[k]]
+    return out
+
+
+def check_resumable(meta: Mapping[str, Any], config: Mapping[str, Any], *, where: str, allow: bool,
+                    job: Mapping[str, Any] | None = None) -> None:
+    """Refuse to resume from a checkpoint that another run wrote.
+
+    Args:
+      meta: the checkpoint's ``meta`` item.
+      config: this run's resolved config.
+      where: the checkpoint's path, for messages.
+      allow: ``checkpoint.allow_config_change``: changes are logged instead of refused.
+      job: this process's :func:`lcx.training.rundir.multirun_job` (None: not a multirun).
+
+    Raises:
+      CheckpointMismatchError: the model differs (:func:`check_compatible`), or the checkpoint was
+        written by another job of this sweep (a ``checkpoint.dir`` shared by the jobs).
+      CheckpointConfigChangedError: the training config differs (names every differing key), and
+        ``allow`` is off.
+    """
+    check_compatible(meta, dict(config.get("model") or {}), where=where)
+    wrote = meta.get("sweep") or {}
+    if job is not None and wrote.get("sweep_dir") == job["sweep_dir"] and wrote.get("job") != job["job"]:
+        raise CheckpointMismatchError(
+            f"checkpoint {where} was written by job {wrote.get('job')} of this sweep ({job['sweep_dir']}); job "
+            f"{job['job']} must not resume it. The jobs of a sweep share an absolute checkpoint.dir: give a relative "
+            f"one (each job then gets <job dir>/<checkpoint.dir>) or include the job in it, e.g. "
+            f"checkpoint.dir=/ckpt/${{hydra:job.num}}")
+    changes = config_changes(dict(meta.get("config") or {}), config, int(meta.get("step", 0)))
+    if not changes:
+        return
+    if allow:
+        log.warning("resuming %s with a changed config (checkpoint.allow_config_change=true): %s", where,
+                    "; ".join(changes))
+        return
+    raise CheckpointConfigChangedError(
+        f"checkpoint {where} was written by a run with another training config: {'; '.join(changes)}. Resume with "
+        f"the checkpoint's values, point checkpoint.dir at a new directory, or set checkpoint.allow_config_change=true "
+        f"to resume anyway")
+
+
+__all__ = [
+    "STAGE_KEYS",
+    "TRAIN_KEYS_FREE",
+    "CheckpointConfig",
+    "CheckpointConfigChangedError",
+    "CheckpointMismatchError",
+    "check_compatible",
+    "check_resumable",
+    "checkpoint_config",
+    "config_changes",
+    "load_model",
+    "train_state_target",
+]

@@ -1,0 +1,202 @@
+"""The training state: one :class:`TrainState` module holds everything a run needs to continue.
+
+Parameters, optimizer state, the count of completed steps, the training RNG key and the data
+stream's position (:meth:`lcx.data.BatchStream.state`). A checkpoint
+(:mod:`lcx.training.checkpoint`) is exactly one ``TrainState``: its arrays (:meth:`TrainState.arrays`,
+orbax's ``state`` item) and its host part as JSON (:meth:`TrainState.meta`, in orbax's ``meta``
+item). Restoring reads into an abstract ``TrainState`` (:func:`abstract_train_state`) whose
+shardings are the *new* run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from lcx.training.step import init_opt_state, opt_state_shardings
+
+
+class TrainState(eqx.Module):
+    """Everything that evolves during training.
+
+    Attributes:
+      params: the model's arrays (``eqx.filter(model, is_arraylike)``; ``eqx.combine`` with the
+        static part gives the model), placed by the run's parameter shardings.
+      opt_state: the optax state of ``params`` (shardings ``Steps.opt_shardings``).
+      step: completed optimizer steps (0 before the first); host int, not traced.
+      rng: the training PRNG key (typed), or None where a caller carries none (a test's save).
+      data: the data stream position to resume at (:meth:`lcx.data.BatchStream.state`), or None.
+    """
+
+    params: Any
+    opt_state: Any
+    step: int = eqx.field(static=True, default=0)
+    rng: jax.Array | None = None
+    data: dict[str, int] | None = eqx.field(static=True, default=None)
+
+    def arrays(self) -> dict[str, Any]:
+        """The arrays a checkpoint writes: ``{"params", "opt_state"}`` (orbax ``state`` item)."""
+        return {"params": self.params, "opt_state": self.opt_state}
+
+    def meta(self) -> dict[str, Any]:
+        """The host part as JSON: ``step``, ``data`` (position) and ``rng`` (:func:`key_to_json`)."""
+        return {"step": int(self.step), "data": self.data,
+                "rng": None if self.rng is None else key_to_json(self.rng)}
+
+    def replace(self, **changes: Any) -> TrainState:
+        """A copy with ``changes`` (the fields are frozen)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_checkpoint(cls, arrays: Mapping[str, Any], meta: Mapping[str, Any]) -> TrainState:
+        """Inverse of :meth:`arrays` and :meth:`meta` (the RNG key bit-exact)."""
+        rng = meta.get("rng")
+        return cls(params=arrays["params"], opt_state=arrays["opt_state"], step=int(meta["step"]),
+                   rng=None if rng is None else key_from_json(rng), data=meta.get("data"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What :func:`lcx.training.loop.train` returns. Read as attributes, or as
+    ``result["losses"]`` (the keys are the field names).
+
+    Attributes:
+      losses: the loss of each step this call trained, nats/token.
+      final_loss: the last step's loss; None when this call trained no step (the checkpoint
+        already reached ``train.steps``).
+      val_loss: the last validation loss (the checkpoint's when no step was trained), or None.
+      state: the final :class:`TrainState`.
+      static: the model's static part (``eqx.combine(state.params, static)`` is the model).
+      run_dir: the run directory, as a string.
+      compile_s: seconds the train step took to compile (None: nothing compiled).
+      start_step: steps already done when this call began (0, or the restored step).
+    """
+
+    losses: list[float]
+    final_loss: float | None
+    val_loss: float | None
+    state: TrainState
+    static: Any
+    run_dir: str
+    compile_s: float | None
+    start_step: int
+
+    @property
+    def params(self) -> Any:
+        """The final parameters (``state.params``)."""
+        return self.state.params
+
+    def __getitem__(self, key: str) -> Any:
+        if key.startswith("_") or not hasattr(self, key):
+            raise KeyError(key)
+        return getattr(self, key)
+
+
+def abstract_like(tree: Any, shardings: Any) -> Any:
+    """``jax.ShapeDtypeStruct`` leaves with the shapes and dtypes of ``tree`` and the given
+    shardings: the restore target that makes orbax place each shard on the new plan's devices.
+
+    Args:
+      tree: pytree of arrays or ``ShapeDtypeStruct`` (e.g. from ``jax.eval_shape``).
+      shardings: pytree of ``Sharding`` with the structure of ``tree``.
+    """
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def abstract_train_state(abstract_params: Any, param_shardings: Any, optimizer: optax.GradientTransformation,
+                         replicated: jax.sharding.Sharding, *, opt_shardings: Any = None) -> TrainState:
+    """Restore target: a :class:`TrainState` of ``ShapeDtypeStruct`` for a model under a plan.
+
+    Args:
+      abstract_params: ``eqx.filter(abstract_model, is_arraylike)``: pytree of
+        ``ShapeDtypeStruct`` (None where the model has no array).
+      param_shardings: matching pytree of ``NamedSharding`` (:func:`lcx.models.model_shardings`).
+      optimizer: the optax transformation whose state was saved.
+      replicated: the plan's replicated sharding (``MeshPlan.replicated()``), for optax's
+        scalar ``count``.
+      opt_shardings: the optimizer state's shardings (default: each state like its parameter,
+        :func:`lcx.training.step.opt_state_shardings`); ``Steps.opt_shardings`` places it where
+        the run keeps it (``pinned_host`` with ``memory.offload_optimizer``). A checkpoint
+        written from either memory kind restores into either.
+    """
+    abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+    if opt_shardings is None:
+        opt_shardings = opt_state_shardings(optimizer, abstract_params, param_shardings, replicated)
+    return TrainState(params=abstract_like(abstract_params, param_shardings),
+                      opt_state=abstract_like(abstract_opt, opt_shardings))
+
+
+def init_train_state(model_cfg: Any, key: jax.Array, optimizer: optax.GradientTransformation, steps: Any,
+                     *, rng: jax.Array, data: dict[str, int]) -> TrainState:
+    """A fresh :class:`TrainState` at step 0, every array created in its sharded layout.
+
+    Args:
+      model_cfg: :class:`lcx.models.ModelConfig`.
+      key: the initialization key (``jax.random.key(train.seed)``).
+      optimizer: the optax transformation.
+      steps: :class:`lcx.training.step.Steps` (its ``param_shardings`` and ``opt_shardings``).
+      rng: the training RNG stream's key.
+      data: the data stream's starting position.
+    """
+    from lcx.models import init_model  # noqa: PLC0415 - the model package is heavy; state is read without it
+
+    params = jax.jit(lambda k: eqx.filter(init_model(model_cfg, key=k), eqx.is_array),
+                     out_shardings=steps.param_shardings)(key)
+    opt_state = init_opt_state(optimizer, params, steps.opt_shardings)
+    return TrainState(params=params, opt_state=opt_state, step=0, rng=rng, data=data)
+
+
+def nonfinite_leaves(tree: Any) -> list[str]:
+    """Paths (``jax.tree_util.keystr``) of the floating-point leaves of ``tree`` that hold a NaN
+    or an infinity; empty if all are finite. One small reduction per leaf, run on the devices."""
+    leaves = [
+        (jax.tree_util.keystr(p), x)
+        for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)
+    ]
+    if not leaves:
+        return []
+    flags = jax.device_get(_all_finite([x for _, x in leaves]))
+    return [name for (name, _), ok in zip(leaves, flags) if not bool(ok)]
+
+
+@jax.jit
+def _all_finite(xs):
+    return [jnp.all(jnp.isfinite(x)) for x in xs]
+
+
+def key_to_json(key: jax.Array) -> dict[str, Any]:
+    """A typed PRNG key as JSON: its implementation name and raw ``uint32`` key data."""
+    data = np.asarray(jax.random.key_data(key))
+    return {"impl": str(jax.random.key_impl(key)), "data": data.astype(np.uint32).tolist()}
+
+
+def key_from_json(d: Mapping[str, Any]) -> jax.Array:
+    """Inverse of :func:`key_to_json` (bit-exact)."""
+    return jax.random.wrap_key_data(np.asarray(d["data"], dtype=np.uint32), impl=d["impl"])
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """JSON cannot hold NaN/inf portably: store None instead."""
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+__all__ = [
+    "TrainResult",
+    "TrainState",
+    "abstract_like",
+    "abstract_train_state",
+    "finite_or_none",
+    "init_train_state",
+    "key_from_json",
+    "key_to_json",
+    "nonfinite_leaves",
+]
