@@ -6,6 +6,7 @@ against exact expected values where they exist.
 
 import functools
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +21,7 @@ from lcx.attention import (
     merge_partials,
     reference_attention,
 )
-from lcx.attention.kernels import Kernel, block_size, output_delta
+from lcx.attention.kernels import AbstractComposedKernel, BlockSizes, Kernel, block_size, output_delta
 
 # XLA:CPU optimisation level 0 halves compile time at these tiny shapes; semantics unchanged.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
@@ -186,11 +187,22 @@ def test_kernel_backward_is_additive_over_key_blocks():
     np.testing.assert_allclose(jnp.concatenate([parts[0][2], parts[1][2]], 1), full[2], atol=1e-6, rtol=0)
 
 
-class ForwardBackwardOnly(Kernel):
-    """A kernel with only ``forward`` and ``backward`` (like SplashKernel): it runs on the
-    :class:`Kernel` defaults of the accumulating form (forward_start/step/finish, ...)."""
+class ForwardBackwardOnly(AbstractComposedKernel):
+    """A kernel with only ``forward`` and ``backward`` (like SplashKernel): it runs on
+    :class:`AbstractComposedKernel`'s accumulating form (forward_start/step/finish, ...); its
+    blocks, rules and price are the wrapped kernel's."""
 
-    inner: Kernel
+    inner: XlaKernel
+    blocks: BlockSizes = eqx.field(static=True)
+
+    def __init__(self, inner):
+        self.inner, self.blocks = inner, inner.blocks
+
+    check_blocks = XlaKernel.check_blocks
+    forward_bytes, backward_bytes, prologue_bytes = XlaKernel.forward_bytes, XlaKernel.backward_bytes, XlaKernel.prologue_bytes
+
+    def step_tile_bytes(self, batch, q_len, kv_len, group):
+        return 0  # as splash: the ring's heads_per_pass counts no tiles
 
     def forward(self, *args, mask):
         return self.inner.forward(*args, mask=mask)
@@ -389,8 +401,12 @@ def test_make_kernel_passes_the_backward_blocks_and_refuses_empty_ones():
     kern = make_kernel("xla", 64, 32, 16, 8)
     assert (kern.block_q, kern.block_kv, kern.block_q_dkv, kern.block_kv_dkv) == (64, 32, 16, 8)
     assert make_kernel("xla", 64, 32).backward_blocks == (64, 32)
-    with pytest.raises(ValueError, match="block_kv_dkv=0"):
+    # one check, BlockSizes', whichever way the blocks are given
+    with pytest.raises(ValueError, match=r"block_kv_dkv must be >= 1 token.*got 0"):
         XlaKernel(block_q=4, block_kv=4, block_kv_dkv=0)
+    with pytest.raises(ValueError, match=r"block_q must be >= 1 token.*got 0"):
+        make_kernel("xla", BlockSizes(block_q=0))
+    assert make_kernel("xla", BlockSizes(64, 32, 16)) == XlaKernel(BlockSizes(64, 32, 16))
 
 
 @pytest.mark.parametrize("mask_name", list(MASKS))

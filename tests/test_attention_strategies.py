@@ -8,12 +8,13 @@ dq/dk/dv within 2e-4) for every mask, head layout, degree and sequence layout. E
 import functools
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lcx.attention import Mask, attention, reference_attention
+from lcx.attention import BlockSizes, Mask, attention, reference_attention
 from lcx.sharding import AttentionConfig, Plan, apply_layout, bind
 
 # XLA:CPU backend optimisation level 0 halves compile time (LLVM codegen dominates it at these
@@ -465,10 +466,21 @@ def test_ring_with_a_forward_backward_only_kernel_matches_reference():
     """The ring on a kernel that implements only forward and backward (like splash), i.e. on the
     Kernel defaults of the accumulating form, with GQA and a document mask."""
     from lcx.attention import Ring
-    from lcx.attention.kernels import Kernel, XlaKernel
+    from lcx.attention.kernels import AbstractComposedKernel, XlaKernel
 
-    class ForwardBackwardOnly(Kernel):
-        inner: Kernel
+    class ForwardBackwardOnly(AbstractComposedKernel):
+        inner: XlaKernel
+        blocks: BlockSizes = eqx.field(static=True)
+
+        def __init__(self, inner):
+            self.inner, self.blocks = inner, inner.blocks
+
+        check_blocks = XlaKernel.check_blocks
+        forward_bytes, backward_bytes, prologue_bytes = (XlaKernel.forward_bytes, XlaKernel.backward_bytes,
+                                                         XlaKernel.prologue_bytes)
+
+        def step_tile_bytes(self, batch, q_len, kv_len, group):
+            return 0
 
         def forward(self, *args, mask):
             return self.inner.forward(*args, mask=mask)

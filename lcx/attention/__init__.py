@@ -29,16 +29,21 @@ Public API:
 - :func:`merge_sinks`, :func:`sinks_grad`: the attention-sink merge and its gradient.
 - :func:`merge_partials`: merge two partial ``(out, lse)`` results over disjoint key sets (e.g.
   ``attention(..., return_lse=True)`` with a block of the caller's own).
-- :class:`Kernel`, :class:`XlaKernel`, :func:`make_kernel`, :data:`KERNELS`: per-device kernels.
-- :class:`Strategy` and the final strategies :class:`AllGather`, :class:`Ulysses`,
-  :class:`Ring`, :class:`USP`, registered by plan name in :data:`STRATEGIES`.
+- :class:`AbstractKernel` (alias ``Kernel``), :class:`XlaKernel`, :func:`make_kernel`,
+  :class:`BlockSizes`, :data:`KERNELS` / :func:`get_kernel`: per-device kernels.
+- :class:`AbstractStrategy` (alias ``Strategy``) and the final strategies :class:`AllGather`,
+  :class:`Ulysses`, :class:`Ring`, :class:`USP`, registered by plan name in :data:`STRATEGIES`
+  (:func:`get_strategy`).
 """
 
 from lcx.attention.api import attention as attention
 from lcx.attention.api import build_strategy as build_strategy
 from lcx.attention.flash import flash_attention as flash_attention
 from lcx.attention.kernels import KERNELS as KERNELS
+from lcx.attention.kernels import AbstractKernel as AbstractKernel
+from lcx.attention.kernels import BlockSizes as BlockSizes
 from lcx.attention.kernels import Kernel as Kernel
+from lcx.attention.kernels import get_kernel as get_kernel
 from lcx.attention.kernels import KernelNotAvailableError as KernelNotAvailableError
 from lcx.attention.kernels import XlaKernel as XlaKernel
 from lcx.attention.kernels import make_kernel as make_kernel
@@ -49,6 +54,8 @@ from lcx.attention.reference import reference_attention as reference_attention
 from lcx.attention.sinks import merge_sinks as merge_sinks
 from lcx.attention.sinks import sinks_grad as sinks_grad
 from lcx.attention.strategies import STRATEGIES as STRATEGIES
+from lcx.attention.strategies import AbstractStrategy as AbstractStrategy
+from lcx.attention.strategies import get_strategy as get_strategy
 from lcx.attention.strategies import USP as USP
 from lcx.attention.strategies import AllGather as AllGather
 from lcx.attention.strategies import Ring as Ring

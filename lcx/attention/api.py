@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec
 
 from lcx.attention.kernels import make_kernel
 from lcx.attention.masks import Mask
-from lcx.attention.strategies import STRATEGIES, Strategy
+from lcx.attention.strategies import AbstractStrategy, get_strategy
 from lcx.sharding import MeshPlan, Plan, bind
 from lcx.sharding.layout import layout_permutation
 from lcx.sharding import axes as ax
@@ -152,7 +152,7 @@ def attention(
 
 def build_strategy(
     mesh_plan: MeshPlan, mask: Mask, q_shape: tuple[int, ...], kv_shape: tuple[int, ...]
-) -> tuple[Strategy, tuple[PartitionSpec, PartitionSpec, PartitionSpec]]:
+) -> tuple[AbstractStrategy, tuple[PartitionSpec, PartitionSpec, PartitionSpec]]:
     """The plan's strategy for these global shapes, and the shard_map specs of q, k/v, positions.
 
     Args:
@@ -199,8 +199,8 @@ def build_strategy(
             f"attention: {K} kv heads cannot follow the query heads' sharding over mesh axes "
             f"{rules.get(ax.HEADS)} (size {tp}); use a tensor degree dividing {K} for the heads"
         )
-    kernel = make_kernel(cfg.kernel, cfg.block_q, cfg.block_kv, cfg.block_q_dkv, cfg.block_kv_dkv)
-    strategy = STRATEGIES[cfg.strategy].from_plan(kernel, mask, plan.seq_axes, sizes, cfg)
+    kernel = make_kernel(cfg.kernel, cfg.blocks)
+    strategy = get_strategy(cfg.strategy).from_plan(kernel, mask, plan.seq_axes, sizes, cfg)
     P = degree(ax.SEQ)
     strategy.check((B // degree(ax.BATCH), T // P, N // tp, H), (B // degree(ax.BATCH), T // P, K // tp, H))
     return strategy, (q_spec, kv_spec, pos_spec)
@@ -223,7 +223,9 @@ def _tie_masks_to_queries(strategy, return_lse, q, k, v, q_pos, k_pos, q_seg, k_
     """
     x = q[(0,) * q.ndim]
     zero = jnp.where(x == x, 0, 0).astype(jnp.int32)
-    return strategy(q, k, v, q_pos + zero, k_pos + zero, q_seg + zero, k_seg + zero, *rest, return_lse=return_lse)
+    # profiles then read as the architecture does: lcx.Attention / lcx.Ring / lcx.XlaKernel.forward
+    with jax.named_scope(f"lcx.{type(strategy).__name__}"):
+        return strategy(q, k, v, q_pos + zero, k_pos + zero, q_seg + zero, k_seg + zero, *rest, return_lse=return_lse)
 
 
 def _layout_positions(mp: MeshPlan, B: int, T: int) -> Int[Array, "B T"]:

@@ -1,6 +1,6 @@
 """Local (single-device, non-distributed) flash attention with a custom VJP.
 
-Built on a :class:`~lcx.attention.kernels.Kernel`: the forward saves only ``out`` (float32) and
+Built on a :class:`~lcx.attention.kernels.AbstractKernel`: the forward saves only ``out`` (float32) and
 the logsumexp, and the backward recomputes the probabilities block by block (Dao et al. 2022,
 arXiv:2205.14135), so training memory is linear in the sequence length. The all-gather and
 Ulysses strategies call it on their local blocks; it is also usable on its own.
@@ -13,7 +13,7 @@ import functools
 import jax
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels import Kernel, XlaKernel, output_delta
+from lcx.attention.kernels import AbstractKernel, XlaKernel, kernel_scope, output_delta
 from lcx.attention.masks import Mask
 from lcx.attention.names import name_context
 from lcx.attention.sinks import merge_sinks, row_sinks, sinks_grad
@@ -29,7 +29,7 @@ def flash_attention(
     k_seg: Int[Array, "B S"],
     *,
     mask: Mask,
-    kernel: Kernel | None = None,
+    kernel: AbstractKernel | None = None,
     sinks: Float[Array, " N"] | None = None,
     return_lse: bool = False,
 ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
@@ -64,7 +64,8 @@ def flash_attention(
 
 
 def _forward(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
-    out, lse = kernel.forward(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=mask)
+    with kernel_scope(kernel, "forward"):
+        out, lse = kernel.forward(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=mask)
     # None has no leaves: without sinks the traced program is the plain kernel's
     return (out, lse) if sinks is None else merge_sinks(out, lse, row_sinks(sinks, q_seg))
 
@@ -88,7 +89,8 @@ def _flash_bwd(kernel, mask, with_lse, res, ct):
     dout, dlse = ct if with_lse else (ct, None)
     # with sinks, out and lse already include them: the kernel's backward is then exact
     delta = lse_delta(output_delta(out, dout), dlse)
-    dq, dk, dv = kernel.backward(q, k, v, q_pos, k_pos, q_seg, k_seg, None, lse, dout, mask=mask, delta=delta)
+    with kernel_scope(kernel, "backward"):
+        dq, dk, dv = kernel.backward(q, k, v, q_pos, k_pos, q_seg, k_seg, None, lse, dout, mask=mask, delta=delta)
     ds = None if sinks is None else sinks_grad(delta, lse, sinks).astype(sinks.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, ds
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from lcx.attention.strategies import get_strategy
+from lcx.cost.attention_memory import attention_shard
+from lcx.cost.breakdown import param_bytes_per_device
 from lcx.cost.flops import ModelDims
-from lcx.cost.memory import DTYPE_BYTES, ActivationPolicy, param_bytes_per_device
+from lcx.cost.policy import ActivationPolicy
 from lcx.sharding import Plan
 from lcx.sharding import axes as ax
 
@@ -93,7 +96,8 @@ def comm_bytes(
     """Bytes one device sends per training step under ``plan`` (forward, backward, recompute).
 
     Per attention layer, with ``T = S / P``, ``b`` local sequences, ``a`` activation bytes, K/V
-    at their own head count (never repeated, except Ulysses' replication up to U):
+    at their own head count (never repeated, except Ulysses' replication up to U), as the plan's
+    strategy class prices it (:meth:`~lcx.attention.strategies.AbstractStrategy.traffic`):
 
     - allgather: forward gathers K and V, ``2 b S K H a (P-1)/P``; backward reduce-scatters dK,
       dV (same size); a policy that replays attention gathers again.
@@ -114,32 +118,13 @@ def comm_bytes(
     data = math.prod(shape[m] for m in plan.batch_axes)
     tp = math.prod(shape[m] for m in plan.activation_rules.get(ax.HEADS, ()))
     b = max(1, global_batch // data)
-    T = seq_len // P
-    a = DTYPE_BYTES[dtype]
-    N, K, H, L = cfg.n_heads // tp, max(1, cfg.n_kv_heads // tp), cfg.head_dim, cfg.n_layers
     replay = 1 if (policy.remat in ("full", "dots_with_no_batch_dims_saveable")
                    or (policy.remat == "custom" and not policy.keeps_context)) else 0
-    att = plan.attention
-    ag = a2a = ring = 0.0
-    hops, hop_bytes = 0, 0.0
-    if P > 1:
-        if att.strategy == "allgather":
-            ag = 2 * b * seq_len * K * H * a * (P - 1) / P * L * (2 + replay)
-        elif att.strategy in ("a2a", "usp"):
-            U = P if att.strategy == "a2a" else shape[att.ulysses_axis]
-            Kr = max(K, U)
-            if U > 1:
-                a2a = b * T * (2 * N + 2 * Kr) * H * a * (U - 1) / U * L * (2 + replay)
-            if att.strategy == "usp":
-                R = P // U
-                blk = U * T
-                hop_bytes = 2 * b * blk * (Kr // U) * H * a
-                hops = L * ((R - 1) * (1 + replay) + (R - 1) + R)
-                ring = L * (hop_bytes * (R - 1) * (2 + replay) + R * hop_bytes * 4 / a)
-        if att.strategy == "ring":
-            hop_bytes = 2 * b * T * K * H * a
-            hops = L * ((P - 1) * (1 + replay) + (P - 1) + P)
-            ring = L * (hop_bytes * (P - 1) * (2 + replay) + P * hop_bytes * 4 / a)
+    # the strategy's own collectives (:meth:`AbstractStrategy.traffic`; none at P = 1)
+    strategy = get_strategy(plan.attention.strategy)
+    s = attention_shard(cfg, seq_len=seq_len, local_batch=b, context_degree=P,
+                        ulysses_degree=strategy.all_to_all_degree(plan.attention, shape), tensor_degree=tp, dtype=dtype)
+    att = strategy.traffic(s, layers=cfg.n_layers, replay=replay)
     # parameters: sharded axes -> all-gather (fwd + bwd) and reduce-scatter; replicated -> all-reduce
     p_local = param_bytes_per_device(plan, n_devices, cfg, param_dtype, tie_embeddings=tie_embeddings)
     sharded = {m for rule in plan.param_rules.values() for m in rule}
@@ -152,5 +137,5 @@ def comm_bytes(
         grad += full * (n_shard - 1) / n_shard
     if n_repl > 1:
         grad += 2 * p_local * (n_repl - 1) / n_repl
-    return CommBytes(all_gather=ag, param_gather=pg, all_to_all=a2a, ring=ring, grad_reduction=grad, ring_hops=hops,
-                     ring_hop_bytes=hop_bytes)
+    return CommBytes(all_gather=att.all_gather, param_gather=pg, all_to_all=att.all_to_all, ring=att.ring,
+                     grad_reduction=grad, ring_hops=att.ring_hops, ring_hop_bytes=att.ring_hop_bytes)

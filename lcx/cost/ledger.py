@@ -1,6 +1,6 @@
 """The cost ledger of one training step: FLOPs, memory, communication, time, MFU.
 
-:func:`estimate` combines :mod:`lcx.cost.flops`, :mod:`lcx.cost.memory` and
+:func:`estimate` combines :mod:`lcx.cost.flops`, :mod:`lcx.cost.breakdown` and
 :mod:`lcx.cost.comm` with a :class:`~lcx.cost.hardware.Hardware` preset into an
 :class:`Estimate`. Times are roofline estimates (compute at peak FLOP/s, links at their
 datasheet bandwidth); the predicted MFU is therefore an upper bound that ranks plans, not a
@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from lcx.attention.strategies import get_strategy
+from lcx.cost.breakdown import MemoryBreakdown, memory_breakdown
 from lcx.cost.comm import CommBytes, comm_bytes, ring_overlap_min_block
 from lcx.cost.flops import ModelDims, StepFlops, recompute_flops, training_flops
 from lcx.cost.hardware import Hardware
-from lcx.cost.memory import ActivationPolicy, MemoryBreakdown, memory_breakdown
+from lcx.cost.policy import ActivationPolicy
 from lcx.sharding import Plan
 
 
@@ -168,7 +170,7 @@ def host_transfer_bytes(mem: MemoryBreakdown, policy: ActivationPolicy) -> float
       device copy serves the forward, the backward and the update) and the updated parameters
       back to the step's ``pinned_host`` output: ``2 p``;
     - offloaded optimizer state (AdamW's two tensors per parameter, as
-      :func:`~lcx.cost.memory.memory_breakdown` counts it): put on the device right before the
+      :func:`~lcx.cost.breakdown.memory_breakdown` counts it): put on the device right before the
       update, the new state back to the host output: ``2 x 2 p``.
 
     These are the copies a compiler that honours memory kinds makes (TPU, GPU); XLA:CPU strips
@@ -223,14 +225,11 @@ def estimate(
                      param_dtype=param_dtype, tie_embeddings=tie_embeddings)
     P = plan.context_degree(n_devices)
     a = plan.attention
+    strategy = get_strategy(a.strategy)
+    U = strategy.all_to_all_degree(a, plan.mesh_shape(n_devices))
     # Ulysses computes all S tokens of its heads (balanced); a ring (or USP's ring of P/U ranks,
     # each holding U consecutive chunks after the all-to-all) inherits the layout's imbalance
-    if a.strategy in ("allgather", "ring"):
-        imb = causal_imbalance(a.layout, P)
-    elif a.strategy == "usp":
-        imb = causal_imbalance(a.layout, P // plan.mesh_shape(n_devices)[a.ulysses_axis])
-    else:
-        imb = 1.0
+    imb = causal_imbalance(a.layout, strategy.imbalance_degree(P, U))
     lin_rec = _linear_recompute(cfg, seq_len, global_batch, policy)
     att_total = flops.attention + (rec - lin_rec)
     lin_total = flops.linear + lin_rec
@@ -246,16 +245,10 @@ def estimate(
     t_grad = com.grad_reduction / coll_bw
     comm_time = t_ring + t_params + t_kv_gather + t_a2a + t_grad
     exposed = max(0.0, t_ring - t_att) + max(0.0, t_params + t_grad - t_lin) + t_kv_gather + t_a2a
-    if a.strategy == "ring":
-        block = seq_len // P
-    elif a.strategy == "usp":
-        block = (seq_len // P) * plan.mesh_shape(n_devices)[a.ulysses_axis]
-    else:
-        block = 0
-    if block and P > 1 and (a.strategy == "ring" or P // plan.mesh_shape(n_devices)[a.ulysses_axis] > 1):
-        U = plan.mesh_shape(n_devices).get(a.ulysses_axis, 1) if a.strategy == "usp" else 1
-        kv = max(cfg.n_kv_heads, U) // U
-        cmin = ring_overlap_min_block(peak, p2p_bw, n_heads=cfg.n_heads // U, n_kv_heads=kv,
+    hop = strategy.ring_hop(seq_len, P, U, cfg.n_heads, cfg.n_kv_heads)
+    if hop is not None:
+        block = hop.block
+        cmin = ring_overlap_min_block(peak, p2p_bw, n_heads=hop.n_heads, n_kv_heads=hop.n_kv_heads,
                                       bytes_per_element=2 if dtype != "float32" else 4,
                                       causal=a.layout == "zigzag")
     else:

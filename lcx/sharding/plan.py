@@ -19,18 +19,82 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lcx.sharding import axes as ax
+from lcx.sharding.blocks import BlockSizes
 from lcx.sharding.layout import LAYOUTS, check_layout
 
 MeshAxes = str | tuple[str, ...] | None
 """What a rule maps a logical axis to: one mesh axis, a tuple of mesh axes (major to minor), or
 ``None`` (replicated)."""
 
-STRATEGIES: tuple[str, ...] = ("allgather", "a2a", "ring", "usp")
-KERNELS: tuple[str, ...] = ("xla", "splash")
-
-
 class PlanError(ValueError):
     """A plan that cannot work for the given devices, model or batch. Raised before compiling."""
+
+
+# The ONE plug-in lookup of the bottom layer. Strategies and kernels register in
+# lcx.attention.strategies.STRATEGIES / lcx.attention.kernels.KERNELS, and a plan asks them for
+# their names and their rules (mesh axes, head divisibility) through these two functions: imports
+# local to the call, because lcx.attention itself imports lcx.sharding.
+
+
+def strategy_class(name: str):
+    """The registered final strategy class of ``plan.attention.strategy`` ``name``.
+
+    Raises:
+      PlanError: unknown name (the message lists the registered ones).
+    """
+    from lcx.attention.strategies import get_strategy  # noqa: PLC0415 - the plug-in lookup (above)
+
+    try:
+        return get_strategy(name)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+
+
+def kernel_class(name: str):
+    """The registered final kernel class of ``plan.attention.kernel`` ``name``.
+
+    Raises:
+      PlanError: unknown name (the message lists the registered ones).
+    """
+    from lcx.attention.kernels import get_kernel  # noqa: PLC0415 - the plug-in lookup (above)
+
+    try:
+        return get_kernel(name)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+
+
+class _RegistryNames(Sequence):
+    """The names a registry holds, read when used (so a registered plug-in is a name here too)."""
+
+    def __init__(self, module: str, attr: str):
+        self._module, self._attr = module, attr
+
+    def _names(self) -> tuple[str, ...]:
+        import importlib  # noqa: PLC0415 - the plug-in lookup (above)
+
+        return tuple(getattr(importlib.import_module(self._module), self._attr))
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __eq__(self, other) -> bool:
+        return self._names() == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+STRATEGIES: Sequence[str] = _RegistryNames("lcx.attention.strategies", "STRATEGIES")
+"""Strategy names a plan accepts: those of :data:`lcx.attention.strategies.STRATEGIES`."""
+KERNELS: Sequence[str] = _RegistryNames("lcx.attention.kernels", "KERNELS")
+"""Kernel names a plan accepts: those of :data:`lcx.attention.kernels.KERNELS`."""
 
 
 def _as_axes(v: Any) -> tuple[str, ...]:
@@ -73,6 +137,9 @@ class AttentionConfig:
         xla kernel's backward holds three float32 ``[B, K, block_kv_dkv, G * block_q_dkv]``
         tiles at once (the forward about one), so smaller backward blocks shrink that fixed
         cost (128 instead of 256 keys halves it) while the forward keeps its own blocks.
+
+    The four block fields are the Hydra keys; code downstream takes them as one value,
+    :attr:`blocks` (:class:`~lcx.sharding.blocks.BlockSizes`, which checks them).
     """
 
     strategy: str = "allgather"
@@ -87,22 +154,19 @@ class AttentionConfig:
     block_kv_dkv: int | None = None
 
     def __post_init__(self):
-        if self.strategy not in STRATEGIES:
-            raise PlanError(f"unknown attention strategy {self.strategy!r}; choose one of {STRATEGIES}")
-        if self.kernel not in KERNELS:
-            raise PlanError(f"unknown attention kernel {self.kernel!r}; choose one of {KERNELS}")
+        strategy_class(self.strategy)
+        kernel_class(self.kernel)
         if self.layout not in LAYOUTS:
             raise PlanError(f"unknown sequence layout {self.layout!r}; choose one of {LAYOUTS}")
-        for name in ("block_q", "block_kv"):
-            if getattr(self, name) < 1:
-                raise PlanError(f"plan.attention.{name} must be >= 1 token, got {getattr(self, name)}")
-        for name in ("block_q_dkv", "block_kv_dkv"):
-            b = getattr(self, name)
-            if b is not None and b < 1:
-                raise PlanError(
-                    f"plan.attention.{name} must be >= 1 token (or null: the same as "
-                    f"plan.attention.{name.removesuffix('_dkv')}), got {b}"
-                )
+        try:
+            self.blocks  # noqa: B018 - checks the four block sizes
+        except ValueError as e:
+            raise PlanError(str(e)) from None
+
+    @property
+    def blocks(self) -> BlockSizes:
+        """The kernel's forward and backward blocks as one value."""
+        return BlockSizes(self.block_q, self.block_kv, self.block_q_dkv, self.block_kv_dkv)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +186,8 @@ class Plan:
     mesh: tuple[tuple[str, int], ...] = (("data", -1),)
     params: tuple[tuple[str, MeshAxes], ...] = ()
     activations: tuple[tuple[str, MeshAxes], ...] = (("batch", "data"),)
-    attention: AttentionConfig = AttentionConfig()
+    # a factory: AttentionConfig() asks the strategy registry, which is not imported yet here
+    attention: AttentionConfig = dataclasses.field(default_factory=AttentionConfig)
     name: str = "custom"
 
     def __post_init__(self):
@@ -161,19 +226,8 @@ class Plan:
                             f"plan.{kind}.{logical} maps to mesh axis {m!r}, which plan.mesh does not declare "
                             f"(mesh axes: {names}); add it to plan.mesh or change the rule"
                         )
-        seq = self.seq_axes
-        if self.attention.strategy == "usp":
-            a = self.attention
-            missing = [x for x in (a.ulysses_axis, a.ring_axis) if x not in seq]
-            if missing or a.ulysses_axis == a.ring_axis or len(seq) != 2:
-                raise PlanError(
-                    f"strategy 'usp' needs the sequence split over exactly two mesh axes, "
-                    f"plan.attention.ulysses_axis={a.ulysses_axis!r} and plan.attention.ring_axis={a.ring_axis!r}; "
-                    f"plan.activations.seq is {seq or None}"
-                    + (f" (missing {missing})" if missing else "")
-                    + f"; set activations.seq to [{a.ulysses_axis}, {a.ring_axis}] (either order) "
-                    "and declare both in plan.mesh"
-                )
+        # the strategy's own rules on the mesh axes it needs (USP: exactly two named ones)
+        strategy_class(self.attention.strategy).check_plan_axes(self)
 
     # ------------------------------------------------------------------ derived properties
     @property
@@ -333,32 +387,9 @@ class Plan:
                 check_layout(self.attention.layout, seq_len, P)
             except ValueError as e:
                 raise PlanError(str(e)) from None
-        a = self.attention
-        if a.strategy in ("a2a", "usp") and dims is not None:
-            u_axes = self.seq_axes if a.strategy == "a2a" else (a.ulysses_axis,)
-            U = math.prod(shape[m] for m in u_axes)
-            tp = math.prod(shape[m] for m in self.activation_rules.get(ax.HEADS, ()))
-            tkv = math.prod(shape[m] for m in self.activation_rules.get(ax.KV_HEADS, ()))
-            heads = sizes.get(ax.HEADS)
-            kv = sizes.get(ax.KV_HEADS)
-            if heads is not None:
-                local = heads // tp
-                if local % U:
-                    raise PlanError(
-                        f"{a.strategy}: the Ulysses degree {U} (mesh axes {u_axes}) must divide the "
-                        f"{local} query heads per device ({heads} heads / {tp} tensor); use a Ulysses degree "
-                        f"that divides {local}, or strategy=ring/allgather"
-                    )
-            if kv is not None:
-                local_kv = kv // tkv
-                if local_kv % U and not (U % local_kv == 0 and a.allow_kv_replication):
-                    raise PlanError(
-                        f"{a.strategy}: the Ulysses degree {U} (mesh axes {u_axes}) must divide the "
-                        f"{local_kv} KV heads per device or be a multiple of it with "
-                        f"plan.attention.allow_kv_replication=true (currently {a.allow_kv_replication}); "
-                        f"use a Ulysses degree in {_divisors_and_multiples(local_kv, n_devices)}, "
-                        "or strategy=ring/usp to put the rest of the context degree on a ring"
-                    )
+        if dims is not None:
+            # the strategy's own rules on the model's head counts (Ulysses: its degree and the heads)
+            strategy_class(self.attention.strategy).check_plan_dims(self, shape, sizes, n_devices)
 
     # ------------------------------------------------------------------ Hydra round trip
     def to_config(self) -> dict[str, Any]:
@@ -398,10 +429,6 @@ _ACTIVATION_GROUPS = (
     (ax.BATCH, ax.SEQ, ax.MLP),
     (ax.BATCH, ax.SEQ, ax.VOCAB),
 )
-
-
-def _divisors_and_multiples(k: int, n: int) -> list[int]:
-    return sorted({d for d in range(1, n + 1) if n % d == 0 and (k % d == 0 or d % k == 0)})
 
 
 def _items(x) -> list:

@@ -1,38 +1,54 @@
 """Per-device attention kernels behind one interface, selected by ``plan.attention.kernel``.
 
-Adding a kernel is one file with a final :class:`Kernel` subclass (taking the four block
-sizes ``block_q``, ``block_kv``, ``block_q_dkv``, ``block_kv_dkv`` as keywords) plus one line in
-:data:`KERNELS`.
+Adding a kernel is one file with a final :class:`AbstractKernel` subclass (built from a
+:class:`~lcx.sharding.blocks.BlockSizes`, carrying its block-size rules and its memory price;
+:class:`AbstractComposedKernel` supplies the accumulating form from ``forward``/``backward``)
+plus one line in :data:`KERNELS`. The plan accepts the names registered here, the cost ledger
+prices them through :func:`get_kernel`; nothing else branches on a kernel's name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from lcx.attention.kernels.base import AbstractKernel as AbstractKernel
 from lcx.attention.kernels.base import Kernel as Kernel
+from lcx.attention.kernels.base import KernelCall as KernelCall
+from lcx.attention.kernels.base import kernel_scope as kernel_scope
 from lcx.attention.kernels.base import merge_partials as merge_partials
 from lcx.attention.kernels.base import output_delta as output_delta
+from lcx.attention.kernels.composed import AbstractComposedKernel as AbstractComposedKernel
 from lcx.attention.kernels.splash import KernelNotAvailableError as KernelNotAvailableError
 from lcx.attention.kernels.splash import SplashKernel as SplashKernel
 from lcx.attention.kernels.xla import XlaKernel as XlaKernel
 from lcx.attention.kernels.xla import block_size as block_size
+from lcx.sharding.blocks import BlockSizes as BlockSizes
 
-KERNELS: dict[str, Callable[..., Kernel]] = {"xla": XlaKernel, "splash": SplashKernel}
-"""Kernel name (``plan.attention.kernel``) -> factory ``(block_q, block_kv, block_q_dkv,
-block_kv_dkv) -> Kernel`` (keyword arguments)."""
+KERNELS: dict[str, type[AbstractKernel]] = {
+    "xla": XlaKernel,
+    "splash": SplashKernel,
+}
+"""Kernel name (``plan.attention.kernel``) -> final kernel class, built as ``cls(blocks)``."""
 
 
-def make_kernel(name: str, block_q: int = 512, block_kv: int = 512, block_q_dkv: int | None = None,
-                block_kv_dkv: int | None = None) -> Kernel:
-    """The kernel ``name`` with these block sizes (tokens); ``block_q_dkv`` / ``block_kv_dkv``
-    are the backward pass's (None: ``block_q`` / ``block_kv``).
+def get_kernel(name: str) -> type[AbstractKernel]:
+    """The final kernel class registered as ``name``.
 
     Raises:
-      ValueError: unknown kernel name.
-      KernelNotAvailableError: (a ``NotImplementedError``) the kernel's library is missing here.
-      ValueError: block sizes the kernel cannot tile (splash: ``block_q`` a multiple of 8, the
-        others multiples of 128, kv blocks up to 16384).
+      ValueError: no kernel of that name (the message lists the registered ones).
     """
-    if name not in KERNELS:
-        raise ValueError(f"unknown attention kernel {name!r}; choose one of {tuple(KERNELS)}")
-    return KERNELS[name](block_q=block_q, block_kv=block_kv, block_q_dkv=block_q_dkv, block_kv_dkv=block_kv_dkv)
+    try:
+        return KERNELS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown attention kernel {name!r}; choose one of {tuple(KERNELS)}") from None
+
+
+def make_kernel(name: str, *blocks: BlockSizes | int | None, **block_sizes: int | None) -> AbstractKernel:
+    """The kernel ``name`` with these block sizes (tokens): one :class:`BlockSizes`, or its fields
+    ``block_q, block_kv, block_q_dkv, block_kv_dkv`` positionally or by keyword (the ``*_dkv``
+    ones are the backward pass's; None: ``block_q`` / ``block_kv``).
+
+    Raises:
+      ValueError: unknown kernel name; a block < 1 token; block sizes the kernel cannot tile
+        (splash: ``block_q`` a multiple of 8, the others multiples of 128, kv blocks up to 16384).
+      KernelNotAvailableError: (a ``NotImplementedError``) the kernel's library is missing here.
+    """
+    return get_kernel(name)(*blocks, **block_sizes)

@@ -12,9 +12,16 @@ the accumulating form instead: ``forward_start`` / ``forward_step`` / ``forward_
 ``backward_start`` / ``backward_step`` / ``backward_finish``. The query side is prepared once
 (a kernel may re-lay it out for its GEMMs) and the running results stay in the kernel's own
 layout between steps, so no step allocates whole-shard copies of q, dout, its partial output or
-its gradient pieces. The defaults compose :meth:`Kernel.forward` / :meth:`Kernel.backward` with
+its gradient pieces. :class:`~lcx.attention.kernels.composed.AbstractComposedKernel` implements
+that form by composing :meth:`AbstractKernel.forward` / :meth:`AbstractKernel.backward` with
 :func:`merge_partials` and plain sums, so a kernel that implements only those two still serves
 every strategy.
+
+A kernel class also carries what the rest of lcx needs to know about it, as class methods: its
+block-size rules (:meth:`AbstractKernel.check_blocks`) and its memory price for the cost ledger
+(:meth:`AbstractKernel.forward_bytes`, ``backward_bytes``, ``prologue_bytes``: pure arithmetic on
+a :class:`KernelCall`). Equinox's abstract/final pattern: this class declares abstract methods
+(and a few final ones no subclass overrides), each kernel is a final class.
 
 Einsum letters (Gemma convention): B batch, T query length, S key length, N query heads,
 K kv heads, G = N / K query heads per kv head, H head dim.
@@ -23,14 +30,66 @@ K kv heads, G = N / K query heads per kv head, H head dim.
 from __future__ import annotations
 
 import abc
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
 from jaxtyping import Array, Float, Int, PyTree
 
 from lcx.attention.masks import Mask
+from lcx.sharding.blocks import BlockSizes
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCall:
+    """The shape of one kernel call on one device, for pricing (tokens, heads, bytes).
+
+    Attributes:
+      local_batch: b, sequences.
+      q_len: t, query tokens.
+      kv_len: s, key/value tokens.
+      q_heads: n, query heads.
+      kv_heads: k, kv heads.
+      head_dim: h.
+      act_bytes: a, bytes per element of q, k, v and the cotangent (2 for bfloat16).
+    """
+
+    local_batch: int
+    q_len: int
+    kv_len: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    act_bytes: int = 2
+
+
+def as_blocks(args: tuple, kwargs: Mapping[str, int | None]) -> BlockSizes:
+    """A kernel constructor's block sizes: one :class:`BlockSizes` (``Kernel(blocks)``), or the
+    :class:`BlockSizes` fields ``block_q, block_kv, block_q_dkv, block_kv_dkv`` positionally or by
+    keyword (defaults for the others).
+
+    Raises:
+      TypeError: a BlockSizes mixed with other arguments, or an unknown keyword.
+      ValueError: a block below 1 token.
+    """
+    if len(args) == 1 and isinstance(args[0], BlockSizes) and not kwargs:
+        return args[0]
+    if any(isinstance(a, BlockSizes) for a in (*args, *kwargs.values())):
+        raise TypeError("give a kernel one BlockSizes, or the block sizes as numbers, not both")
+    return BlockSizes(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def kernel_scope(kernel: AbstractKernel, what: str) -> Iterator[None]:
+    """``jax.named_scope("lcx.<KernelClass>.<what>")`` around a kernel call, so that profiles
+    name the kernel and the pass."""
+    with jax.named_scope(f"lcx.{type(kernel).__name__}.{what}"):
+        yield
 
 
 def output_delta(out: Float[Array, "B T N H"], dout: Float[Array, "B T N H"]) -> Float[Array, "B T N"]:
@@ -84,12 +143,64 @@ Prepared = PyTree[Any]
 Accumulator = PyTree[Any]
 
 
-class Kernel(eqx.Module):
+class AbstractKernel(eqx.Module):
     """Abstract per-device attention kernel (Equinox abstract/final pattern: subclasses are final).
 
     GQA: query head ``n`` attends with kv head ``n // G``; implementations must never repeat
     K/V. The softmax scale ``1 / sqrt(H)`` is the kernel's business (callers pass unscaled q).
+
+    Attributes:
+      blocks: forward and backward blocks in tokens (a static field of the final class, checked
+        by :meth:`check_blocks` when the kernel is built).
     """
+
+    blocks: eqx.AbstractVar[BlockSizes]
+
+    def __check_init__(self):
+        type(self).check_blocks(self.blocks)
+
+    # the four sizes by their plan.attention names (final: read from blocks)
+    @property
+    def block_q(self) -> int:
+        return self.blocks.block_q
+
+    @property
+    def block_kv(self) -> int:
+        return self.blocks.block_kv
+
+    @property
+    def block_q_dkv(self) -> int | None:
+        return self.blocks.block_q_dkv
+
+    @property
+    def block_kv_dkv(self) -> int | None:
+        return self.blocks.block_kv_dkv
+
+    # ------------------------------------------------------------------ rules and price (class)
+    @classmethod
+    @abc.abstractmethod
+    def check_blocks(cls, blocks: BlockSizes) -> None:
+        """The kernel's own tiling rules on ``blocks`` (beyond :class:`BlockSizes`' >= 1).
+
+        Raises:
+          ValueError: naming the ``plan.attention`` key, the value and the fix.
+        """
+
+    @classmethod
+    @abc.abstractmethod
+    def forward_bytes(cls, call: KernelCall, blocks: BlockSizes) -> int:
+        """Bytes of device memory one forward call holds besides its inputs."""
+
+    @classmethod
+    @abc.abstractmethod
+    def backward_bytes(cls, call: KernelCall, blocks: BlockSizes) -> int:
+        """Bytes of device memory one backward call holds besides its inputs (q, k, v, out, lse)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def prologue_bytes(cls, call: KernelCall) -> int:
+        """The part of :meth:`backward_bytes` that does not depend on the incoming cotangent, so
+        XLA creates it as soon as its inputs exist (during the MLP's backward)."""
 
     @abc.abstractmethod
     def forward(
@@ -157,17 +268,18 @@ class Kernel(eqx.Module):
         """
 
     # ------------------------------------------------------------------ accumulating form
-    # Defaults in terms of forward/backward; a kernel may override them with a layout of its own
-    # (XlaKernel keeps queries and accumulators blocked, in GEMM row order, across all steps).
+    # AbstractComposedKernel implements these from forward/backward; XlaKernel with a layout of
+    # its own (queries and accumulators blocked, in GEMM row order, across all steps).
 
+    @abc.abstractmethod
     def step_tile_bytes(self, batch: int, q_len: int, kv_len: int, group: int) -> int:
         """Bytes of device memory the kernel's largest per-step temporaries take for ONE kv head
         and its ``group`` query heads, on ``batch`` sequences of ``q_len`` queries against
         ``kv_len`` keys (tokens). Callers that choose how many heads to process at once (the
         ring's :func:`~lcx.attention.strategies.ring.heads_per_pass`) add it to the K/V they
-        hold. Default 0: the kernel keeps its tiles in on-chip memory (splash: VMEM)."""
-        return 0
+        hold; 0 when the kernel keeps its tiles in on-chip memory (splash: VMEM)."""
 
+    @abc.abstractmethod
     def forward_start(
         self, q: Float[Array, "B T N H"], q_pos: Int[Array, "B T"], q_seg: Int[Array, "B T"], *, kv_heads: int
     ) -> tuple[Prepared, Accumulator]:
@@ -182,9 +294,8 @@ class Kernel(eqx.Module):
           ``(prepared, acc)``: the prepared queries (read-only afterwards) and the running result
           over no key yet; both opaque pytrees, only this kernel reads them.
         """
-        B, T, N, H = q.shape
-        return (q, q_pos, q_seg), (jnp.zeros((B, T, N, H), jnp.float32), jnp.full((B, T, N), -jnp.inf, jnp.float32))
 
+    @abc.abstractmethod
     def forward_step(
         self,
         prepared: Prepared,
@@ -207,17 +318,15 @@ class Kernel(eqx.Module):
         Returns:
           The updated running result (same structure, shapes and dtypes as ``acc``).
         """
-        q, q_pos, q_seg = prepared
-        out_b, lse_b = self.forward(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=mask)
-        return merge_partials(*acc, out_b, lse_b)
 
+    @abc.abstractmethod
     def forward_finish(
         self, prepared: Prepared, acc: Accumulator
     ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
         """``(out, lse)`` over every block folded into ``acc``, as :meth:`forward` returns them
         for the union of those blocks (float32; empty rows ``out = 0``, ``lse = -inf``)."""
-        return acc
 
+    @abc.abstractmethod
     def backward_start(
         self,
         q: Float[Array, "B T N H"],
@@ -242,8 +351,8 @@ class Kernel(eqx.Module):
           ``(prepared, dq_acc)``: the prepared query side (read-only afterwards) and the dQ
           accumulator (zero), both opaque pytrees.
         """
-        return (q, q_pos, q_seg, lse, dout, delta), jnp.zeros(q.shape, jnp.float32)
 
+    @abc.abstractmethod
     def backward_step(
         self,
         prepared: Prepared,
@@ -263,10 +372,11 @@ class Kernel(eqx.Module):
         Returns:
           ``(dq_acc, dk, dv)`` updated, with the structures, shapes and dtypes passed in.
         """
-        q, q_pos, q_seg, lse, dout, delta = prepared
-        dq_b, dk_b, dv_b = self.backward(q, k, v, q_pos, k_pos, q_seg, k_seg, None, lse, dout, mask=mask, delta=delta)
-        return dq_acc + dq_b, dk + dk_b, dv + dv_b
 
+    @abc.abstractmethod
     def backward_finish(self, prepared: Prepared, dq_acc: Accumulator) -> Float[Array, "B T N H"]:
         """float32 ``dq`` ``[B, T, N, H]``: the sum of every folded block's contribution."""
-        return dq_acc
+
+
+Kernel = AbstractKernel
+"""Alias of :class:`AbstractKernel` (the name users' scripts import)."""

@@ -1,5 +1,5 @@
 """The ``splash`` kernel: Pallas splash attention (block-sparse flash attention) behind lcx's
-:class:`~lcx.attention.kernels.Kernel` interface.
+:class:`~lcx.attention.kernels.AbstractKernel` interface.
 
 Splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``, shipped with JAX) is the
 TPU kernel MaxText runs its context-parallel strategies on. Its masks are static NumPy objects
@@ -85,14 +85,17 @@ from __future__ import annotations
 
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels.base import Kernel, merge_partials, output_delta
+from lcx.attention.kernels.base import KernelCall, as_blocks, merge_partials, output_delta
+from lcx.attention.kernels.composed import AbstractComposedKernel
 from lcx.attention.masks import Mask
+from lcx.sharding.blocks import BlockSizes
 
 _F32 = jnp.float32
 LANES = 128
@@ -251,38 +254,41 @@ def _block_info(mi, lo, hi, bq: int, bkv: int, n_kv_blocks: int, empty_row):
     return fwd, dkv
 
 
-class SplashKernel(Kernel):
+class SplashKernel(AbstractComposedKernel):
     """Pallas splash attention (interpret mode off TPU) with sorted-interval masks.
 
+    Build it with ``SplashKernel(BlockSizes(...))`` or ``SplashKernel(block_q=..., ...)``.
+
     Attributes:
-      block_q: query block in tokens of the forward, a multiple of 8 (clamped to the query length
-        rounded up to 128); the dQ kernel runs on ``lcm(block_q, 128)`` queries when it is not a
-        multiple of 128 (module docstring).
-      block_kv: key/value block in tokens, a multiple of 128 and ``<= 16384``.
-      block_q_dkv: query block in tokens of the dK/dV backward kernel (splash's
-        ``BlockSizes.block_q_dkv``), a multiple of 128; None: the dQ kernel's query block.
-      block_kv_dkv: key/value block in tokens of the dK/dV backward kernel (splash's
-        ``BlockSizes.block_kv_dkv``), a multiple of 128 and ``<= 16384``; None: ``block_kv``.
+      blocks: ``block_q``: query block in tokens of the forward, a multiple of 8 (clamped to the
+        query length rounded up to 128); the dQ kernel runs on ``lcm(block_q, 128)`` queries when
+        it is not a multiple of 128 (module docstring). ``block_kv``: key/value block in tokens,
+        a multiple of 128 and ``<= 16384``. ``block_q_dkv``: query block in tokens of the dK/dV
+        backward kernel (splash's ``BlockSizes.block_q_dkv``), a multiple of 128; None: the dQ
+        kernel's query block. ``block_kv_dkv``: key/value block in tokens of the dK/dV backward
+        kernel, a multiple of 128 and ``<= 16384``; None: ``block_kv``.
 
     Raises:
       ValueError: block sizes that splash cannot tile.
       KernelNotAvailableError: this JAX has no Pallas splash attention.
     """
 
-    block_q: int = 512
-    block_kv: int = 512
-    block_q_dkv: int | None = None
-    block_kv_dkv: int | None = None
+    blocks: BlockSizes = eqx.field(static=True)
 
-    def __check_init__(self):
-        if self.block_q < SUBLANES or self.block_q % SUBLANES:
+    def __init__(self, *blocks: BlockSizes | int | None, **block_sizes: int | None):
+        self.blocks = as_blocks(blocks, block_sizes)
+
+    @classmethod
+    def check_blocks(cls, blocks: BlockSizes) -> None:
+        """Splash's tiling rules (module docstring), then whether splash imports here."""
+        if blocks.block_q < SUBLANES or blocks.block_q % SUBLANES:
             raise ValueError(
                 f"plan.attention.kernel='splash' needs plan.attention.block_q to be a positive multiple of {SUBLANES} "
-                f"tokens (the TPU sublanes splash's forward tiles queries by), got {self.block_q}; e.g. "
-                f"{max(SUBLANES, _round_up(self.block_q, SUBLANES))}, or use kernel='xla' for other block sizes"
+                f"tokens (the TPU sublanes splash's forward tiles queries by), got {blocks.block_q}; e.g. "
+                f"{max(SUBLANES, _round_up(blocks.block_q, SUBLANES))}, or use kernel='xla' for other block sizes"
             )
         for name in ("block_kv", "block_q_dkv", "block_kv_dkv"):
-            b = getattr(self, name)
+            b = getattr(blocks, name)
             if b is not None and (b < LANES or b % LANES):
                 raise ValueError(
                     f"plan.attention.kernel='splash' needs plan.attention.{name} to be a positive multiple of {LANES} "
@@ -290,20 +296,39 @@ class SplashKernel(Kernel):
                     f"got {b}; e.g. {max(LANES, _round_up(b, LANES))}, or use kernel='xla' for other block sizes"
                 )
         for name in ("block_kv", "block_kv_dkv"):
-            b = getattr(self, name)
+            b = getattr(blocks, name)
             if b is not None and b > MAX_KV_CHUNK:
                 raise ValueError(
                     f"plan.attention.kernel='splash' needs plan.attention.{name} <= {MAX_KV_CHUNK} tokens (two "
                     f"15-bit key indices share one int32 of mask data), got {b}"
                 )
-        if self.block_kv_dkv is not None and math.lcm(self.block_kv, self.block_kv_dkv) > MAX_KV_CHUNK:
+        lcm = math.lcm(blocks.block_kv, blocks.block_kv_dkv) if blocks.block_kv_dkv is not None else 0
+        if lcm > MAX_KV_CHUNK:
             raise ValueError(
                 f"plan.attention.kernel='splash' needs kv chunks of whole blocks of both plan.attention.block_kv "
-                f"({self.block_kv}) and block_kv_dkv ({self.block_kv_dkv}), whose least common multiple "
-                f"{math.lcm(self.block_kv, self.block_kv_dkv)} exceeds {MAX_KV_CHUNK} tokens; make one a multiple of "
-                "the other"
+                f"({blocks.block_kv}) and block_kv_dkv ({blocks.block_kv_dkv}), whose least common multiple "
+                f"{lcm} exceeds {MAX_KV_CHUNK} tokens; make one a multiple of the other"
             )
         _splash_modules()
+
+    # -- memory price (the ledger: lcx.cost.attention_memory); tiles live in VMEM, 0 HBM -------
+    @classmethod
+    def forward_bytes(cls, call: KernelCall, blocks: BlockSizes) -> int:
+        """The float32 output and logsumexp, ``b t n (h + 1)``."""
+        return 4 * call.local_batch * call.q_len * call.q_heads * (call.head_dim + 1)
+
+    @classmethod
+    def backward_bytes(cls, call: KernelCall, blocks: BlockSizes) -> int:
+        """dout (``a`` bytes) and the float32 dq, dk, dv outputs."""
+        b, t, s, n, k, h = call.local_batch, call.q_len, call.kv_len, call.q_heads, call.kv_heads, call.head_dim
+        return b * t * n * h * call.act_bytes + 4 * b * (t * n * h + 2 * s * k * h)
+
+    @classmethod
+    def prologue_bytes(cls, call: KernelCall) -> int:
+        return 0  # the Pallas calls allocate their accumulators themselves
+
+    def step_tile_bytes(self, batch: int, q_len: int, kv_len: int, group: int) -> int:
+        return 0  # tiles in VMEM
 
     # -- per batch row, per kv chunk ------------------------------------------------------------
 

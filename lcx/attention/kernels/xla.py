@@ -8,7 +8,7 @@ dK/dV of the block, then adding it into the caller's dK/dV) and an inner loop ov
 (adding dQ pieces into one blocked dQ accumulator, in place), recomputing the probabilities from
 the saved logsumexp (flash-attention backward, Algorithm 2).
 
-Both are written as the accumulating form of :class:`Kernel` (``forward_start`` /
+Both are written as the accumulating form of :class:`AbstractKernel` (``forward_start`` /
 ``forward_step`` / ``forward_finish`` and the ``backward_`` three), ``forward`` and ``backward``
 being one step of it. A caller with many K/V blocks against the same queries (the ring) thus
 prepares the queries once, and the online softmax's state ``(m, l, acc)`` simply continues from
@@ -47,12 +47,14 @@ kernel is the precise, portable one; speed on TPUs is the job of the splash kern
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels.base import Kernel, output_delta
+from lcx.attention.kernels.base import AbstractKernel, KernelCall, as_blocks, output_delta
 from lcx.attention.masks import Mask
+from lcx.sharding.blocks import BlockSizes
 
 _F32 = jnp.float32
 
@@ -147,41 +149,74 @@ def _kv_add(acc: Array, tile: Array, j, size: int) -> Array:
     return lax.dynamic_update_slice_in_dim(acc, part, j * size, axis=1)
 
 
-class XlaKernel(Kernel):
+class XlaKernel(AbstractKernel):
     """Blockwise flash attention in plain JAX; GQA by grouping q heads, K/V never repeated.
 
+    Build it with ``XlaKernel(BlockSizes(...))`` or ``XlaKernel(block_q=..., block_kv=...,
+    block_q_dkv=..., block_kv_dkv=...)`` (the :class:`~lcx.sharding.blocks.BlockSizes` fields).
+
     Attributes:
-      block_q: query block in tokens (clamped to the local query length; see :func:`block_size`).
-      block_kv: key/value block in tokens (clamped likewise).
-      block_q_dkv: query block in tokens of the backward (``backward_start``/``backward_step``);
-        None: ``block_q``. Clamped likewise.
-      block_kv_dkv: key/value block in tokens of the backward; None: ``block_kv``. The backward's
-        three float32 tiles are ``[B, K, block_kv_dkv, G * block_q_dkv]`` each.
+      blocks: ``block_q`` / ``block_kv``: forward blocks in tokens (clamped to the local lengths;
+        see :func:`block_size`); ``block_q_dkv`` / ``block_kv_dkv``: the backward's
+        (``backward_start``/``backward_step``; None: the forward's), clamped likewise. The
+        backward's three float32 tiles are ``[B, K, block_kv_dkv, G * block_q_dkv]`` each.
 
     Raises:
       ValueError: a block < 1 token.
     """
 
-    block_q: int = 512
-    block_kv: int = 512
-    block_q_dkv: int | None = None
-    block_kv_dkv: int | None = None
+    blocks: BlockSizes = eqx.field(static=True)
 
-    def __check_init__(self):
-        blocks = {n: getattr(self, n) for n in ("block_q", "block_kv", "block_q_dkv", "block_kv_dkv")}
-        if any(b is not None and b < 1 for b in blocks.values()):
-            raise ValueError(
-                "kernel blocks must be >= 1 token (the *_dkv ones may be None: the forward's), got "
-                + ", ".join(f"{n}={b}" for n, b in blocks.items())
-            )
+    def __init__(self, *blocks: BlockSizes | int | None, **block_sizes: int | None):
+        self.blocks = as_blocks(blocks, block_sizes)
+
+    @classmethod
+    def check_blocks(cls, blocks: BlockSizes) -> None:
+        return None  # any block >= 1 token: a block that does not divide a length shrinks (block_size)
 
     @property
     def backward_blocks(self) -> tuple[int, int]:
         """``(query, key)`` blocks of the backward in tokens, before clamping: the ``*_dkv``
         ones, or the forward's where those are None."""
-        bq = self.block_q if self.block_q_dkv is None else self.block_q_dkv
-        bk = self.block_kv if self.block_kv_dkv is None else self.block_kv_dkv
-        return bq, bk
+        return self.blocks.backward
+
+    # -- memory price (the ledger: lcx.cost.attention_memory) -----------------------------------
+    @classmethod
+    def forward_bytes(cls, call: KernelCall, blocks: BlockSizes) -> int:
+        """float32, with ``b, t, n, h`` = batch, query length, heads, head width: the scaled q and
+        the unnormalised output accumulator, ``2 b t n h``; the running max and sum, ``2 b t n``;
+        and the logits and probabilities of one (query block, key block) step, ``2 b n bq bk``
+        (the forward's blocks, clamped to the lengths)."""
+        b, t, s, n, h = call.local_batch, call.q_len, call.kv_len, call.q_heads, call.head_dim
+        bq, bk = block_size(t, blocks.block_q), block_size(s, blocks.block_kv)
+        return 4 * b * (2 * t * n * h + 2 * t * n) + 2 * 4 * b * n * bq * bk
+
+    @classmethod
+    def backward_bytes(cls, call: KernelCall, blocks: BlockSizes) -> int:
+        """``backward_start``, one ``backward_step`` over all K/V blocks, ``backward_finish``, all
+        float32, with ``b, t, s, n, k, h`` = batch, query and key lengths, heads, kv heads, head
+        width: the incoming cotangent dout ``b t n h`` (``a`` bytes) and, unless it is already
+        float32, its float32 copy; the scaled float32 q and the blocked dQ accumulator,
+        ``2 b t n h`` (at the end the accumulator and the unblocked dQ); logsumexp and delta,
+        ``2 b t n``; the dK/dV accumulators the kernel adds into, ``2 b s k h``; and the tiles of
+        one (query block, key block) step, ``[b, k, bk, G bq]`` with ``G = n / k`` (GEMM rows):
+        the probabilities, dP and dS are live together (the logits are consumed by the exp that
+        makes the probabilities), ``3 b n bq bk``; ``bq, bk`` are the BACKWARD's blocks
+        (:attr:`BlockSizes.backward`), clamped to the lengths (:func:`block_size`)."""
+        b, t, s, n, k, h = call.local_batch, call.q_len, call.kv_len, call.q_heads, call.kv_heads, call.head_dim
+        a, f32 = call.act_bytes, 4
+        dout = b * t * n * h * a
+        bq_dkv, bk_dkv = blocks.backward
+        bq, bk = block_size(t, bq_dkv), block_size(s, bk_dkv)
+        dout_f32 = 0 if a == f32 else b * t * n * h * f32
+        return dout + dout_f32 + f32 * b * (2 * t * n * h + 2 * t * n + 2 * s * k * h) + 3 * f32 * b * n * bq * bk
+
+    @classmethod
+    def prologue_bytes(cls, call: KernelCall) -> int:
+        """The scaled float32 q and the blocked float32 dQ accumulator, ``2 b t n h``, and the
+        zeroed float32 dK/dV accumulators, ``2 b s k h`` (part of :meth:`backward_bytes`)."""
+        b, t, s, n, k, h = call.local_batch, call.q_len, call.kv_len, call.q_heads, call.kv_heads, call.head_dim
+        return 4 * b * (2 * t * n * h + 2 * s * k * h)
 
     def step_tile_bytes(self, batch: int, q_len: int, kv_len: int, group: int) -> int:
         """float32 tiles live together for one kv head: the forward's logits and probabilities,
@@ -231,7 +266,7 @@ class XlaKernel(Kernel):
         dq, dk, dv = self.backward_step(prepared, dq, zero, zero, k, v, k_pos, k_seg, mask=mask)
         return self.backward_finish(prepared, dq), dk, dv
 
-    # The accumulating form (Kernel.forward_start & co.): the query side is scaled and upcast
+    # The accumulating form (AbstractKernel.forward_start & co.): the query side is scaled and upcast
     # ONCE, and the running results stay blocked in GEMM row order ([nq, B, K, G * bq, ...])
     # across all steps: the forward carries the online softmax's (m, l, acc) itself from one K/V
     # block to the next (a ring step is a continuation of the kernel's inner loop, not a separate

@@ -1,23 +1,44 @@
 """Context-parallel attention strategies and their registry.
 
-A fifth strategy is one new file with a final :class:`Strategy` subclass plus one line in
-:data:`STRATEGIES` (and its name in ``lcx.sharding.plan.STRATEGIES`` so plans accept it).
+A fifth strategy is one new file with a final :class:`AbstractStrategy` subclass (its program,
+its plan rules, its price) plus one line in :data:`STRATEGIES`. Everything else in lcx finds it
+here: the plan accepts its name and runs its rules (:mod:`lcx.sharding.plan`'s one plug-in
+lookup, a function-local import of :func:`get_strategy`), the cost ledger prices it and the
+planner tries its meshes; nothing else branches on a strategy's name.
 """
 
 from __future__ import annotations
 
 from lcx.attention.strategies.a2a import Ulysses as Ulysses
 from lcx.attention.strategies.allgather import AllGather as AllGather
+from lcx.attention.strategies.base import AbstractStrategy as AbstractStrategy
 from lcx.attention.strategies.base import Strategy as Strategy
+from lcx.attention.strategies.pricing import AttentionShard as AttentionShard
+from lcx.attention.strategies.pricing import RingHop as RingHop
+from lcx.attention.strategies.pricing import SearchMesh as SearchMesh
+from lcx.attention.strategies.pricing import Traffic as Traffic
 from lcx.attention.strategies.ring import Ring as Ring
 from lcx.attention.strategies.ring import merge_partials as merge_partials
 from lcx.attention.strategies.ring import ring_attention as ring_attention
 from lcx.attention.strategies.usp import USP as USP
 
-STRATEGIES: dict[str, type[Strategy]] = {
+STRATEGIES: dict[str, type[AbstractStrategy]] = {
     "allgather": AllGather,
-    "a2a": Ulysses,
     "ring": Ring,
+    "a2a": Ulysses,
     "usp": USP,
 }
-"""``plan.attention.strategy`` name -> final strategy class."""
+"""``plan.attention.strategy`` name -> final strategy class. The planner tries them in this order
+(a tie in its ranking goes to the earlier one)."""
+
+
+def get_strategy(name: str) -> type[AbstractStrategy]:
+    """The final strategy class registered as ``name``.
+
+    Raises:
+      ValueError: no strategy of that name (the message lists the registered ones).
+    """
+    try:
+        return STRATEGIES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown attention strategy {name!r}; choose one of {tuple(STRATEGIES)}") from None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -30,10 +31,13 @@ from jax import lax
 from jaxtyping import Array, Float, Int
 
 from lcx.attention.flash import flash_attention
-from lcx.attention.kernels import Kernel
+from lcx.attention.kernels import AbstractKernel
 from lcx.attention.masks import Mask
 from lcx.attention.sinks import local_head_sinks
-from lcx.attention.strategies.base import Shape, Strategy
+from lcx.attention.strategies.base import AbstractStrategy, Shape
+from lcx.attention.strategies.pricing import AttentionShard, RingHop, SearchMesh, Traffic
+from lcx.sharding import axes as ax
+from lcx.sharding.plan import PlanError
 
 
 def kv_replication(n_heads: int, n_kv_heads: int, degree: int, allow: bool, *, who: str, axes) -> int:
@@ -76,6 +80,78 @@ def kv_replication(n_heads: int, n_kv_heads: int, degree: int, allow: bool, *, w
     return degree // n_kv_heads
 
 
+def check_ulysses_plan(plan, who: str, u_axes: tuple[str, ...], mesh_shape: Mapping[str, int],
+                       dims: Mapping[str, int], n_devices: int) -> None:
+    """The plan-level form of :func:`kv_replication` (A2A and USP), on the model's head counts.
+
+    Args:
+      plan: the plan.
+      who: strategy name, for the message.
+      u_axes: mesh axes of the all-to-all.
+      mesh_shape: resolved mesh axis sizes.
+      dims: logical axis sizes (``heads``, ``kv_heads``; either may be missing).
+      n_devices: devices of the mesh (for the degrees the message suggests).
+
+    Raises:
+      PlanError: the Ulysses degree does not divide the query heads per device, or neither
+        divides nor is a multiple (with ``allow_kv_replication``) of the kv heads per device.
+    """
+    a = plan.attention
+    U = math.prod(mesh_shape[m] for m in u_axes)
+    tp = math.prod(mesh_shape[m] for m in plan.activation_rules.get(ax.HEADS, ()))
+    tkv = math.prod(mesh_shape[m] for m in plan.activation_rules.get(ax.KV_HEADS, ()))
+    heads = dims.get(ax.HEADS)
+    kv = dims.get(ax.KV_HEADS)
+    if heads is not None:
+        local = heads // tp
+        if local % U:
+            raise PlanError(
+                f"{who}: the Ulysses degree {U} (mesh axes {u_axes}) must divide the "
+                f"{local} query heads per device ({heads} heads / {tp} tensor); use a Ulysses degree "
+                f"that divides {local}, or strategy=ring/allgather"
+            )
+    if kv is not None:
+        local_kv = kv // tkv
+        if local_kv % U and not (U % local_kv == 0 and a.allow_kv_replication):
+            near = sorted({d for d in range(1, n_devices + 1)
+                           if n_devices % d == 0 and (local_kv % d == 0 or d % local_kv == 0)})
+            raise PlanError(
+                f"{who}: the Ulysses degree {U} (mesh axes {u_axes}) must divide the "
+                f"{local_kv} KV heads per device or be a multiple of it with "
+                f"plan.attention.allow_kv_replication=true (currently {a.allow_kv_replication}); "
+                f"use a Ulysses degree in {near}, "
+                "or strategy=ring/usp to put the rest of the context degree on a ring"
+            )
+
+
+def ulysses_buffer_bytes(b: int, length: int, q_heads: int, kv_heads: int, head_dim: int, act_bytes: int) -> int:
+    """Bytes of the head-layout q/k/v after the all-to-all (``length`` tokens of ``q_heads`` and
+    ``kv_heads`` heads) and the four gathered int32 position / segment-id rows."""
+    return b * length * head_dim * (q_heads + 2 * kv_heads) * act_bytes + 4 * b * length * 4
+
+
+def ulysses_residual_bytes(s: AttentionShard, U: int) -> int:
+    """Bytes the kernel's saved k/v after an all-to-all of degree ``U`` exceed the local ones: k/v
+    of ``Kr / U`` kv heads over ``L = U T`` tokens instead of ``K`` over T (``Kr = max(K, U)``,
+    replicated kv heads), and the four gathered position / segment arrays ``4 b L`` int32."""
+    if U == 1:
+        return 0
+    b, T, K = s.local_batch, s.local_len, s.kv_heads
+    kh, L = max(K, U) // U, T * U
+    return max(0, 2 * b * (L * kh - T * K) * s.head_dim * s.act_bytes) + 4 * b * L * 4
+
+
+def ulysses_all_to_all(s: AttentionShard, U: int, *, layers: int, replay: int) -> float:
+    """Bytes of the all-to-alls of degree ``U``: q, k, v in and the output back,
+    ``b T (2N + 2Kr) H a (U-1)/U`` per pass; the backward moves the same again, a replay adds a
+    forward."""
+    if U <= 1:
+        return 0.0
+    b, T, N, H, a = s.local_batch, s.local_len, s.heads, s.head_dim, s.act_bytes
+    Kr = max(s.kv_heads, U)
+    return b * T * (2 * N + 2 * Kr) * H * a * (U - 1) / U * layers * (2 + replay)
+
+
 def seq_to_heads(x: Float[Array, "B T M H"], axes: tuple[str, ...]) -> Float[Array, "B TU M/U H"]:
     """All-to-all: sequence-sharded ``[B, T, M, H]`` -> head-sharded ``[B, T*U, M/U, H]``.
 
@@ -105,7 +181,7 @@ def ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, axes, replication):
     return q, k, v, q_pos, k_pos, q_seg, k_seg
 
 
-class Ulysses(Strategy):
+class Ulysses(AbstractStrategy):
     """DeepSpeed-Ulysses: all-to-all from sequence to head sharding, local attention, and back.
 
     Attributes:
@@ -116,11 +192,12 @@ class Ulysses(Strategy):
       allow_kv_replication: replicate kv heads when ``K < U`` and ``U % K == 0``.
     """
 
-    kernel: Kernel
+    kernel: AbstractKernel
     mask: Mask = eqx.field(static=True)
     axes: tuple[str, ...] = eqx.field(static=True)
     degree: int = eqx.field(static=True)
     allow_kv_replication: bool = eqx.field(static=True, default=True)
+    output_all_to_all: ClassVar[bool] = True
 
     @classmethod
     def from_plan(cls, kernel, mask, seq_axes, axis_sizes: Mapping[str, int], config) -> Ulysses:
@@ -157,3 +234,48 @@ class Ulysses(Strategy):
         res = flash_attention(*args, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse)
         # the logsumexp [B, T U, N/U] goes back to sequence sharding like the output
         return tuple(heads_to_seq(x, self.axes) for x in res) if return_lse else heads_to_seq(res, self.axes)
+
+    # -- plan rules and price (module docstring); the all-to-all spans the context degree P ------
+    @classmethod
+    def check_plan_axes(cls, plan) -> None:
+        return None  # the all-to-all runs over whatever axes split the sequence
+
+    @classmethod
+    def check_plan_dims(cls, plan, mesh_shape, dims, n_devices) -> None:
+        check_ulysses_plan(plan, "a2a", plan.seq_axes, mesh_shape, dims, n_devices)
+
+    @classmethod
+    def search_meshes(cls, data: int, context: int) -> tuple[SearchMesh, ...]:
+        return (SearchMesh((("data", data), ("context", context)), "context", name="a2a"),)
+
+    @classmethod
+    def all_to_all_degree(cls, config, mesh_shape) -> int:
+        return 1  # no separate Ulysses axis: the pricing below reads U = P
+
+    @classmethod
+    def kernel_call(cls, s: AttentionShard) -> tuple[int, int, int, int]:
+        P = s.context_degree  # all S tokens of N/P heads (kv heads replicated up to P)
+        return s.seq_len, s.seq_len, s.heads // P, max(s.kv_heads, P) // P
+
+    @classmethod
+    def buffer_bytes(cls, s: AttentionShard, *, backward: bool) -> int:
+        _, _, nq, nk = cls.kernel_call(s)
+        return ulysses_buffer_bytes(s.local_batch, s.seq_len, nq, nk, s.head_dim, s.act_bytes)
+
+    @classmethod
+    def residual_bytes(cls, s: AttentionShard) -> int:
+        return ulysses_residual_bytes(s, s.context_degree)
+
+    @classmethod
+    def traffic(cls, s: AttentionShard, *, layers: int, replay: int) -> Traffic:
+        if s.context_degree <= 1:
+            return Traffic()
+        return Traffic(all_to_all=ulysses_all_to_all(s, s.context_degree, layers=layers, replay=replay))
+
+    @classmethod
+    def imbalance_degree(cls, context_degree: int, ulysses_degree: int) -> int:
+        return 1  # every device computes all S tokens of its heads: balanced
+
+    @classmethod
+    def ring_hop(cls, seq_len, context_degree, ulysses_degree, n_heads, n_kv_heads) -> RingHop | None:
+        return None

@@ -11,18 +11,20 @@ each device its shard. (Grattafiori et al. 2024, "The Llama 3 Herd of Models", s
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import equinox as eqx
 from jax import lax
 from jaxtyping import Array, Float, Int
 
 from lcx.attention.flash import flash_attention
-from lcx.attention.kernels import Kernel
+from lcx.attention.kernels import AbstractKernel
 from lcx.attention.masks import Mask
-from lcx.attention.strategies.base import Shape, Strategy
+from lcx.attention.strategies.base import AbstractStrategy, Shape
+from lcx.attention.strategies.pricing import AttentionShard, RingHop, SearchMesh, Traffic
 
 
-class AllGather(Strategy):
+class AllGather(AbstractStrategy):
     """All-gather K/V over the sequence axes; local queries attend to the full K/V.
 
     Attributes:
@@ -31,9 +33,10 @@ class AllGather(Strategy):
       axes: mesh axes the sequence is split over (major to minor); ``()``: context degree 1.
     """
 
-    kernel: Kernel
+    kernel: AbstractKernel
     mask: Mask = eqx.field(static=True)
     axes: tuple[str, ...] = eqx.field(static=True)
+    output_all_to_all: ClassVar[bool] = False
 
     @classmethod
     def from_plan(cls, kernel, mask, seq_axes, axis_sizes: Mapping[str, int], config) -> AllGather:
@@ -58,3 +61,53 @@ class AllGather(Strategy):
             k, v, k_pos, k_seg = (lax.all_gather(x, self.axes, axis=1, tiled=True) for x in (k, v, k_pos, k_seg))
         return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks,
                                return_lse=return_lse)
+
+    # -- plan rules and price (module docstring) ------------------------------------------------
+    @classmethod
+    def check_plan_axes(cls, plan) -> None:
+        return None  # any sequence axes
+
+    @classmethod
+    def check_plan_dims(cls, plan, mesh_shape, dims, n_devices) -> None:
+        return None  # any head counts: K/V are gathered at their own head count
+
+    @classmethod
+    def search_meshes(cls, data: int, context: int) -> tuple[SearchMesh, ...]:
+        return (SearchMesh((("data", data), ("context", context)), "context", name="allgather"),)
+
+    @classmethod
+    def all_to_all_degree(cls, config, mesh_shape) -> int:
+        return 1
+
+    @classmethod
+    def kernel_call(cls, s: AttentionShard) -> tuple[int, int, int, int]:
+        return s.local_len, s.seq_len, s.heads, s.kv_heads  # local queries x the gathered sequence
+
+    @classmethod
+    def buffer_bytes(cls, s: AttentionShard, *, backward: bool) -> int:
+        # the gathered K/V and their positions and segment ids (forward and backward alike)
+        b, S = s.local_batch, s.seq_len
+        return 2 * b * S * s.kv_heads * s.head_dim * s.act_bytes + 2 * b * S * 4
+
+    @classmethod
+    def residual_bytes(cls, s: AttentionShard) -> int:
+        # the kernel saves the gathered K/V: 2 b (S - T) K H a more, and 2 b S int32 positions/ids
+        b, S, T = s.local_batch, s.seq_len, s.local_len
+        return 2 * b * (S - T) * s.kv_heads * s.head_dim * s.act_bytes + 2 * b * S * 4
+
+    @classmethod
+    def traffic(cls, s: AttentionShard, *, layers: int, replay: int) -> Traffic:
+        # forward all-gather, backward reduce-scatter of dK/dV (same size), a replay gathers again
+        P = s.context_degree
+        if P <= 1:
+            return Traffic()
+        b, K, H, a = s.local_batch, s.kv_heads, s.head_dim, s.act_bytes
+        return Traffic(all_gather=2 * b * s.seq_len * K * H * a * (P - 1) / P * layers * (2 + replay))
+
+    @classmethod
+    def imbalance_degree(cls, context_degree: int, ulysses_degree: int) -> int:
+        return context_degree  # each device's queries keep the layout's share of causal work
+
+    @classmethod
+    def ring_hop(cls, seq_len, context_degree, ulysses_degree, n_heads, n_kv_heads) -> RingHop | None:
+        return None

@@ -14,7 +14,7 @@ travelling one hop behind it (the accumulator is updated by the kernel, then sen
 accumulates locally. After P-1 K/V hops a final hop returns every accumulator to its owner.
 Memory per device is O(S/P) in training as well as inference.
 
-Both directions use the kernel's accumulating form (:meth:`Kernel.forward_start` /
+Both directions use the kernel's accumulating form (:meth:`AbstractKernel.forward_start` /
 ``forward_step`` / ``forward_finish``, ``backward_start`` / ``backward_step`` /
 ``backward_finish``): the query side (q; in backward also dout, logsumexp and delta) is prepared
 once per pass, not once per ring step, and every step folds its K/V block into running results
@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -49,13 +50,14 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels.base import Kernel, output_delta
+from lcx.attention.flash import lse_delta
+from lcx.attention.kernels.base import AbstractKernel, kernel_scope, output_delta
 from lcx.attention.kernels.base import merge_partials as merge_partials  # re-exported by lcx.attention.strategies
 from lcx.attention.masks import Mask
 from lcx.attention.names import name_context
-from lcx.attention.flash import lse_delta
 from lcx.attention.sinks import merge_sinks, row_sinks, sinks_grad
-from lcx.attention.strategies.base import Shape, Strategy
+from lcx.attention.strategies.base import AbstractStrategy, Shape
+from lcx.attention.strategies.pricing import AttentionShard, RingHop, SearchMesh, Traffic
 
 _F32 = jnp.float32
 
@@ -69,7 +71,7 @@ def ring_attention(
     q_seg: Int[Array, "B T"],
     k_seg: Int[Array, "B T"],
     *,
-    kernel: Kernel,
+    kernel: AbstractKernel,
     mask: Mask,
     axes: tuple[str, ...],
     size: int,
@@ -131,7 +133,7 @@ PASS_BYTES = 2**20
 def heads_per_pass(kv_shape: tuple[int, ...], dtype, tile_bytes: int = 0) -> int:
     """Default kv heads per ring pass: all of them while one pass's working set -- the local K
     shard ``[B, T, K, H]`` plus the kernel's per-step tiles of all K heads (``tile_bytes`` per kv
-    head, :meth:`~lcx.attention.kernels.Kernel.step_tile_bytes`) -- is at most 1 MiB, else ONE
+    head, :meth:`~lcx.attention.kernels.AbstractKernel.step_tile_bytes`) -- is at most 1 MiB, else ONE
     (attention is independent per kv head and its query group).
 
     Per-device memory of a ring is a few K/V-sized buffers (the shard in use, the next one in
@@ -163,11 +165,12 @@ def _forward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg):
 
     def block(acc, kv):
         kb, vb, kp, ks = kv
-        return lax.cond(
-            mask.may_be_visible(q_pos, kp, q_seg, ks),
-            lambda: kernel.forward_step(prepared, acc, kb, vb, kp, ks, mask=mask),
-            lambda: acc,
-        )
+
+        def visible():
+            with kernel_scope(kernel, "forward_step"):
+                return kernel.forward_step(prepared, acc, kb, vb, kp, ks, mask=mask)
+
+        return lax.cond(mask.may_be_visible(q_pos, kp, q_seg, ks), visible, lambda: acc)
 
     def step(carry, _):
         acc, kv = carry
@@ -261,11 +264,12 @@ def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out
 
     def block(dq, kv, dkv):
         kb, vb, kp, ks = kv
-        dq, dk, dv = lax.cond(
-            mask.may_be_visible(q_pos, kp, q_seg, ks),
-            lambda: kernel.backward_step(prepared, dq, *dkv, kb, vb, kp, ks, mask=mask),
-            lambda: (dq, *dkv),
-        )
+
+        def visible():
+            with kernel_scope(kernel, "backward_step"):
+                return kernel.backward_step(prepared, dq, *dkv, kb, vb, kp, ks, mask=mask)
+
+        dq, dk, dv = lax.cond(mask.may_be_visible(q_pos, kp, q_seg, ks), visible, lambda: (dq, *dkv))
         return dq, (dk, dv)
 
     def step(carry, _):
@@ -287,7 +291,26 @@ def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
-class Ring(Strategy):
+def ring_buffer_bytes(b: int, length: int, kv_heads: int, head_dim: int, act_bytes: int, *, backward: bool) -> int:
+    """Bytes a ring keeps in flight on one device: the next K/V block (``length`` tokens of
+    ``kv_heads`` heads) with its positions and segment ids, and in the ``backward`` the next hop
+    of the float32 dK/dV accumulators."""
+    grads = 2 * b * length * kv_heads * head_dim * 4 if backward else 0
+    return 2 * b * length * kv_heads * head_dim * act_bytes + 2 * b * length * 4 + grads
+
+
+def ring_traffic(b: int, block: int, kv_heads: int, head_dim: int, act_bytes: int, size: int, *, layers: int,
+                 replay: int) -> Traffic:
+    """Ring hops of a ring of ``size`` devices on blocks of ``block`` tokens: ``size - 1``
+    forward K/V hops (again for a replay), ``size - 1`` in the backward plus ``size`` hops of
+    float32 dK/dV accumulators (:func:`_backward`)."""
+    hop_bytes = 2 * b * block * kv_heads * head_dim * act_bytes
+    hops = layers * ((size - 1) * (1 + replay) + (size - 1) + size)
+    ring = layers * (hop_bytes * (size - 1) * (2 + replay) + size * hop_bytes * 4 / act_bytes)
+    return Traffic(ring=ring, ring_hops=hops, ring_hop_bytes=hop_bytes)
+
+
+class Ring(AbstractStrategy):
     """Ring attention over all sequence axes (one ring of P = context degree devices).
 
     Attributes:
@@ -298,11 +321,12 @@ class Ring(Strategy):
       kv_heads_per_pass: kv heads per pass of the ring (``None``: :func:`heads_per_pass`).
     """
 
-    kernel: Kernel
+    kernel: AbstractKernel
     mask: Mask = eqx.field(static=True)
     axes: tuple[str, ...] = eqx.field(static=True)
     degree: int = eqx.field(static=True)
     kv_heads_per_pass: int | None = eqx.field(static=True, default=None)
+    output_all_to_all: ClassVar[bool] = False
 
     @classmethod
     def from_plan(cls, kernel, mask, seq_axes, axis_sizes: Mapping[str, int], config) -> Ring:
@@ -327,3 +351,48 @@ class Ring(Strategy):
             q, k, v, q_pos, k_pos, q_seg, k_seg, kernel=self.kernel, mask=self.mask, axes=self.axes, size=self.degree,
             kv_heads_per_pass=self.kv_heads_per_pass, sinks=sinks, return_lse=return_lse,
         )
+
+    # -- plan rules and price (module docstring) ------------------------------------------------
+    @classmethod
+    def check_plan_axes(cls, plan) -> None:
+        return None  # one ring over whatever axes split the sequence
+
+    @classmethod
+    def check_plan_dims(cls, plan, mesh_shape, dims, n_devices) -> None:
+        return None  # any head counts
+
+    @classmethod
+    def search_meshes(cls, data: int, context: int) -> tuple[SearchMesh, ...]:
+        return (SearchMesh((("data", data), ("context", context)), "context", name="ring"),)
+
+    @classmethod
+    def all_to_all_degree(cls, config, mesh_shape) -> int:
+        return 1
+
+    @classmethod
+    def kernel_call(cls, s: AttentionShard) -> tuple[int, int, int, int]:
+        return s.local_len, s.local_len, s.heads, s.kv_heads  # one T x T block per step
+
+    @classmethod
+    def buffer_bytes(cls, s: AttentionShard, *, backward: bool) -> int:
+        return ring_buffer_bytes(s.local_batch, s.local_len, s.kv_heads, s.head_dim, s.act_bytes, backward=backward)
+
+    @classmethod
+    def residual_bytes(cls, s: AttentionShard) -> int:
+        return 0  # each step's K/V is fetched again in the backward
+
+    @classmethod
+    def traffic(cls, s: AttentionShard, *, layers: int, replay: int) -> Traffic:
+        if s.context_degree <= 1:
+            return Traffic()
+        return ring_traffic(s.local_batch, s.local_len, s.kv_heads, s.head_dim, s.act_bytes, s.context_degree,
+                            layers=layers, replay=replay)
+
+    @classmethod
+    def imbalance_degree(cls, context_degree: int, ulysses_degree: int) -> int:
+        return context_degree  # the ring inherits the layout's causal imbalance
+
+    @classmethod
+    def ring_hop(cls, seq_len, context_degree, ulysses_degree, n_heads, n_kv_heads) -> RingHop | None:
+        block = seq_len // context_degree
+        return RingHop(block, n_heads, n_kv_heads) if block and context_degree > 1 else None

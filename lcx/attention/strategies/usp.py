@@ -14,19 +14,30 @@ tensor) are untouched, so USP composes with data parallelism.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import equinox as eqx
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels import Kernel
+from lcx.attention.kernels import AbstractKernel
 from lcx.attention.masks import Mask
 from lcx.attention.sinks import local_head_sinks
-from lcx.attention.strategies.a2a import heads_to_seq, kv_replication, ulysses_in
-from lcx.attention.strategies.base import Shape, Strategy
-from lcx.attention.strategies.ring import ring_attention
+from lcx.attention.strategies.a2a import (
+    check_ulysses_plan,
+    heads_to_seq,
+    kv_replication,
+    ulysses_all_to_all,
+    ulysses_buffer_bytes,
+    ulysses_in,
+    ulysses_residual_bytes,
+)
+from lcx.attention.strategies.base import AbstractStrategy, Shape
+from lcx.attention.strategies.pricing import AttentionShard, RingHop, SearchMesh, Traffic
+from lcx.attention.strategies.ring import ring_attention, ring_buffer_bytes, ring_traffic
+from lcx.sharding.plan import PlanError
 
 
-class USP(Strategy):
+class USP(AbstractStrategy):
     """Ulysses all-to-all over ``ulysses_axis`` composed with a ring over ``ring_axis``.
 
     Attributes:
@@ -37,13 +48,14 @@ class USP(Strategy):
       allow_kv_replication: replicate kv heads when ``K < U`` and ``U % K == 0``.
     """
 
-    kernel: Kernel
+    kernel: AbstractKernel
     mask: Mask = eqx.field(static=True)
     ulysses_axis: str = eqx.field(static=True)
     ulysses_degree: int = eqx.field(static=True)
     ring_axis: str = eqx.field(static=True)
     ring_degree: int = eqx.field(static=True)
     allow_kv_replication: bool = eqx.field(static=True, default=True)
+    output_all_to_all: ClassVar[bool] = True
 
     @classmethod
     def from_plan(cls, kernel, mask, seq_axes, axis_sizes: Mapping[str, int], config) -> USP:
@@ -97,3 +109,73 @@ class USP(Strategy):
             return res
         # the logsumexp [B, T U, N/U] goes back to sequence sharding like the output
         return tuple(heads_to_seq(x, ua) for x in res) if return_lse else heads_to_seq(res, ua)
+
+    # -- plan rules and price (module docstring): an all-to-all over U, a ring of R = P / U ------
+    @classmethod
+    def check_plan_axes(cls, plan) -> None:
+        seq, a = plan.seq_axes, plan.attention
+        missing = [x for x in (a.ulysses_axis, a.ring_axis) if x not in seq]
+        if missing or a.ulysses_axis == a.ring_axis or len(seq) != 2:
+            raise PlanError(
+                f"strategy 'usp' needs the sequence split over exactly two mesh axes, "
+                f"plan.attention.ulysses_axis={a.ulysses_axis!r} and plan.attention.ring_axis={a.ring_axis!r}; "
+                f"plan.activations.seq is {seq or None}"
+                + (f" (missing {missing})" if missing else "")
+                + f"; set activations.seq to [{a.ulysses_axis}, {a.ring_axis}] (either order) "
+                "and declare both in plan.mesh"
+            )
+
+    @classmethod
+    def check_plan_dims(cls, plan, mesh_shape, dims, n_devices) -> None:
+        check_ulysses_plan(plan, "usp", (plan.attention.ulysses_axis,), mesh_shape, dims, n_devices)
+
+    @classmethod
+    def search_meshes(cls, data: int, context: int) -> tuple[SearchMesh, ...]:
+        axes = (("ulysses_axis", "ulysses"), ("ring_axis", "ring"))
+        return tuple(
+            SearchMesh((("data", data), ("ulysses", U), ("ring", context // U)), ("ulysses", "ring"), axes,
+                       name=f"usp{U}x{context // U}")
+            for U in range(2, context) if context % U == 0  # 1 < U < P: both parts real
+        )
+
+    @classmethod
+    def all_to_all_degree(cls, config, mesh_shape) -> int:
+        return mesh_shape.get(config.ulysses_axis, 1)
+
+    @classmethod
+    def kernel_call(cls, s: AttentionShard) -> tuple[int, int, int, int]:
+        U = s.ulysses_degree  # L = U T tokens of N/U heads (kv heads replicated up to U)
+        return s.local_len * U, s.local_len * U, s.heads // U, max(s.kv_heads, U) // U
+
+    @classmethod
+    def buffer_bytes(cls, s: AttentionShard, *, backward: bool) -> int:
+        L, _, nq, nk = cls.kernel_call(s)
+        b, H, a = s.local_batch, s.head_dim, s.act_bytes
+        return ulysses_buffer_bytes(b, L, nq, nk, H, a) + ring_buffer_bytes(b, L, nk, H, a, backward=backward)
+
+    @classmethod
+    def residual_bytes(cls, s: AttentionShard) -> int:
+        return ulysses_residual_bytes(s, s.ulysses_degree)
+
+    @classmethod
+    def traffic(cls, s: AttentionShard, *, layers: int, replay: int) -> Traffic:
+        P, U = s.context_degree, s.ulysses_degree
+        if P <= 1:
+            return Traffic()
+        ring = ring_traffic(s.local_batch, U * s.local_len, max(s.kv_heads, U) // U, s.head_dim, s.act_bytes, P // U,
+                            layers=layers, replay=replay)
+        return Traffic(all_to_all=ulysses_all_to_all(s, U, layers=layers, replay=replay), ring=ring.ring,
+                       ring_hops=ring.ring_hops, ring_hop_bytes=ring.ring_hop_bytes)
+
+    @classmethod
+    def imbalance_degree(cls, context_degree: int, ulysses_degree: int) -> int:
+        # a ring of P/U ranks, each holding U consecutive chunks after the all-to-all
+        return context_degree // ulysses_degree
+
+    @classmethod
+    def ring_hop(cls, seq_len, context_degree, ulysses_degree, n_heads, n_kv_heads) -> RingHop | None:
+        P, U = context_degree, ulysses_degree
+        block = (seq_len // P) * U
+        if not (block and P > 1 and P // U > 1):
+            return None
+        return RingHop(block, n_heads // U, max(n_kv_heads, U) // U)
