@@ -21,7 +21,7 @@ from lcx.attention import (
     merge_partials,
     reference_attention,
 )
-from lcx.attention.kernels import AbstractComposedKernel, BlockSizes, Kernel, block_size, output_delta
+from lcx.attention.kernels import AbstractComposedKernel, BlockSizes, block_size, output_delta
 
 # XLA:CPU optimisation level 0 halves compile time at these tiny shapes; semantics unchanged.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}

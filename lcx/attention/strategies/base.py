@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from typing import ClassVar
 
 import equinox as eqx
 from jaxtyping import Array, Float, Int
