@@ -1,6 +1,6 @@
 """Retrieval evaluation: ``python -m lcx.eval checkpoint.dir=D`` on a 2-step passkey checkpoint
 writes eval.json (one result per length x depth) and a heatmap PNG; the plan is re-validated per
-length; the plain PNG writer makes a valid image without matplotlib."""
+length; without matplotlib the heatmap error names the ``plots`` extra."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import zlib
 
 import jax
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from lcx.sharding import PlanError
-from lcx.training.retrieval import _plain_png, grid
+from lcx.training.retrieval import grid, write_heatmap
 
 
 @pytest.fixture(scope="module")
@@ -88,23 +87,22 @@ def test_cli_writes_eval_json(checkpoint, tmp_path):
     assert (tmp_path / "passkey_heatmap.png").exists()
 
 
-def test_plain_png_is_a_valid_image(tmp_path):
-    _plain_png(np.array([[0.0, 1.0], [np.nan, 0.5]]), tmp_path / "h.png", cell=3)
-    data = (tmp_path / "h.png").read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    assert (w, h) == (6, 6)
-    n = int.from_bytes(data[33:37], "big")
-    raw = zlib.decompress(data[41 : 41 + n])
-    assert len(raw) == h * (1 + 3 * w)
-    assert raw[1:4] == bytes([255, 0, 60])  # exact match 0: red
+def test_heatmap_is_a_png_and_names_the_extra_without_matplotlib(tmp_path, monkeypatch):
+    results = [{"seq_len": s, "depth": d, "exact_match": x} for s, d, x in
+               [(256, 0.0, 0.0), (256, 1.0, 1.0), (512, 0.0, 0.5)]]  # (512, 1.0) missing: NaN cell
+    assert write_heatmap(results, tmp_path / "h.png") == "matplotlib"
+    assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: import raises
+    with pytest.raises(ImportError, match=r"pip install 'lcx\[plots\]'"):
+        write_heatmap(results, tmp_path / "g.png")
+    assert not (tmp_path / "g.png").exists()
 
 
 def test_vocab_tiled_evaluation_equals_the_whole_logits(checkpoint, devices):
     # a run trained with memory.vocab_tiling evaluates in the same tiles: same argmax, same NLL
     from lcx.sharding import bind
     from lcx.sharding.config import preset
-    from lcx.training.checkpoint import load_model
+    from lcx.training.resume import load_model
     from lcx.training.retrieval import passkey_grid
 
     mp = bind(preset("allgather"), devices)

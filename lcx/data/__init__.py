@@ -23,7 +23,7 @@ from lcx.data.pipeline import (
     split_documents as split_documents,
 )
 from lcx.data.sources import SOURCES as SOURCES, make_data as make_data
-from lcx.data.stream import Batch as Batch, BatchStream as BatchStream, Data as Data
+from lcx.data.stream import Batch as Batch, BatchSpec as BatchSpec, BatchStream as BatchStream, Data as Data
 from lcx.data.tokenizers import (
     TOKENIZERS as TOKENIZERS,
     ByteTokenizer as ByteTokenizer,

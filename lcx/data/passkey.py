@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from lcx.data.packing import BATCH_KEYS
-from lcx.data.stream import BatchStream, Data
+from lcx.data.stream import BatchSpec, BatchStream, Data
 from lcx.data.tokenizers import ByteTokenizer
 from lcx.sharding.layout import apply_layout, check_layout
 
@@ -329,8 +329,7 @@ class PasskeyEval(Sequence[dict[str, np.ndarray]]):
         return float(np.log(10.0))
 
 
-def passkey_data(cfg_data: Any, *, seq_len: int, global_batch: int, layout: str, context_degree: int, seed: int,
-                 val_global_batch: int | None = None) -> Data:
+def passkey_data(cfg_data: Any, spec: BatchSpec) -> Data:
     """The ``data=passkey`` source (:data:`lcx.data.sources.SOURCES`): generated training rows
     and a fixed evaluation set.
 
@@ -345,15 +344,16 @@ def passkey_data(cfg_data: Any, *, seq_len: int, global_batch: int, layout: str,
         raise ValueError("data=passkey is byte-level text; keep data.tokenizer=byte")
     digits = int(get("digits", 5))
     train = PasskeyBatches(
-        seq_len=seq_len, global_batch=global_batch, layout=layout, context_degree=context_degree, seed=seed,
-        digits=digits, min_depth=float(get("min_depth", 0.0)), max_depth=float(get("max_depth", 1.0)),
+        seq_len=spec.seq_len, global_batch=spec.global_batch, layout=spec.layout, context_degree=spec.context_degree,
+        seed=spec.seed, digits=digits, min_depth=float(get("min_depth", 0.0)), max_depth=float(get("max_depth", 1.0)),
         recall_loss=bool(get("recall_loss", False)), filler=str(get("filler", "sentences")),
         loss_on=str(get("loss_on", "answer")),
     )
     depths = get("eval_depths", None)
     val = PasskeyEval(
-        seq_len=seq_len, global_batch=val_global_batch or global_batch, layout=layout, context_degree=context_degree,
-        digits=digits, depths=[float(d) for d in depths] if depths is not None else tuple(np.linspace(0, 1, 11)),
+        seq_len=spec.seq_len, global_batch=spec.val_global_batch, layout=spec.layout,
+        context_degree=spec.context_degree, digits=digits,
+        depths=[float(d) for d in depths] if depths is not None else tuple(np.linspace(0, 1, 11)),
         per_depth=int(get("eval_per_depth", 8)), seed=int(get("split_seed", 0)), filler=str(get("filler", "sentences")),
     )
     return Data(train, val, ByteTokenizer())

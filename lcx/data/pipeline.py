@@ -16,7 +16,7 @@ import numpy as np
 
 from lcx.data.corpora import Corpus, stdlib_corpus, text_corpus
 from lcx.data.packing import BATCH_KEYS, EpochIndex, Packer, check_packing_args, unigram_entropy
-from lcx.data.stream import Batch, BatchStream, Data
+from lcx.data.stream import Batch, BatchSpec, BatchStream, Data
 from lcx.data.tokenizers import get_tokenizer
 from lcx.sharding.layout import apply_layout, check_layout
 
@@ -344,16 +344,7 @@ def load_corpus(cfg_data: Any) -> Corpus:
     raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
 
 
-def corpus_data(
-    cfg_data: Any,
-    *,
-    seq_len: int,
-    global_batch: int,
-    layout: str = "contiguous",
-    context_degree: int = 1,
-    seed: int = 0,
-    val_global_batch: int | None = None,
-) -> Data:
+def corpus_data(cfg_data: Any, spec: BatchSpec) -> Data:
     """The ``data=stdlib`` / ``data=text`` source: the corpus tokenized, split by document into
     training :class:`Batches` and an evaluation :class:`EvalBatches` pass.
 
@@ -361,17 +352,15 @@ def corpus_data(
       cfg_data: the ``data`` config node: ``name``, ``paths`` (text only: files or globs),
         ``text_field`` (JSON-lines field), ``tokenizer`` (``byte``), ``val_fraction`` (fraction
         of documents held out, in (0, 1)), ``split_seed`` (seed of the split, independent of
-        ``seed``).
-      seq_len, global_batch, layout, context_degree, seed: as for :class:`Batches`.
-      val_global_batch: rows per validation batch; defaults to ``global_batch``.
+        ``spec.seed``).
+      spec: sizes, layout and seed of the batches.
 
     Raises:
       ValueError, FileNotFoundError: bad sizes or layout, unknown tokenizer, missing or
         unreadable paths, an empty corpus, fewer than 2 non-empty documents.
     """
-    val_global_batch = global_batch if val_global_batch is None else val_global_batch
-    _check_common(seq_len, global_batch, layout, context_degree)
-    _check_common(seq_len, val_global_batch, layout, context_degree)
+    _check_common(spec.seq_len, spec.global_batch, spec.layout, spec.context_degree)
+    _check_common(spec.seq_len, spec.val_global_batch, spec.layout, spec.context_degree)
     tokenizer = get_tokenizer(str(_get(cfg_data, "tokenizer", "byte")))
     corpus = load_corpus(cfg_data)
     docs = [tokenizer.encode(d) for d in corpus.documents]
@@ -379,19 +368,8 @@ def corpus_data(
     train_idx, val_idx = split_documents(
         len(docs), float(_get(cfg_data, "val_fraction", 0.02)), int(_get(cfg_data, "split_seed", 0))
     )
-    train = Batches(
-        [docs[i] for i in train_idx],
-        seq_len=seq_len,
-        global_batch=global_batch,
-        layout=layout,
-        context_degree=context_degree,
-        seed=seed,
-    )
-    val = EvalBatches(
-        [docs[i] for i in val_idx],
-        seq_len=seq_len,
-        global_batch=val_global_batch,
-        layout=layout,
-        context_degree=context_degree,
-    )
+    train = Batches([docs[i] for i in train_idx], seq_len=spec.seq_len, global_batch=spec.global_batch,
+                    layout=spec.layout, context_degree=spec.context_degree, seed=spec.seed)
+    val = EvalBatches([docs[i] for i in val_idx], seq_len=spec.seq_len, global_batch=spec.val_global_batch,
+                      layout=spec.layout, context_degree=spec.context_degree)
     return Data(train, val, tokenizer)

@@ -1,7 +1,6 @@
 """The registry of data sources and the trainer's single entry, :func:`make_data`.
 
-A source is a function ``build(cfg_data, *, seq_len, global_batch, layout, context_degree, seed,
-val_global_batch) -> Data`` (:class:`lcx.data.stream.Data`); a new one is a module plus one line
+A source is a function ``build(cfg_data, spec: BatchSpec) -> Data`` (:mod:`lcx.data.stream`); a new one is a module plus one line
 in :data:`SOURCES` (and its ``lcx/conf/data/<name>.yaml`` with a schema in
 :data:`lcx.conf.schema.DATA_SCHEMAS`).
 """
@@ -13,9 +12,9 @@ from typing import Any
 
 from lcx.data.passkey import passkey_data
 from lcx.data.pipeline import _get, corpus_data
-from lcx.data.stream import Data
+from lcx.data.stream import BatchSpec, Data
 
-SOURCES: dict[str, Callable[..., Data]] = {
+SOURCES: dict[str, Callable[[Any, BatchSpec], Data]] = {
     "stdlib": corpus_data,  # the embedded Python standard library sources
     "text": corpus_data,  # files or globs in data.paths
     "passkey": passkey_data,  # the synthetic retrieval task (lcx.data.passkey)
@@ -62,9 +61,10 @@ def make_data(
     if name not in DATA_SCHEMAS or name not in SOURCES:
         raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
     check_section(cfg_data, DATA_SCHEMAS[name], "data", complete=False, tool="lcx")
-    val_global_batch = global_batch if val_global_batch is None else val_global_batch
-    return SOURCES[name](cfg_data, seq_len=seq_len, global_batch=global_batch, layout=layout,
-                         context_degree=context_degree, seed=seed, val_global_batch=val_global_batch)
+    spec = BatchSpec(seq_len=int(seq_len), global_batch=int(global_batch), layout=layout,
+                     context_degree=int(context_degree), seed=int(seed),
+                     val_global_batch=int(global_batch if val_global_batch is None else val_global_batch))
+    return SOURCES[name](cfg_data, spec)
 
 
 __all__ = ["SOURCES", "make_data"]

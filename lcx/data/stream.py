@@ -1,8 +1,7 @@
 """The one interface the trainer reads data through: a resumable stream of batches, and the
 :class:`Data` triple (training stream, evaluation pass, tokenizer) every source builds.
 
-A source is a function ``build(cfg_data, *, seq_len, global_batch, layout, context_degree, seed,
-val_global_batch) -> Data``; :data:`lcx.data.sources.SOURCES` names them, one line each. The
+A source is a function ``build(cfg_data, spec: BatchSpec) -> Data``; :data:`lcx.data.sources.SOURCES` names them, one line each. The
 trainer never asks which source it reads: it iterates :class:`BatchStream` batches, saves
 :meth:`BatchStream.state` in checkpoints and resumes with :meth:`BatchStream.resume`.
 """
@@ -10,6 +9,7 @@ trainer never asks which source it reads: it iterates :class:`BatchStream` batch
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -80,6 +80,27 @@ class BatchStream(Iterator[Batch], abc.ABC):
         return dict(st, epoch=row // self.rows_per_epoch, row=row % self.rows_per_epoch)
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchSpec:
+    """What every source builds to: the rows' length, the batches' sizes, layout and order.
+
+    Attributes:
+      seq_len: S, tokens per row.
+      global_batch: B, rows per training batch.
+      layout: sequence layout, ``"contiguous"`` or ``"zigzag"`` (:mod:`lcx.sharding.layout`).
+      context_degree: context-parallel degree P.
+      seed: the training stream's seed.
+      val_global_batch: rows per evaluation batch.
+    """
+
+    seq_len: int
+    global_batch: int
+    layout: str
+    context_degree: int
+    seed: int
+    val_global_batch: int
+
+
 class Data(NamedTuple):
     """What a data source builds; unpacks as ``train, val, tokenizer = make_data(...)``.
 
@@ -109,4 +130,4 @@ class Data(NamedTuple):
         return self.val.unigram_entropy()  # type: ignore[attr-defined]
 
 
-__all__ = ["Batch", "BatchStream", "Data"]
+__all__ = ["Batch", "BatchSpec", "BatchStream", "Data"]

@@ -148,14 +148,8 @@ class Run:
     optimizer: Any
     schedule: Any
     steps: Steps
-
-    @property
-    def t(self) -> DictConfig:
-        return self.cfg.train
-
-    @property
-    def total_steps(self) -> int:
-        return int(self.t.steps)
+    t: DictConfig  # cfg.train
+    total_steps: int  # train.steps
 
 
 def prepare(cfg: DictConfig, devices=None) -> Run:
@@ -183,7 +177,7 @@ def prepare(cfg: DictConfig, devices=None) -> Run:
     steps = make_steps(abstract, optimizer, mp, model_shardings(abstract, mp), ctx["memory"])
     return Run(cfg=cfg, resolved=resolved, ckpt=ckpt, mp=mp, model_cfg=model_cfg, devices=devices, data=data,
                hw=hw, flops=flops, key=key, abstract_params=abstract_params, static=static, optimizer=optimizer,
-               schedule=schedule, steps=steps)
+               schedule=schedule, steps=steps, t=t, total_steps=int(t.steps))
 
 
 def initial_state(run: Run, ckpts: Checkpoints | None) -> tuple[TrainState, Restored | None]:

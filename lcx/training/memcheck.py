@@ -325,10 +325,11 @@ def _remat_full_fix(model_cfg: ModelConfig, check: MemoryCheck | None, reprice) 
     return text if c.need < check.need else None
 
 
-def _count(n: int) -> str:
-    """A parameter count with a unit that leaves digits to read: 8.03B, 443K."""
+def format_count(n: int) -> str:
+    """A count (of parameters) with a unit that leaves digits to read: 8.03B, 1.62M, 70.6K, 443K
+    (three significant digits; from 100 units on, whole units: 1,235B, never 1.23e+03B)."""
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:
-            return f"{n / scale:.3g}{unit}"
+            return f"{n / scale:.3g}{unit}" if n < 100 * scale else f"{n / scale:,.0f}{unit}"
     return str(n)
 

@@ -19,7 +19,7 @@ from lcx.models import ModelConfig
 from lcx.sharding import bind
 from lcx.sharding.config import plan_from_config
 from lcx.training.memory import MemoryOptions
-from lcx.training.memcheck import MemoryCheck, _count, check_memory, memory_check
+from lcx.training.memcheck import MemoryCheck, check_memory, format_count, memory_check
 
 log = logging.getLogger("lcx.training.loop")
 
@@ -196,7 +196,7 @@ def memory_anatomy(chk: MemoryCheck, cfg: DictConfig, model_cfg: ModelConfig, pl
     chips = hw.chips
     where_dev = f"{hw.name} x {chips} chips = {n} devices" if chips and not chk.on_cpu else f"{hw.name}, {n} devices"
     lines = [
-        f"dry run: model={model_cfg.name} ({_count(model_cfg.n_params)} parameters) on {where_dev} "
+        f"dry run: model={model_cfg.name} ({format_count(model_cfg.n_params)} parameters) on {where_dev} "
         f"(validated for the count; none initialised)",
         f"  plan: {plan!r}",
         f"  {S:,} tokens x {B} sequence{'s' * (B > 1)}; context degree {P}: {T:,} tokens per device",

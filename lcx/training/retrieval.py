@@ -13,8 +13,6 @@ checkpoint and writes ``eval.json`` and a heatmap PNG (:func:`write_heatmap`).
 
 from __future__ import annotations
 
-import struct
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -123,21 +121,24 @@ def grid(results: Sequence[dict[str, Any]], key: str = "exact_match") -> tuple[l
 
 
 def write_heatmap(results: Sequence[dict[str, Any]], path, *, title: str = "passkey retrieval") -> str:
-    """Exact match by depth (rows, 0 at the top) and length (columns) as a PNG at ``path``.
+    """Exact match by depth (rows, 0 at the top) and length (columns) as a labelled PNG at
+    ``path`` (matplotlib, the ``plots`` extra; imported only here).
 
-    With matplotlib (the ``plots`` extra) the figure is labelled; without it a plain PNG of the
-    same grid is written (red 0 -> green 1, 40-pixel cells), so evaluation never needs it.
-    Returns which writer was used: ``"matplotlib"`` or ``"plain"``.
+    Returns:
+      ``"matplotlib"``: the writer used (recorded in ``eval.json`` as ``heatmap_writer``).
+
+    Raises:
+      ImportError: matplotlib is not installed; names ``pip install 'lcx[plots]'``.
     """
     lengths, depths, v = grid(results)
     try:
         import matplotlib
+    except ImportError as e:
+        raise ImportError(f"writing the retrieval heatmap {path} needs matplotlib: pip install 'lcx[plots]' "
+                          "(eval.json is written without it)") from e
+    matplotlib.use("Agg")  # no display: write files only
+    import matplotlib.pyplot as plt
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        _plain_png(v, path)
-        return "plain"
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 1.2 + 0.45 * len(depths)))
     im = ax.imshow(v, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(lengths)), [str(s) for s in lengths])
@@ -154,22 +155,6 @@ def write_heatmap(results: Sequence[dict[str, Any]], path, *, title: str = "pass
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return "matplotlib"
-
-
-def _plain_png(v: np.ndarray, path, cell: int = 40) -> None:
-    x = np.nan_to_num(np.clip(v, 0, 1), nan=0.5)
-    rgb = np.stack([255 * (1 - x), 200 * x, np.full_like(x, 60)], -1).astype(np.uint8)
-    img = np.repeat(np.repeat(rgb, cell, 0), cell, 1)
-    raw = b"".join(b"\x00" + row.tobytes() for row in img)
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    h, w = img.shape[:2]
-    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-    png += chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
-    with open(path, "wb") as f:
-        f.write(png)
 
 
 __all__ = ["grid", "passkey_grid", "write_heatmap"]

@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lcx.data.packing import BATCH_KEYS as BATCH_KEYS  # the five arrays of a batch, defined once
 from lcx.sharding import MeshPlan
 from lcx.training.loss import loss_sum_and_count, vocab_tiled_loss_sum_and_count
 from lcx.training.memory import DEVICE, HOST, MemoryOptions, with_memory_kind
 
-BATCH_KEYS = ("tokens", "targets", "positions", "segment_ids", "loss_mask")
 BATCH_AXES = ("batch", "seq")
 
 
