@@ -271,10 +271,13 @@ def test_block_sparsity_skips_hidden_kv_blocks():
 
 def test_splash_refuses_blocks_it_cannot_tile():
     # the forward's query block: multiples of 8 (sublanes); every other block: of 128 (lanes)
-    for bq, bkv, what, unit in ((60, 128, "block_q", 8), (4, 128, "block_q", 8), (0, 128, "block_q", 8),
+    for bq, bkv, what, unit in ((60, 128, "block_q", 8), (4, 128, "block_q", 8),
                                 (128, 200, "block_kv", 128), (64, 64, "block_kv", 128)):
         with pytest.raises(ValueError, match=f"{what} to be a positive multiple of {unit} tokens"):
             make_kernel("splash", bq, bkv)
+    # a block below 1 token is refused by BlockSizes itself, for every kernel, before splash's rules
+    with pytest.raises(ValueError, match=r"plan\.attention\.block_q must be >= 1 token, got 0"):
+        make_kernel("splash", 0, 128)
     for bq in (8, 32, 64, 200):
         assert make_kernel("splash", bq, 128).block_q == bq
     with pytest.raises(ValueError, match="block_kv <= 16384"):
@@ -282,7 +285,9 @@ def test_splash_refuses_blocks_it_cannot_tile():
     # the backward's blocks, by their own names
     with pytest.raises(ValueError, match="block_q_dkv to be a positive multiple of 128 tokens.*got 64"):
         make_kernel("splash", 128, 128, 64, None)
-    with pytest.raises(ValueError, match="block_kv_dkv to be a positive multiple of 128 tokens.*got 0"):
+    with pytest.raises(ValueError, match="block_kv_dkv to be a positive multiple of 128 tokens.*got 64"):
+        make_kernel("splash", 128, 128, None, 64)
+    with pytest.raises(ValueError, match=r"block_kv_dkv must be >= 1 token .*got 0"):
         make_kernel("splash", 128, 128, None, 0)
     with pytest.raises(ValueError, match="block_kv_dkv <= 16384"):
         make_kernel("splash", 128, 128, None, 32768)

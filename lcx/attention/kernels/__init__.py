@@ -3,8 +3,10 @@
 Adding a kernel is one file with a final :class:`AbstractKernel` subclass (built from a
 :class:`~lcx.sharding.blocks.BlockSizes`, carrying its block-size rules and its memory price;
 :class:`AbstractComposedKernel` supplies the accumulating form from ``forward``/``backward``)
-plus one line in :data:`KERNELS`. The plan accepts the names registered here, the cost ledger
-prices them through :func:`get_kernel`; nothing else branches on a kernel's name.
+plus one line in :data:`KERNELS`. The plan accepts the names registered here (through the one
+plug-in lookup of the bottom layer, :func:`lcx.sharding.attention_config.kernel_class`, a
+function-local import of :func:`get_kernel`), the cost ledger prices them through
+:func:`get_kernel`; nothing else branches on a kernel's name.
 """
 
 from __future__ import annotations

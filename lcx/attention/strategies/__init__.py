@@ -2,9 +2,10 @@
 
 A fifth strategy is one new file with a final :class:`AbstractStrategy` subclass (its program,
 its plan rules, its price) plus one line in :data:`STRATEGIES`. Everything else in lcx finds it
-here: the plan accepts its name and runs its rules (:mod:`lcx.sharding.plan`'s one plug-in
-lookup, a function-local import of :func:`get_strategy`), the cost ledger prices it and the
-planner tries its meshes; nothing else branches on a strategy's name.
+here: the plan accepts its name and runs its rules (through the one plug-in lookup of the
+bottom layer, :func:`lcx.sharding.attention_config.strategy_class`, a function-local import of
+:func:`get_strategy`), the cost ledger prices it and the planner tries its meshes; nothing else
+branches on a strategy's name.
 """
 
 from __future__ import annotations

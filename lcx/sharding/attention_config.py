@@ -1,0 +1,138 @@
+"""The attention part of a plan: :class:`AttentionConfig` and the plug-in lookup it uses.
+
+A plan names its context-parallel strategy and per-device kernel; the names it accepts and the
+rules each one adds are the registered classes' (:data:`lcx.attention.strategies.STRATEGIES`,
+:data:`lcx.attention.kernels.KERNELS`), looked up here, in ONE place of the bottom layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from lcx.sharding.blocks import BlockSizes
+from lcx.sharding.errors import PlanError
+from lcx.sharding.layout import LAYOUTS
+
+# The ONE plug-in lookup of the bottom layer. Strategies and kernels register in
+# lcx.attention.strategies.STRATEGIES / lcx.attention.kernels.KERNELS, and a plan asks them for
+# their names and their rules (mesh axes, head divisibility) through these two functions: imports
+# local to the call, because lcx.attention itself imports lcx.sharding.
+
+
+def strategy_class(name: str):
+    """The registered final strategy class of ``plan.attention.strategy`` ``name``.
+
+    Raises:
+      PlanError: unknown name (the message lists the registered ones).
+    """
+    from lcx.attention.strategies import get_strategy  # noqa: PLC0415 - the plug-in lookup (above)
+
+    try:
+        return get_strategy(name)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+
+
+def kernel_class(name: str):
+    """The registered final kernel class of ``plan.attention.kernel`` ``name``.
+
+    Raises:
+      PlanError: unknown name (the message lists the registered ones).
+    """
+    from lcx.attention.kernels import get_kernel  # noqa: PLC0415 - the plug-in lookup (above)
+
+    try:
+        return get_kernel(name)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+
+
+class _RegistryNames(Sequence):
+    """The names a registry holds, read when used (so a registered plug-in is a name here too)."""
+
+    def __init__(self, module: str, attr: str):
+        self._module, self._attr = module, attr
+
+    def _names(self) -> tuple[str, ...]:
+        import importlib  # noqa: PLC0415 - the plug-in lookup (above)
+
+        return tuple(getattr(importlib.import_module(self._module), self._attr))
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __eq__(self, other) -> bool:
+        return self._names() == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+STRATEGIES: Sequence[str] = _RegistryNames("lcx.attention.strategies", "STRATEGIES")
+"""Strategy names a plan accepts: those of :data:`lcx.attention.strategies.STRATEGIES`."""
+KERNELS: Sequence[str] = _RegistryNames("lcx.attention.kernels", "KERNELS")
+"""Kernel names a plan accepts: those of :data:`lcx.attention.kernels.KERNELS`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Context-parallel attention configuration (``plan.attention`` in Hydra).
+
+    Attributes:
+      strategy: ``allgather`` (K/V all-gathered, Llama 3 style), ``a2a`` (DeepSpeed-Ulysses
+        all-to-all from sequence to head sharding), ``ring`` (K/V rotate peer to peer with
+        logsumexp merge), or ``usp`` (A2A over ``ulysses_axis``, ring over ``ring_axis``;
+        Fang & Zhao 2024, arXiv:2405.07719).
+      kernel: per-device kernel, ``xla`` (blockwise flash attention in plain JAX) or ``splash``
+        (Pallas splash attention; interpret mode off TPU).
+      layout: sequence layout applied once in the data pipeline, ``contiguous`` or ``zigzag``.
+      ulysses_axis: USP only: the mesh axis of the all-to-all.
+      ring_axis: USP only: the mesh axis of the ring.
+      allow_kv_replication: A2A/USP: when the Ulysses degree exceeds the number of KV heads and is
+        a multiple of it, replicate each KV head only as many times as needed. If False, refuse.
+      block_q: query block in tokens for the blockwise kernels.
+      block_kv: key/value block in tokens for the blockwise kernels.
+      block_q_dkv: query block in tokens of the backward pass (None: ``block_q``); named after
+        splash's ``BlockSizes.block_q_dkv`` (MaxText's ``sa_block_q_dkv``). The xla kernel uses
+        it in its one fused dQ/dK/dV pass, splash in its dK/dV pass.
+      block_kv_dkv: key/value block in tokens of the backward pass (None: ``block_kv``). The
+        xla kernel's backward holds three float32 ``[B, K, block_kv_dkv, G * block_q_dkv]``
+        tiles at once (the forward about one), so smaller backward blocks shrink that fixed
+        cost (128 instead of 256 keys halves it) while the forward keeps its own blocks.
+
+    The four block fields are the Hydra keys; code downstream takes them as one value,
+    :attr:`blocks` (:class:`~lcx.sharding.blocks.BlockSizes`, which checks them).
+    """
+
+    strategy: str = "allgather"
+    kernel: str = "xla"
+    layout: str = "zigzag"
+    ulysses_axis: str = "ulysses"
+    ring_axis: str = "ring"
+    allow_kv_replication: bool = True
+    block_q: int = 512
+    block_kv: int = 512
+    block_q_dkv: int | None = None
+    block_kv_dkv: int | None = None
+
+    def __post_init__(self):
+        strategy_class(self.strategy)
+        kernel_class(self.kernel)
+        if self.layout not in LAYOUTS:
+            raise PlanError(f"unknown sequence layout {self.layout!r}; choose one of {LAYOUTS}")
+        try:
+            self.blocks  # noqa: B018 - checks the four block sizes
+        except ValueError as e:
+            raise PlanError(str(e)) from None
+
+    @property
+    def blocks(self) -> BlockSizes:
+        """The kernel's forward and backward blocks as one value."""
+        return BlockSizes(self.block_q, self.block_kv, self.block_q_dkv, self.block_kv_dkv)
