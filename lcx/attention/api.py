@@ -15,15 +15,15 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
 from jax.sharding import PartitionSpec
+from jaxtyping import Array, Float, Int
 
 from lcx.attention.kernels import make_kernel
 from lcx.attention.masks import Mask
 from lcx.attention.strategies import AbstractStrategy, get_strategy
 from lcx.sharding import MeshPlan, Plan, bind
-from lcx.sharding.layout import layout_permutation
 from lcx.sharding import axes as ax
+from lcx.sharding.layout import layout_permutation
 
 
 def attention(

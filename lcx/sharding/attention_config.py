@@ -8,16 +8,38 @@ rules each one adds are the registered classes' (:data:`lcx.attention.strategies
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import importlib
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 from lcx.sharding.blocks import BlockSizes
 from lcx.sharding.errors import PlanError
 from lcx.sharding.layout import LAYOUTS
 
+T = TypeVar("T")
+
 # The ONE plug-in lookup of the bottom layer. Strategies and kernels register in
 # lcx.attention.strategies.STRATEGIES / lcx.attention.kernels.KERNELS, and a plan asks them for
-# their names and their rules (mesh axes, head divisibility) through these two functions: imports
-# local to the call, because lcx.attention itself imports lcx.sharding.
+# their names and their rules (mesh axes, head divisibility) through _registry: an import at
+# call time, because lcx.attention itself imports lcx.sharding.
+_REGISTRIES = {"strategy": ("lcx.attention.strategies", "STRATEGIES"), "kernel": ("lcx.attention.kernels", "KERNELS")}
+
+
+def _registry(kind: str) -> Mapping[str, Any]:
+    module, attr = _REGISTRIES[kind]
+    return getattr(importlib.import_module(module), attr)
+
+
+def lookup(registry: Mapping[str, T], name: str, kind: str) -> T:
+    """``registry[name]`` (the ``plan.attention.<kind>`` named ``name``).
+
+    Raises:
+      ValueError: no such name; the message lists the registered ones.
+    """
+    try:
+        return registry[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown attention {kind} {name!r}; choose one of {tuple(registry)}") from None
 
 
 def strategy_class(name: str):
@@ -26,12 +48,7 @@ def strategy_class(name: str):
     Raises:
       PlanError: unknown name (the message lists the registered ones).
     """
-    from lcx.attention.strategies import get_strategy  # noqa: PLC0415 - the plug-in lookup (above)
-
-    try:
-        return get_strategy(name)
-    except ValueError as e:
-        raise PlanError(str(e)) from None
+    return _plan_lookup("strategy", name)
 
 
 def kernel_class(name: str):
@@ -40,10 +57,12 @@ def kernel_class(name: str):
     Raises:
       PlanError: unknown name (the message lists the registered ones).
     """
-    from lcx.attention.kernels import get_kernel  # noqa: PLC0415 - the plug-in lookup (above)
+    return _plan_lookup("kernel", name)
 
+
+def _plan_lookup(kind: str, name: str):
     try:
-        return get_kernel(name)
+        return lookup(_registry(kind), name, kind)
     except ValueError as e:
         raise PlanError(str(e)) from None
 
@@ -51,13 +70,11 @@ def kernel_class(name: str):
 class _RegistryNames(Sequence):
     """The names a registry holds, read when used (so a registered plug-in is a name here too)."""
 
-    def __init__(self, module: str, attr: str):
-        self._module, self._attr = module, attr
+    def __init__(self, kind: str):
+        self._kind = kind
 
     def _names(self) -> tuple[str, ...]:
-        import importlib  # noqa: PLC0415 - the plug-in lookup (above)
-
-        return tuple(getattr(importlib.import_module(self._module), self._attr))
+        return tuple(_registry(self._kind))
 
     def __getitem__(self, i):
         return self._names()[i]
@@ -75,9 +92,9 @@ class _RegistryNames(Sequence):
         return repr(self._names())
 
 
-STRATEGIES: Sequence[str] = _RegistryNames("lcx.attention.strategies", "STRATEGIES")
+STRATEGIES: Sequence[str] = _RegistryNames("strategy")
 """Strategy names a plan accepts: those of :data:`lcx.attention.strategies.STRATEGIES`."""
-KERNELS: Sequence[str] = _RegistryNames("lcx.attention.kernels", "KERNELS")
+KERNELS: Sequence[str] = _RegistryNames("kernel")
 """Kernel names a plan accepts: those of :data:`lcx.attention.kernels.KERNELS`."""
 
 

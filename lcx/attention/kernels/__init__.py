@@ -22,6 +22,7 @@ from lcx.attention.kernels.splash import KernelNotAvailableError as KernelNotAva
 from lcx.attention.kernels.splash import SplashKernel as SplashKernel
 from lcx.attention.kernels.xla import XlaKernel as XlaKernel
 from lcx.attention.kernels.xla import block_size as block_size
+from lcx.sharding.attention_config import lookup
 from lcx.sharding.blocks import BlockSizes as BlockSizes
 
 KERNELS: dict[str, type[AbstractKernel]] = {
@@ -37,10 +38,7 @@ def get_kernel(name: str) -> type[AbstractKernel]:
     Raises:
       ValueError: no kernel of that name (the message lists the registered ones).
     """
-    try:
-        return KERNELS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown attention kernel {name!r}; choose one of {tuple(KERNELS)}") from None
+    return lookup(KERNELS, name, "kernel")
 
 
 def make_kernel(name: str, *blocks: BlockSizes | int | None, **block_sizes: int | None) -> AbstractKernel:

@@ -22,6 +22,7 @@ from lcx.attention.strategies.ring import Ring as Ring
 from lcx.attention.strategies.ring import merge_partials as merge_partials
 from lcx.attention.strategies.ring import ring_attention as ring_attention
 from lcx.attention.strategies.usp import USP as USP
+from lcx.sharding.attention_config import lookup
 
 STRATEGIES: dict[str, type[AbstractStrategy]] = {
     "allgather": AllGather,
@@ -39,7 +40,4 @@ def get_strategy(name: str) -> type[AbstractStrategy]:
     Raises:
       ValueError: no strategy of that name (the message lists the registered ones).
     """
-    try:
-        return STRATEGIES[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown attention strategy {name!r}; choose one of {tuple(STRATEGIES)}") from None
+    return lookup(STRATEGIES, name, "strategy")
