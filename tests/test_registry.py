@@ -236,3 +236,18 @@ def test_a_fifth_strategy_is_one_class_and_one_registry_entry(monkeypatch, devic
     ref = reference_attention(q, k, v, mask=Mask(causal=True))
     np.testing.assert_allclose(out, ref, atol=2e-6, rtol=0)
 
+
+
+@pytest.mark.parametrize("strategy,scopes", [
+    ("ring", ("lcx.Ring", "lcx.XlaKernel.forward_step", "lcx.XlaKernel.backward_step")),
+    ("allgather", ("lcx.AllGather", "lcx.XlaKernel.forward", "lcx.XlaKernel.backward")),
+])
+def test_strategy_and_kernel_calls_are_named_scopes(devices, strategy, scopes):
+    """Profiles read as the architecture does: the strategy call runs under
+    ``jax.named_scope("lcx.<Strategy>")`` and each kernel call under ``lcx.<Kernel>.<pass>``."""
+    plan = bind(_plan(strategy, block_q=16, block_kv=16), devices)
+    q, k, v = (jnp.ones((2, 64, n, 8), jnp.float32) for n in (2, 1, 1))
+    loss = jax.jit(jax.grad(lambda q: attention(q, k, v, plan=plan, mask=Mask(causal=True)).sum()))
+    text = loss.lower(q).as_text(debug_info=True)
+    for scope in scopes:
+        assert f"{scope}/" in text, f"no op under jax.named_scope({scope!r})"
