@@ -199,7 +199,8 @@ class ForwardBackwardOnly(AbstractComposedKernel):
         self.inner, self.blocks = inner, inner.blocks
 
     check_blocks = XlaKernel.check_blocks
-    forward_bytes, backward_bytes, prologue_bytes = XlaKernel.forward_bytes, XlaKernel.backward_bytes, XlaKernel.prologue_bytes
+    forward_bytes, backward_bytes = XlaKernel.forward_bytes, XlaKernel.backward_bytes
+    prologue_bytes = XlaKernel.prologue_bytes
 
     def step_tile_bytes(self, batch, q_len, kv_len, group):
         return 0  # as splash: the ring's heads_per_pass counts no tiles

@@ -1,8 +1,9 @@
 """Analytic cost ledger: FLOPs, memory, communication, hardware presets, plan search.
 
-Pure arithmetic on plans and model configs (imports :mod:`lcx.sharding` only): nothing here
-compiles or touches a device, except the one-off CPU matmul probe of
-:func:`cpu_peak_flops`.
+Pure arithmetic on plans and model configs: nothing here compiles or touches a device, except
+the one-off CPU matmul probe of :func:`cpu_peak_flops`. It reads :mod:`lcx.sharding`, the model
+configs, and the strategy and kernel registries of :mod:`lcx.attention`, whose classes price
+themselves (class methods that are plain arithmetic, no JAX call).
 """
 
 from lcx.cost.comm import CommBytes as CommBytes, comm_bytes as comm_bytes, ring_overlap_min_block as ring_overlap_min_block

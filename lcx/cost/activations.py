@@ -134,7 +134,8 @@ def _non_mlp_residual_bytes_per_token(cfg: ModelDims, dtype: str) -> int:
 
 def layer_working_bytes_per_token(cfg: ModelDims, policy: ActivationPolicy | None = None, dtype: str = "bfloat16") -> int:
     """Bytes per token live in the MLP phase of one block's backward, beyond the saved activations
-    (as saved) and beyond the attention's own residuals (:func:`~lcx.cost.attention_memory.attention_kernel_residual_bytes`).
+    (as saved) and beyond the attention's own residuals
+    (:func:`~lcx.cost.attention_memory.attention_kernel_residual_bytes`).
 
     In the backward of block ``l`` (``lcx.models.llama``: the layer scan's transpose, last layer
     first) JAX first rebuilds the block's residuals -- replaying its forward (remat), copying

@@ -73,8 +73,8 @@ class MemoryBreakdown:
         ``[b, T / vocab_tiling, V]`` tiles, the gathered head, the final norm's residuals).
       host: bytes per device in host memory (offloaded activations, optimizer, parameters).
       attention_forward: the forward phase's transient: one attention layer's forward
-        (:func:`~lcx.cost.attention_memory.attention_forward_bytes`), on top of the saved activations (all layers' at the
-        last layer, an upper bound).
+        (:func:`~lcx.cost.attention_memory.attention_forward_bytes`), on top of the saved
+        activations (all layers' at the last layer, an upper bound).
       update: the update phase's bytes beyond ``state``: the offloaded optimizer state's device
         copy (0 without optimizer offload, or when the compiler strips memory kinds).
     """

@@ -4,8 +4,9 @@ A :class:`Plan` is a frozen, hashable value: a device mesh (axis names with size
 logical axis names to mesh axes kept separately for parameters and for activations, and the
 context-parallel attention configuration (:class:`AttentionConfig`, in
 :mod:`lcx.sharding.attention_config` with the lookup of registered strategies and kernels).
-Plans compose in code by pure functions (:meth:`Plan.with_mesh`, :meth:`Plan.with_rule`, :meth:`Plan.with_attention`) and
-round-trip through the Hydra ``plan=`` group (:func:`plan_from_config`, :meth:`Plan.to_config`).
+Plans compose in code by pure functions (:meth:`Plan.with_mesh`, :meth:`Plan.with_rule`,
+:meth:`Plan.with_attention`) and round-trip through the Hydra ``plan=`` group
+(:func:`plan_from_config`, :meth:`Plan.to_config`).
 
 The sequence is split over the mesh axes that the *activation* rule for ``seq`` names; their
 product is the context-parallel degree. :meth:`Plan.validate` refuses a plan that cannot work,

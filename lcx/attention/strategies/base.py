@@ -94,9 +94,10 @@ class AbstractStrategy(eqx.Module):
 
         Runs inside ``jax.shard_map``, under ``jax.named_scope("lcx.<class name>")``
         (:func:`lcx.attention.attention` names it); every argument is this device's shard along
-        the sequence (and batch/heads where the plan shards them). ``sinks``: float32 ``[N]`` sink logits of this device's (pre-all-to-all)
-        query heads, replicated over batch and sequence, or None (:mod:`lcx.attention.sinks`).
-        ``return_lse`` (static): also return the logsumexp. Negative segment ids are padding
+        the sequence (and batch/heads where the plan shards them). ``sinks``: float32 ``[N]``
+        sink logits of this device's (pre-all-to-all) query heads, replicated over batch and
+        sequence, or None (:mod:`lcx.attention.sinks`). ``return_lse`` (static): also return the
+        logsumexp. Negative segment ids are padding
         (:mod:`lcx.attention.masks`).
 
         Returns this device's output shard ``[B, T, N, H]`` in ``q.dtype``, or with
