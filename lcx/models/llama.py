@@ -12,6 +12,12 @@ Every parameter field names its logical axes in ``eqx.field(metadata={"axes": ..
 field's axes are prepended to those of everything inside it (the stacked blocks add
 ``"layers"``). :mod:`lcx.models.sharding` turns these into ``NamedSharding`` through a plan.
 
+Every module call runs under ``jax.named_scope`` (``lcx.Embedding``, ``lcx.Block``, ``lcx.RMSNorm``,
+``lcx.Attention`` with ``qkv_proj`` / ``o_proj`` inside, ``lcx.MLP``, ``lcx.Llama.logits``), as
+``equinox.nn.Linear`` does, so a profile or HLO dump reads as the architecture does; scopes name
+operations only and change no numerics. They are ``with`` blocks, not decorators: a decorator's
+wrapper would hide the jaxtyping annotations from the shape checks (``jaxtyped(typechecker=beartype)``).
+
 Positions are global, per token, and arbitrary (they restart at document boundaries and arrive
 permuted by the zigzag layout), so RoPE reads them from the ``positions`` argument, never from
 an ``arange``.
@@ -117,9 +123,10 @@ class RMSNorm(eqx.Module):
         self.eps = eps
 
     def __call__(self, x: Float[Array, "*b D"]) -> Float[Array, "*b D"]:
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + jnp.float32(self.eps))
-        return (y * self.weight.astype(jnp.float32)).astype(x.dtype)
+        with jax.named_scope("lcx.RMSNorm"):
+            x32 = x.astype(jnp.float32)
+            y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + jnp.float32(self.eps))
+            return (y * self.weight.astype(jnp.float32)).astype(x.dtype)
 
 
 class Embedding(eqx.Module):
@@ -131,7 +138,8 @@ class Embedding(eqx.Module):
         self.weight = _normal(key, (vocab_size, d_model), _INIT_STD, dtype)
 
     def __call__(self, tokens: Int[Array, "*b T"]) -> Float[Array, "*b T D"]:
-        return jnp.take(self.weight, tokens, axis=0)
+        with jax.named_scope("lcx.Embedding"):
+            return jnp.take(self.weight, tokens, axis=0)
 
 
 class Attention(eqx.Module):
@@ -173,14 +181,17 @@ class Attention(eqx.Module):
         mask: Mask,
         plan: MeshPlan,
     ) -> Float[Array, "B T D"]:
-        # exact phases from a float64 host table, shared by q and k (lcx.models.rotary)
-        cos, sin = rope_cos_sin(positions, self.rope)
-        # named for remat: custom (model.remat_qkv); the identity otherwise
-        q = checkpoint_name(apply_rope(jnp.einsum("BTD,DNH->BTNH", x, self.wq), cos, sin), "query")
-        k = checkpoint_name(apply_rope(jnp.einsum("BSD,DKH->BSKH", x, self.wk), cos, sin), "key")
-        v = checkpoint_name(jnp.einsum("BSD,DKH->BSKH", x, self.wv), "value")
-        o = attention(q, k, v, plan=plan, mask=mask, positions=positions, segment_ids=segment_ids, sinks=self.sinks)
-        return jnp.einsum("BTNH,NHD->BTD", o, self.wo)
+        with jax.named_scope("lcx.Attention"):
+            # exact phases from a float64 host table, shared by q and k (lcx.models.rotary)
+            cos, sin = rope_cos_sin(positions, self.rope)
+            # named for remat: custom (model.remat_qkv); the identity otherwise
+            with jax.named_scope("qkv_proj"):
+                q = checkpoint_name(apply_rope(jnp.einsum("BTD,DNH->BTNH", x, self.wq), cos, sin), "query")
+                k = checkpoint_name(apply_rope(jnp.einsum("BSD,DKH->BSKH", x, self.wk), cos, sin), "key")
+                v = checkpoint_name(jnp.einsum("BSD,DKH->BSKH", x, self.wv), "value")
+            o = attention(q, k, v, plan=plan, mask=mask, positions=positions, segment_ids=segment_ids, sinks=self.sinks)
+            with jax.named_scope("o_proj"):
+                return jnp.einsum("BTNH,NHD->BTD", o, self.wo)
 
 
 class MLP(eqx.Module):
@@ -199,8 +210,9 @@ class MLP(eqx.Module):
         self.w_down = _normal(kd, (F, D), _INIT_STD / math.sqrt(2 * cfg.n_layers), dt)
 
     def __call__(self, x: Float[Array, "B T D"]) -> Float[Array, "B T D"]:
-        h = jax.nn.silu(jnp.einsum("BTD,DF->BTF", x, self.w_gate)) * jnp.einsum("BTD,DF->BTF", x, self.w_up)
-        return jnp.einsum("BTF,FD->BTD", h, self.w_down)
+        with jax.named_scope("lcx.MLP"):
+            h = jax.nn.silu(jnp.einsum("BTD,DF->BTF", x, self.w_gate)) * jnp.einsum("BTD,DF->BTF", x, self.w_up)
+            return jnp.einsum("BTF,FD->BTD", h, self.w_down)
 
 
 class Block(eqx.Module):
@@ -228,8 +240,9 @@ class Block(eqx.Module):
         mask: Mask,
         plan: MeshPlan,
     ) -> Float[Array, "B T D"]:
-        x = x + self.attn(self.attn_norm(x), positions, segment_ids, mask=mask, plan=plan)
-        return x + self.mlp(self.mlp_norm(x))
+        with jax.named_scope("lcx.Block"):
+            x = x + self.attn(self.attn_norm(x), positions, segment_ids, mask=mask, plan=plan)
+            return x + self.mlp(self.mlp_norm(x))
 
 
 class Llama(eqx.Module):
@@ -281,7 +294,8 @@ class Llama(eqx.Module):
         Returns:
           float32 logits ``[B, T, V]``.
         """
-        return self.logits(self.features(tokens, positions, segment_ids, plan=plan), plan=plan)
+        with jax.named_scope("lcx.Llama"):
+            return self.logits(self.features(tokens, positions, segment_ids, plan=plan), plan=plan)
 
     def features(
         self,
@@ -297,29 +311,30 @@ class Llama(eqx.Module):
           ``[B, T, D]`` in ``config.dtype``. The loss computes the logits from it whole or in
           vocabulary tiles (:func:`lcx.training.loss.vocab_tiled_loss_sum_and_count`).
         """
-        cfg = self.config
-        dtype = jnp.dtype(cfg.dtype)
-        mask = self.mask
-        x = self.embed(tokens).astype(dtype)
-        x = plan.constrain(x, ("batch", "seq", "embed"))
+        with jax.named_scope("lcx.Llama.features"):
+            cfg = self.config
+            dtype = jnp.dtype(cfg.dtype)
+            mask = self.mask
+            x = self.embed(tokens).astype(dtype)
+            x = plan.constrain(x, ("batch", "seq", "embed"))
 
-        dynamic, static = eqx.partition(self.blocks, eqx.is_array)
+            dynamic, static = eqx.partition(self.blocks, eqx.is_array)
 
-        def layer(x: Array, params: PyTree) -> tuple[Array, None]:
-            # every later use reads the named value, so an offloaded input is the only copy kept
-            x = checkpoint_name(x, "decoder_layer_input")
-            block = _cast(eqx.combine(params, static), dtype)
-            x = block(x, positions, segment_ids, mask=mask, plan=plan)
-            return plan.constrain(x, ("batch", "seq", "embed")), None
+            def layer(x: Array, params: PyTree) -> tuple[Array, None]:
+                # every later use reads the named value, so an offloaded input is the only copy kept
+                x = checkpoint_name(x, "decoder_layer_input")
+                block = _cast(eqx.combine(params, static), dtype)
+                x = block(x, positions, segment_ids, mask=mask, plan=plan)
+                return plan.constrain(x, ("batch", "seq", "embed")), None
 
-        if cfg.remat != "none":
-            # prevent_cse=False: inside scan CSE cannot undo the rematerialisation, and the
-            # barrier it would add only slows things down (jax.checkpoint docs)
-            placements = {f: getattr(cfg, f) for f in REMAT_NAMES} if cfg.remat == "custom" else {}
-            layer = jax.checkpoint(layer, policy=remat_policy(cfg.remat, **placements), prevent_cse=False)
-        x, _ = jax.lax.scan(layer, x, dynamic)
+            if cfg.remat != "none":
+                # prevent_cse=False: inside scan CSE cannot undo the rematerialisation, and the
+                # barrier it would add only slows things down (jax.checkpoint docs)
+                placements = {f: getattr(cfg, f) for f in REMAT_NAMES} if cfg.remat == "custom" else {}
+                layer = jax.checkpoint(layer, policy=remat_policy(cfg.remat, **placements), prevent_cse=False)
+            x, _ = jax.lax.scan(layer, x, dynamic)
 
-        return self.final_norm(x)
+            return self.final_norm(x)
 
     def output_head(self) -> Float[Array, "D V"]:
         """The output projection ``[D, V]`` in ``config.dtype`` (the embedding's transpose when tied)."""
@@ -328,9 +343,10 @@ class Llama(eqx.Module):
 
     def logits(self, x: Float[Array, "B T D"], *, plan: MeshPlan) -> Float[Array, "B T V"]:
         """float32 logits ``[B, T, V]`` of the final norm's output ``x`` (:meth:`features`)."""
-        # logits in float32: the softmax over a 128K vocabulary is sensitive to rounding
-        logits = jnp.einsum("BTD,DV->BTV", x, self.output_head(), preferred_element_type=jnp.float32)
-        return plan.constrain(logits, ("batch", "seq", "vocab"))
+        with jax.named_scope("lcx.Llama.logits"):
+            # logits in float32: the softmax over a 128K vocabulary is sensitive to rounding
+            logits = jnp.einsum("BTD,DV->BTV", x, self.output_head(), preferred_element_type=jnp.float32)
+            return plan.constrain(logits, ("batch", "seq", "vocab"))
 
 
 def init_model(cfg: ModelConfig, *, key: PRNGKeyArray) -> Llama:
