@@ -20,6 +20,7 @@ from lcx.attention.kernels.base import output_delta as output_delta
 from lcx.attention.kernels.composed import AbstractComposedKernel as AbstractComposedKernel
 from lcx.attention.kernels.splash import KernelNotAvailableError as KernelNotAvailableError
 from lcx.attention.kernels.splash import SplashKernel as SplashKernel
+from lcx.attention.kernels.tokamax import TokamaxKernel as TokamaxKernel
 from lcx.attention.kernels.xla import XlaKernel as XlaKernel
 from lcx.attention.kernels.xla import block_size as block_size
 from lcx.sharding.attention_config import lookup
@@ -28,6 +29,7 @@ from lcx.sharding.blocks import BlockSizes as BlockSizes
 KERNELS: dict[str, type[AbstractKernel]] = {
     "xla": XlaKernel,
     "splash": SplashKernel,
+    "tokamax": TokamaxKernel,
 }
 """Kernel name (``plan.attention.kernel``) -> final kernel class, built as ``cls(blocks)``."""
 
