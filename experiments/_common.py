@@ -31,7 +31,9 @@ def compose(experiment: str | None = None, overrides: Sequence[str] = (), config
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
 
-    import lcx.conf  # noqa: F401  (registers the plan schema)
+    from lcx.config import register
+
+    register()  # the schemas the YAML tree refers to (plan/schema, schema/*)
 
     ov = ([f"experiment={experiment}"] if experiment else []) + list(overrides)
     with initialize_config_module("lcx.conf", version_base="1.3"):

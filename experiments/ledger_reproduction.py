@@ -1,6 +1,6 @@
 """Experiment (d): the cost ledger reproduces the published figures and MaxText's MFU table.
 
-Every published value of ``experiment=ledger_reproduction`` (lcx/conf/experiment/
+Every published value of ``experiment=ledger_reproduction`` (conf/experiment/
 ledger_reproduction.yaml: Llama 3 70B FLOPs, KV-cache bytes, the ring overlap condition, the
 causal imbalance of contiguous sharding -- FIELD_NOTES section 4 -- and MaxText's published
 TFLOP/s and MFU of its long-context recipes) is recomputed by :mod:`lcx.cost` and compared at
@@ -79,7 +79,7 @@ def rows_from(spec) -> list[dict]:
     for r in spec.causal_imbalance:
         add("load_balance", f"contiguous causal max/mean work, P={r.degree}", r.published,
             cost.causal_imbalance("contiguous", int(r.degree)), "ratio", "FIELD_NOTES 4")
-    conf = C.ROOT / "lcx" / "conf" / "hardware"
+    conf = C.ROOT / "conf" / "hardware"
     m8 = preset("llama3_1_8b_longctx")
     for r in spec.maxtext:
         hw = cost.hardware_from_config(OmegaConf.load(conf / f"{r.hardware}.yaml"), probe=False)

@@ -1,6 +1,6 @@
 """Experiment (b): per-device causal attention work and time, contiguous vs zigzag layout.
 
-For each context degree P and layout of ``experiment=load_balance`` (lcx/conf/experiment/
+For each context degree P and layout of ``experiment=load_balance`` (conf/experiment/
 load_balance.yaml), device r's queries are the r-th block of the laid-out sequence:
 
 - work: visible causal (query, key) pairs, :func:`lcx.sharding.layout.causal_work_per_device`

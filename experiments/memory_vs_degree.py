@@ -1,7 +1,7 @@
 """Experiment (c): per-device compiled memory of the train step vs context-parallel degree.
 
 For each strategy, sequence length and degree P of ``experiment=memory_vs_degree``
-(lcx/conf/experiment/memory_vs_degree.yaml), the training config ``experiment=memory_vs_degree
+(conf/experiment/memory_vs_degree.yaml), the training config ``experiment=memory_vs_degree
 plan=<strategy> hardware.cpu_devices=P train.seq_len=S`` is composed, its plan bound to the
 first P of 8 simulated CPU devices, and lcx's real train step (forward, backward, AdamW update)
 compiled with abstract inputs -- nothing runs. ``memory_analysis()`` gives per-device bytes:

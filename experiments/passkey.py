@@ -1,6 +1,6 @@
 """Experiment (e): a tiny model learns passkey retrieval at 1024 tokens under ring attention.
 
-Trains ``python -m lcx.extend experiment=passkey`` (lcx/conf/experiment/passkey.yaml: the tiny
+Trains ``python -m lcx.extend experiment=passkey`` (conf/experiment/passkey.yaml: the tiny
 Llama with 4 kv heads, 2-way data x 4-way ring context parallelism with the zigzag layout on 8 simulated CPU
 devices, data=passkey from lcx/data/passkey.py; a three-stage schedule, 256 -> 512 -> 1024
 tokens), then loads the final checkpoint and measures,

@@ -1,6 +1,6 @@
 """Experiment (a): strategy sweep -- allgather, a2a, ring, usp x sequence lengths, 8 CPU devices.
 
-Runs ``python -m lcx.train -m experiment=strategy_sweep`` (lcx/conf/experiment/strategy_sweep.yaml:
+Runs ``python -m lcx.train -m experiment=strategy_sweep`` (conf/experiment/strategy_sweep.yaml:
 the tiny Llama on the stdlib corpus, a few steps per job) and gathers every job's
 ``metrics.jsonl`` into ``experiments/results/strategy_sweep.csv`` and ``.png``:
 

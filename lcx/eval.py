@@ -3,116 +3,37 @@
 Passkey / needle-in-a-haystack retrieval (:mod:`lcx.training.retrieval`) of a checkpoint across
 context lengths and key depths, with the checkpoint's own model (RoPE scaling included) and
 plan. Writes ``eval.json`` (settings, one result per (length, depth), exact match per length)
-and ``passkey_heatmap.png`` in the Hydra run directory; prints the grid.
+and ``passkey_heatmap.png`` in the Hydra run directory (:func:`lcx.reports.passkey.run_eval`);
+prints the grid.
 """
 
 from __future__ import annotations
 
-import json
-import pathlib
 import sys
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-import lcx.conf  # noqa: F401  (registers the structured plan schema with Hydra)
+from lcx import cli
+from lcx.reports.passkey import run_eval  # noqa: F401  (the report, also called directly by tests)
 
 
-def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
-    """Evaluate ``cfg.checkpoint.dir`` as configured; write ``eval.json`` and the heatmap.
+def evaluate(cfg: DictConfig) -> float:
+    """Evaluate ``checkpoint.dir``; the mean exact match over the (length, depth) grid.
 
     Raises:
-      FileNotFoundError: no checkpoint there. ValueError / PlanError: a length the task or the
-        plan cannot serve, or an unknown ``eval.task``.
+      ValueError: no ``checkpoint.dir``, or a key unknown or mistyped; and :func:`run_eval`'s errors.
     """
-    from lcx.sharding import bind
-    from lcx.sharding.config import plan_from_config
-    from lcx.conf.schema import EvalCheckpointSchema, EvalSchema, check_section
-    from lcx.training.checkpoint import Checkpoints
-    from lcx.training.resume import load_model, resolve_dir
-    from lcx.training.retrieval import grid, passkey_grid, write_heatmap
-
-    check_section(cfg.eval, EvalSchema, "eval", tool="lcx.eval")
-    check_section(cfg.checkpoint, EvalCheckpointSchema, "checkpoint", tool="lcx.eval")
-    if cfg.eval.task != "passkey":
-        raise ValueError(f"eval.task={cfg.eval.task!r} is unknown; lcx.eval has 'passkey'")
-    ckpt = resolve_dir(cfg.checkpoint.dir)
-    c = Checkpoints(ckpt, read_only=True)
-    try:
-        steps = c.steps()
-        if not steps:
-            raise FileNotFoundError(f"no checkpoint in {ckpt}")
-        step = int(cfg.checkpoint.step) if cfg.checkpoint.step is not None else steps[-1]
-        run = c.read_meta(step)["config"]
-    finally:
-        c.close()
-    plan = plan_from_config(OmegaConf.create(run["plan"]), hardware=cfg.hardware)
-    mp = bind(plan, devices)
-    model, meta = load_model(ckpt, mp, step=step)
-    S = int(run["train"]["seq_len"])
-    e = cfg.eval
-    lengths = [int(x) for x in e.lengths] if e.lengths is not None else [S // 2, S, 2 * S]
-    digits = int(e.digits if e.digits is not None else (run.get("data") or {}).get("digits", 5))
-    batch = int(e.global_batch if e.global_batch is not None else run["train"]["global_batch"])
-    results = passkey_grid(model, mp, lengths=lengths, depths=list(e.depths), per_depth=int(e.per_depth),
-                           global_batch=batch, digits=digits, seed=int(e.seed),
-                           vocab_tiling=int((run.get("memory") or {}).get("vocab_tiling", 1)))
-    out_dir = pathlib.Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lens, _, v = grid(results)
-    report = {
-        "task": "passkey",
-        "checkpoint": str(ckpt),
-        "step": int(meta["step"]),
-        "model": run["model"],
-        "plan": plan.name,
-        "train_seq_len": S,
-        "lengths": lengths,
-        "depths": [float(d) for d in e.depths],
-        "per_depth": int(e.per_depth),
-        "digits": digits,
-        "seed": int(e.seed),
-        "exact_match_by_length": {str(s): float(v[:, j].mean()) for j, s in enumerate(lens)},
-        "results": results,
-    }
-    (out_dir / "eval.json").write_text(json.dumps(report, indent=2))
-    report["heatmap_writer"] = write_heatmap(
-        results, out_dir / "passkey_heatmap.png", title=f"passkey, {run['model']['name']} step {meta['step']}"
-    )
-    return report
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="eval_config")
-def _hydra_main(cfg: DictConfig) -> float:
-    from lcx.train import explain_errors
-
-    return explain_errors(_main, cfg)
-
-
-def main() -> float:
-    from lcx.train import check_command_line
-
-    check_command_line("lcx.eval")
-    return _hydra_main()
-
-
-def _main(cfg: DictConfig) -> float:
-    from hydra.core.hydra_config import HydraConfig
-
-    from lcx.cost import apply_hardware_flags
-    from lcx.train import configure_devices
+    from lcx.config.schema import EvalCheckpointSchema, EvalSchema, HardwareSchema, check_section
 
     if not cfg.get("checkpoint") or not cfg.checkpoint.get("dir"):
         raise ValueError("lcx.eval needs a checkpoint to evaluate: python -m lcx.eval checkpoint.dir=DIR "
                          "(the checkpoint.dir of a python -m lcx.train run)")
-    from lcx.conf.schema import EvalCheckpointSchema, EvalSchema, HardwareSchema, check_section
-
     check_section(cfg.eval, EvalSchema, "eval", tool="lcx.eval")
     check_section(cfg.checkpoint, EvalCheckpointSchema, "checkpoint", tool="lcx.eval")
     check_section(cfg.hardware, HardwareSchema, "hardware", tool="lcx.eval")
-    apply_hardware_flags(cfg.hardware)
-    devices = configure_devices(cfg)
-    out = HydraConfig.get().runtime.output_dir
+    devices = cli.start_devices(cfg)
+    out = cli.output_dir()
     rep = run_eval(cfg, out, devices)
     for r in rep["results"]:
         print(f"length {r['seq_len']:>7}  depth {r['depth']:.2f}  exact match {r['exact_match']:.2f}  "
@@ -121,5 +42,10 @@ def _main(cfg: DictConfig) -> float:
     return float(sum(r["exact_match"] for r in rep["results"]) / len(rep["results"]))
 
 
+@hydra.main(version_base="1.3", config_path=cli.CONFIG_PATH, config_name="eval_config")
+def main(cfg: DictConfig) -> float:
+    return cli.explain_errors(evaluate, cfg)
+
+
 if __name__ == "__main__":
-    main()
+    cli.launch("lcx.eval", main)

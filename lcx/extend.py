@@ -15,43 +15,32 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-import lcx.conf  # noqa: F401  (registers the structured plan schema with Hydra)
+from lcx import cli
+from lcx.reports.train import stage_lines
 
 
-def main() -> float | None:
-    from lcx.train import check_command_line
+def extend(cfg: DictConfig) -> float | None:
+    """Run every stage of ``schedule.stages``; the last stage's validation loss (None: none).
 
-    check_command_line("lcx.extend")
-    return _hydra_main()
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def _hydra_main(cfg: DictConfig) -> float | None:
-    from lcx.train import explain_errors
-
-    return explain_errors(_main, cfg)
-
-
-def _main(cfg: DictConfig) -> float | None:
-    from hydra.core.hydra_config import HydraConfig
-
-    from lcx.conf.schema import check_train_config
-    from lcx.cost import apply_hardware_flags
-    from lcx.train import configure_devices
+    Raises:
+      ValueError / PlanError: a key unknown or mistyped, or a stage a real run refuses.
+    """
+    from lcx.config.schema import check_train_config
 
     check_train_config(cfg, tool="lcx.extend")
-
-    apply_hardware_flags(cfg.hardware)  # XLA/libtpu flags must be set before the backend starts
-    devices = configure_devices(cfg)
+    devices = cli.start_devices(cfg)
     from lcx.training.schedule import run_schedule
 
-    stages = run_schedule(cfg, HydraConfig.get().runtime.output_dir, devices)
-    for s in stages:
-        what = "skipped (already in the checkpoint)" if s["skipped"] else f"final train loss {s['final_loss']:.4f}"
-        print(f"stage {s['name']}: steps {s['first_step']}-{s['last_step']} at {s['seq_len']} tokens: {what}",
-              file=sys.stderr)
+    stages = run_schedule(cfg, cli.output_dir(), devices)
+    for line in stage_lines(stages):
+        print(line, file=sys.stderr)
     return stages[-1].get("val_loss")
 
 
+@hydra.main(version_base="1.3", config_path=cli.CONFIG_PATH, config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    return cli.explain_errors(extend, cfg)
+
+
 if __name__ == "__main__":
-    main()
+    cli.launch("lcx.extend", main)

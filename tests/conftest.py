@@ -14,6 +14,12 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 import pytest  # noqa: E402
 
+from lcx.config import register  # noqa: E402
+
+# the schemas and resolvers the YAML tree refers to, for tests that call Hydra's compose() (the
+# entry points register them in lcx.cli.launch; importing lcx registers nothing)
+register()
+
 
 @pytest.fixture(scope="session")
 def devices():

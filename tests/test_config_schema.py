@@ -1,4 +1,4 @@
-"""Every config key an entry point reads is known and typed (lcx.conf.schema): a misspelt key,
+"""Every config key an entry point reads is known and typed (lcx.config.schema): a misspelt key,
 with or without ``+``, is refused naming the nearest valid key; a wrong type is refused; the
 values live only in the YAML files."""
 
@@ -11,10 +11,10 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_module
 
-from lcx.conf import schema as S
+from lcx.config import schema as S
 
-CONF = pathlib.Path(S.__file__).parent
-ROOT = CONF.parent.parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf"
 
 
 def _compose(*overrides, name="config"):
@@ -69,7 +69,7 @@ def test_every_shipped_config_fits_its_schema():
 
 def test_defaults_live_in_one_place():
     # every field without a code default is set by the YAML file of its section, and the YAML
-    # sets no key the schema lacks: the values exist once, in lcx/conf
+    # sets no key the schema lacks: the values exist once, in conf/
     top = yaml.safe_load((CONF / "config.yaml").read_text())
     for section in ("train", "checkpoint", "distributed"):
         fields = {f.name for f in dataclasses.fields(S.SECTIONS[section])}

@@ -19,7 +19,7 @@ from lcx.models.config import preset
 from lcx.sharding import causal_work_per_device
 from lcx.sharding.config import preset as plan_preset
 
-CONF = pathlib.Path(__file__).resolve().parent.parent / "lcx" / "conf"
+CONF = pathlib.Path(__file__).resolve().parent.parent / "conf"
 GiB = 2**30
 
 

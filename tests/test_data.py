@@ -25,7 +25,7 @@ from lcx.data import (
 from lcx.data.packing import PAD_SEGMENT
 from lcx.sharding.layout import layout_permutation, undo_layout
 
-CONF = os.path.join(os.path.dirname(__file__), "..", "lcx", "conf", "data")
+CONF = os.path.join(os.path.dirname(__file__), "..", "conf", "data")
 LENGTHS = [0, 1, 3, 8, 9, 20, 0, 5, 17, 2, 31]  # empty, 1-token, shorter/equal/longer than a row
 
 

@@ -33,7 +33,7 @@ logical_axes = check(lm.logical_axes)
 CFG = lm.ModelConfig(
     name="test", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64
 )
-CONF_DIR = pathlib.Path(lm.__file__).parent.parent / "conf" / "model"
+CONF_DIR = pathlib.Path(__file__).resolve().parent.parent / "conf" / "model"
 
 
 @pytest.fixture(scope="module")

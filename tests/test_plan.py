@@ -276,7 +276,7 @@ def _hw(name: str):
 
     from lcx import cost
 
-    conf = pathlib.Path(__file__).resolve().parent.parent / "lcx" / "conf"
+    conf = pathlib.Path(__file__).resolve().parent.parent / "conf"
     return cost.hardware_from_config(OmegaConf.load(conf / "hardware" / f"{name}.yaml"), probe=False)
 
 
@@ -389,7 +389,7 @@ def test_planner_hints_need_nothing_lcx_train_lacks():
 
     from lcx.plan import run
 
-    conf = pathlib.Path(__file__).resolve().parent.parent / "lcx" / "conf"
+    conf = pathlib.Path(__file__).resolve().parent.parent / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         c = compose("plan_config", overrides=["hardware=tpu_v5p", "model=llama3_70b", "hardware.chips=8",
                                               "train.seq_len=1048576"])
@@ -410,7 +410,7 @@ def test_maxtext_comparison_prices_the_recipe_itself(experiment, tmp_path, capsy
 
     from lcx.plan import run
 
-    conf = pathlib.Path(__file__).resolve().parent.parent / "lcx" / "conf"
+    conf = pathlib.Path(__file__).resolve().parent.parent / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         c = compose("plan_config", overrides=[f"experiment={experiment}"])
     report = run(c, tmp_path)

@@ -1,6 +1,6 @@
 """Hardware presets (the ``hardware=`` Hydra group): peak FLOP/s, memory, interconnect, flags.
 
-Every number in ``lcx/conf/hardware/*.yaml`` carries its public source in a comment. On CPU the
+Every number in ``conf/hardware/*.yaml`` carries its public source in a comment. On CPU the
 peak is not a datasheet number: it is measured once by a float32 matmul probe and cached in
 ``~/.cache/lcx/cpu_peak.json`` (``LCX_CACHE`` overrides the folder); the simulated CPU devices
 share the host's cores, so the per-device peak is the host peak divided by the device count.

@@ -333,7 +333,7 @@ def passkey_data(cfg_data: Any, spec: BatchSpec) -> Data:
     """The ``data=passkey`` source (:data:`lcx.data.sources.SOURCES`): generated training rows
     and a fixed evaluation set.
 
-    Config keys (``lcx/conf/data/passkey.yaml``): ``digits``, ``min_depth``, ``max_depth``, ``recall_loss``, ``filler``, ``loss_on``,
+    Config keys (``conf/data/passkey.yaml``): ``digits``, ``min_depth``, ``max_depth``, ``recall_loss``, ``filler``, ``loss_on``,
     ``eval_depths``, ``eval_per_depth``, ``split_seed``, ``tokenizer`` (must be ``byte``).
 
     Raises:

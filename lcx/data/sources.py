@@ -1,8 +1,8 @@
 """The registry of data sources and the trainer's single entry, :func:`make_data`.
 
 A source is a function ``build(cfg_data, spec: BatchSpec) -> Data`` (:mod:`lcx.data.stream`); a new one is a module plus one line
-in :data:`SOURCES` (and its ``lcx/conf/data/<name>.yaml`` with a schema in
-:data:`lcx.conf.schema.DATA_SCHEMAS`).
+in :data:`SOURCES` (and its ``conf/data/<name>.yaml`` with a schema in
+:data:`lcx.config.schema.DATA_SCHEMAS`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def make_data(
       ValueError, FileNotFoundError: an unknown ``data.name`` (names the known ones), an unknown
         or mistyped key, and every error of the source (bad sizes or layout, missing paths, ...).
     """
-    from lcx.conf.schema import DATA_SCHEMAS, check_section
+    from lcx.config.schema import DATA_SCHEMAS, check_section
 
     # every key a real key of this data config, with the right type (``+data.val_fractoin=0.5``
     # is refused, naming data.val_fraction); lcx.train has checked the section complete already

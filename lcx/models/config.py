@@ -1,6 +1,6 @@
 """Model configuration for the Llama family: a frozen dataclass and named presets.
 
-The presets mirror ``lcx/conf/model/*.yaml`` field for field (a test checks it), so a model is
+The presets mirror ``conf/model/*.yaml`` field for field (a test checks it), so a model is
 named the same way in code (``preset("llama3_70b")``) and in Hydra (``model=llama3_70b``).
 Sizes follow the Llama 3 paper (Grattafiori et al. 2024, arXiv:2407.21783, Table 3).
 """

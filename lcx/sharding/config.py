@@ -1,6 +1,6 @@
 """Hydra round trip for plans: the structured schema of the ``plan=`` group and preset loading.
 
-The YAML files in ``lcx/conf/plan/`` are the single source of the named presets; code reads them
+The YAML files in ``conf/plan/`` are the single source of the named presets; code reads them
 with :func:`preset` and YAML overrides are checked against :class:`PlanSchema`, so a misspelt key
 (``plan.atention.strategy``) is an error, not a silently ignored setting.
 """
@@ -8,6 +8,7 @@ with :func:`preset` and YAML overrides are checked against :class:`PlanSchema`, 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import pathlib
 from typing import Any, Optional
 
@@ -16,7 +17,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lcx.sharding.plan import AttentionConfig, Plan, PlanError
 
-PRESET_DIR = pathlib.Path(__file__).resolve().parent.parent / "conf" / "plan"
+# the YAML tree is the data package lcx.conf (the top-level conf/ of a checkout, or the installed copy)
+PRESET_DIR = pathlib.Path(str(importlib.resources.files("lcx.conf") / "plan"))
 
 
 @dataclasses.dataclass
@@ -50,15 +52,12 @@ assert [f.name for f in dataclasses.fields(AttentionSchema)] == [f.name for f in
 
 def register_schema() -> None:
     """Register :class:`PlanSchema` as ``plan/schema`` in Hydra's ConfigStore. Every preset in
-    ``lcx/conf/plan/`` starts from it (``defaults: [schema, _self_]``), so at composition time
+    ``conf/plan/`` starts from it (``defaults: [schema, _self_]``), so at composition time
     every key exists (``plan.attention.block_q=256`` needs no ``+``) and a misspelt or mistyped
-    key is an error."""
+    key is an error. Called by :func:`lcx.config.register`, not on import."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(group="plan", name="schema", node=PlanSchema)
-
-
-register_schema()
 
 
 def plan_from_config(node: DictConfig | dict, *, default_block: int = 512, default_kernel: str = "xla",
@@ -107,7 +106,7 @@ def plan_from_config(node: DictConfig | dict, *, default_block: int = 512, defau
 
 
 def preset(name: str, **attention: Any) -> Plan:
-    """The named preset plan from ``lcx/conf/plan/<name>.yaml`` (dp, fsdp, allgather, a2a, ring,
+    """The named preset plan from ``conf/plan/<name>.yaml`` (dp, fsdp, allgather, a2a, ring,
     usp, fsdp_ring, ...), optionally with attention fields changed.
 
     Raises:

@@ -66,8 +66,8 @@ def resolve(cfg: DictConfig, n_devices: int, *, local_devices: int | None = None
     Raises:
       PlanError / ValueError: as :func:`setup`.
     """
-    from lcx.conf import boolean, positive_int
-    from lcx.conf.schema import check_train_config
+    from lcx.config import boolean, positive_int
+    from lcx.config.schema import check_train_config
 
     check_train_config(cfg)  # every key known and typed (also `+` ones), before anything else
     # whole numbers, never truncated: train.seq_len=512.5 is an error, not 512 tokens
@@ -98,8 +98,8 @@ def dry_run_devices(cfg: DictConfig) -> tuple[int, int]:
     Raises:
       ValueError: an accelerator preset without ``hardware.chips``; names the override.
     """
-    from lcx.conf import positive_int
-    from lcx.conf.schema import check_train_config
+    from lcx.config import positive_int
+    from lcx.config.schema import check_train_config
 
     check_train_config(cfg)
     hwn = cfg.hardware

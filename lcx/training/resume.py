@@ -73,13 +73,13 @@ class CheckpointConfig:
 
 def checkpoint_config(node: Any) -> CheckpointConfig:
     """:class:`CheckpointConfig` from the ``checkpoint`` section of an ``lcx.train`` config,
-    checked against :class:`lcx.conf.schema.CheckpointSchema` (every key, typed; the values
-    are ``lcx/conf/config.yaml``'s, there are no defaults in code). None: checkpointing off.
+    checked against :class:`lcx.config.schema.CheckpointSchema` (every key, typed; the values
+    are ``conf/config.yaml``'s, there are no defaults in code). None: checkpointing off.
 
     Raises:
       ValueError: an unknown, missing or mistyped key; ``every < 0`` or ``keep < 1``.
     """
-    from lcx.conf.schema import CheckpointSchema, check_section
+    from lcx.config.schema import CheckpointSchema, check_section
 
     if node is None:
         return CheckpointConfig(dir=None, every=0, keep=1, async_save=False, allow_config_change=False,

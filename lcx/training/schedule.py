@@ -5,7 +5,7 @@ Llama 3 extended its context in six stages from 8K to 128K tokens (Grattafiori e
 arXiv:2407.21783, section 3.4.2); YaRN (Peng et al. 2023, arXiv:2309.00071) and Code Llama's
 larger RoPE base (Rozière et al. 2023, arXiv:2308.12950) are the usual RoPE changes between
 stages. A schedule is the ``schedule.stages`` list of the config (see
-``lcx/conf/experiment/length_extension.yaml``); ``python -m lcx.extend`` runs it.
+``conf/experiment/length_extension.yaml``); ``python -m lcx.extend`` runs it.
 
 Semantics:
 

@@ -4,9 +4,10 @@
 :meth:`lcx.models.ModelConfig.from_dict`. Everything else an entry point reads is described here:
 the top-level ``train``, ``checkpoint``, ``memory``, ``eval`` and ``distributed`` sections and the
 ``hardware`` and ``data`` groups (one schema per data config: stdlib, text and passkey have
-different keys). Each dataclass is registered in Hydra's ConfigStore as ``schema/<name>``.
+different keys). :func:`register_schemas` (called by :func:`lcx.config.register`) stores each
+dataclass in Hydra's ConfigStore as ``schema/<name>``.
 
-The values live in exactly one place, the YAML files in ``lcx/conf/`` (with their comments): the
+The values live in exactly one place, the YAML files in ``conf/`` (with their comments): the
 fields here are types only (``dataclasses.MISSING``) except for the few keys a YAML file leaves
 out on purpose. :func:`check_section` refuses, before anything compiles:
 
@@ -39,7 +40,7 @@ def _req():
 
 @dataclasses.dataclass
 class TrainSchema:
-    """``train:`` of ``lcx/conf/config.yaml`` (values and their meaning are there)."""
+    """``train:`` of ``conf/config.yaml`` (values and their meaning are there)."""
 
     steps: int = _req()
     seq_len: int = _req()
@@ -64,7 +65,7 @@ class TrainSchema:
 
 @dataclasses.dataclass
 class CheckpointSchema:
-    """``checkpoint:`` of ``lcx/conf/config.yaml``."""
+    """``checkpoint:`` of ``conf/config.yaml``."""
 
     dir: Optional[str] = _req()
     every: int = _req()
@@ -76,7 +77,7 @@ class CheckpointSchema:
 
 @dataclasses.dataclass
 class EvalCheckpointSchema:
-    """``checkpoint:`` of ``lcx/conf/eval_config.yaml`` (which checkpoint ``lcx.eval`` reads)."""
+    """``checkpoint:`` of ``conf/eval_config.yaml`` (which checkpoint ``lcx.eval`` reads)."""
 
     dir: str = _req()
     step: Optional[int] = _req()
@@ -99,7 +100,7 @@ class MemorySchema:
 
 @dataclasses.dataclass
 class PlannerSchema:
-    """``planner:`` of ``lcx/conf/plan_config.yaml``."""
+    """``planner:`` of ``conf/plan_config.yaml``."""
 
     search: bool = _req()
     rows: str = _req()
@@ -108,7 +109,7 @@ class PlannerSchema:
 
 @dataclasses.dataclass
 class EvalSchema:
-    """``eval:`` of ``lcx/conf/eval_config.yaml``."""
+    """``eval:`` of ``conf/eval_config.yaml``."""
 
     task: str = _req()
     lengths: Optional[list[int]] = _req()
@@ -121,7 +122,7 @@ class EvalSchema:
 
 @dataclasses.dataclass
 class DistributedSchema:
-    """``distributed:`` of ``lcx/conf/config.yaml``."""
+    """``distributed:`` of ``conf/config.yaml``."""
 
     auto: bool = _req()
     coordinator_address: Optional[str] = _req()
@@ -131,7 +132,7 @@ class DistributedSchema:
 
 @dataclasses.dataclass
 class HardwareSchema:
-    """Every preset of the ``hardware=`` group (``lcx/conf/hardware/*.yaml``)."""
+    """Every preset of the ``hardware=`` group (``conf/hardware/*.yaml``)."""
 
     name: str = _req()
     chips: Optional[int] = _req()
@@ -152,7 +153,7 @@ class HardwareSchema:
 
 @dataclasses.dataclass
 class StdlibDataSchema:
-    """``data=stdlib`` (``lcx/conf/data/stdlib.yaml``)."""
+    """``data=stdlib`` (``conf/data/stdlib.yaml``)."""
 
     name: str = _req()
     tokenizer: str = _req()
@@ -162,7 +163,7 @@ class StdlibDataSchema:
 
 @dataclasses.dataclass
 class TextDataSchema:
-    """``data=text`` (``lcx/conf/data/text.yaml``)."""
+    """``data=text`` (``conf/data/text.yaml``)."""
 
     name: str = _req()
     paths: list[str] = _req()
@@ -174,7 +175,7 @@ class TextDataSchema:
 
 @dataclasses.dataclass
 class PasskeyDataSchema:
-    """``data=passkey`` (``lcx/conf/data/passkey.yaml``)."""
+    """``data=passkey`` (``conf/data/passkey.yaml``)."""
 
     name: str = _req()
     tokenizer: str = _req()
@@ -207,8 +208,6 @@ def register_schemas() -> None:
                        **{f"data_{k}": v for k, v in DATA_SCHEMAS.items()}}.items():
         cs.store(group="schema", name=name, node=node)
 
-
-register_schemas()
 
 
 # -- the check ------------------------------------------------------------------------------------
@@ -310,7 +309,7 @@ def check_section(node: Any, schema: type, section: str, *, complete: bool = Tru
                 continue
             if f.default is REQUIRED and f.default_factory is REQUIRED:
                 raise ValueError(f"{section}.{k} is missing: {tool} needs it (add {section}.{k}=<value>, or "
-                                 f"compose the config from lcx/conf)")
+                                 f"compose the config from conf/)")
             out[k] = f.default
     return out
 

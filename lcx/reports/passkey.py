@@ -1,0 +1,78 @@
+"""The report of ``python -m lcx.eval``: passkey / needle-in-a-haystack retrieval of a checkpoint.
+
+:func:`run_eval` evaluates a checkpoint (:mod:`lcx.training.retrieval`) across context lengths
+and key depths, with the checkpoint's own model (RoPE scaling included) and plan, and writes
+``eval.json`` (settings, one result per (length, depth), exact match per length) and
+``passkey_heatmap.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
+    """Evaluate ``cfg.checkpoint.dir`` as configured; write ``eval.json`` and the heatmap.
+
+    Raises:
+      FileNotFoundError: no checkpoint there. ValueError / PlanError: a length the task or the
+        plan cannot serve, or an unknown ``eval.task``.
+    """
+    from lcx.sharding import bind
+    from lcx.sharding.config import plan_from_config
+    from lcx.config.schema import EvalCheckpointSchema, EvalSchema, check_section
+    from lcx.training.checkpoint import Checkpoints
+    from lcx.training.resume import load_model, resolve_dir
+    from lcx.training.retrieval import grid, passkey_grid, write_heatmap
+
+    check_section(cfg.eval, EvalSchema, "eval", tool="lcx.eval")
+    check_section(cfg.checkpoint, EvalCheckpointSchema, "checkpoint", tool="lcx.eval")
+    if cfg.eval.task != "passkey":
+        raise ValueError(f"eval.task={cfg.eval.task!r} is unknown; lcx.eval has 'passkey'")
+    ckpt = resolve_dir(cfg.checkpoint.dir)
+    c = Checkpoints(ckpt, read_only=True)
+    try:
+        steps = c.steps()
+        if not steps:
+            raise FileNotFoundError(f"no checkpoint in {ckpt}")
+        step = int(cfg.checkpoint.step) if cfg.checkpoint.step is not None else steps[-1]
+        run = c.read_meta(step)["config"]
+    finally:
+        c.close()
+    plan = plan_from_config(OmegaConf.create(run["plan"]), hardware=cfg.hardware)
+    mp = bind(plan, devices)
+    model, meta = load_model(ckpt, mp, step=step)
+    S = int(run["train"]["seq_len"])
+    e = cfg.eval
+    lengths = [int(x) for x in e.lengths] if e.lengths is not None else [S // 2, S, 2 * S]
+    digits = int(e.digits if e.digits is not None else (run.get("data") or {}).get("digits", 5))
+    batch = int(e.global_batch if e.global_batch is not None else run["train"]["global_batch"])
+    results = passkey_grid(model, mp, lengths=lengths, depths=list(e.depths), per_depth=int(e.per_depth),
+                           global_batch=batch, digits=digits, seed=int(e.seed),
+                           vocab_tiling=int((run.get("memory") or {}).get("vocab_tiling", 1)))
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lens, _, v = grid(results)
+    report = {
+        "task": "passkey",
+        "checkpoint": str(ckpt),
+        "step": int(meta["step"]),
+        "model": run["model"],
+        "plan": plan.name,
+        "train_seq_len": S,
+        "lengths": lengths,
+        "depths": [float(d) for d in e.depths],
+        "per_depth": int(e.per_depth),
+        "digits": digits,
+        "seed": int(e.seed),
+        "exact_match_by_length": {str(s): float(v[:, j].mean()) for j, s in enumerate(lens)},
+        "results": results,
+    }
+    (out_dir / "eval.json").write_text(json.dumps(report, indent=2))
+    report["heatmap_writer"] = write_heatmap(
+        results, out_dir / "passkey_heatmap.png", title=f"passkey, {run['model']['name']} step {meta['step']}"
+    )
+    return report

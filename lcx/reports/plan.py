@@ -1,0 +1,250 @@
+"""The report of ``python -m lcx.plan``: the cost ledger of the given plan and the plan search.
+
+:func:`run` prints the ``describe()`` table of the given plan (parameters from the model's logical
+axes, activations by kind), the ledger of that plan, then the search table (every valid strategy
+x context degree x parameter sharding, with the fastest fitting activation policy of each), the
+recommendation with its reasons and the comparison with MaxText's published recipe
+(:mod:`lcx.reports.maxtext`), and writes ``plan.json``. Pure arithmetic: no device is initialised
+beyond JAX's default CPU backend for one abstract ``eval_shape`` of the model, nothing is
+compiled, and no array of the sequence length exists, so 14M tokens take seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import sys
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lcx.reports.maxtext import compare_with_maxtext
+
+
+def _model_arrays(model_cfg, param_dtype: str):
+    """ArrayInfo of every parameter kind from the abstract model's logical axes (no device
+    memory: ``eqx.filter_eval_shape``); the ledger's own shape list if lcx.models is unusable."""
+    from lcx.cost.memory import DTYPE_BYTES, param_arrays
+    from lcx.sharding.describe import ArrayInfo
+
+    try:
+        import equinox as eqx
+        import jax
+
+        from lcx.models import init_model, logical_axes
+
+        abstract = eqx.filter_eval_shape(init_model, model_cfg, key=jax.random.key(0))
+        leaves = jax.tree_util.tree_leaves_with_path(abstract)
+        axes = jax.tree_util.tree_leaves(logical_axes(abstract), is_leaf=lambda x: isinstance(x, tuple))
+        arrays = [l for l in leaves if hasattr(l[1], "shape")]
+        out = []
+        for (path, leaf), names in zip(arrays, axes):
+            name = jax.tree_util.keystr(path).replace(".weight", "").lstrip(".").replace("blocks.", "")
+            out.append(ArrayInfo(name, "param", tuple(names), tuple(leaf.shape), DTYPE_BYTES[str(leaf.dtype)]))
+        return out, "lcx.models.logical_axes(abstract model)"
+    except Exception as e:  # pragma: no cover - the ledger's mirror of the same shapes
+        return param_arrays(model_cfg, param_dtype, tie_embeddings=model_cfg.tie_embeddings), f"ledger shapes ({e})"
+
+
+def _check_kernel(att) -> None:
+    """Refuse, before pricing, the kernel block sizes lcx.train would refuse: the kernel's own
+    check (:func:`lcx.attention.kernels.make_kernel`; splash: ``block_q`` a multiple of 8, the
+    other blocks multiples of 128, up to 16384),
+    not a copy of it. Building the kernel object compiles nothing. Where splash's Pallas module
+    is missing, its block sizes have already passed (the kernel checks them first) and the
+    planner needs no kernel to price them.
+
+    Raises:
+      ValueError: an unknown kernel or block sizes it cannot tile; the message names the fix.
+    """
+    from lcx.attention.kernels import KernelNotAvailableError, make_kernel
+
+    try:
+        make_kernel(att.kernel, att.block_q, att.block_kv, att.block_q_dkv, att.block_kv_dkv)
+    except KernelNotAvailableError:
+        pass
+
+
+def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
+    """Price the configured plan, search all plans, print, and write ``plan.json``.
+
+    Returns:
+      The JSON-able report (also written to ``out_dir/plan.json`` when ``out_dir`` is given).
+
+    Raises:
+      ValueError / PlanError: a hardware preset without ``chips`` and no device count; chips,
+        sequence length or batch not a whole number >= 1; ``planner.rows`` not best/all; kernel
+        block sizes lcx.train refuses (splash: ``block_q`` a multiple of 8, the others of 128); no candidate plan for this
+        length, batch and device count (the message says which split fails and what would work).
+    """
+    from lcx.config import positive_int
+    from lcx.cost import ActivationPolicy, estimate, hardware_from_config, host_memory_available, search, table
+    from lcx.cost.memory import activation_arrays, kv_cache_bytes_per_token
+    from lcx.models import ModelConfig
+    from lcx.sharding import PlanError
+    from lcx.sharding.config import plan_from_config
+    from lcx.config.schema import HardwareSchema, MemorySchema, PlannerSchema, TrainSchema, check_section
+    from lcx.sharding.describe import describe
+    from lcx.training.memcheck import format_count
+
+    # lcx.plan reads train.seq_len/global_batch (an experiment may set more train.* keys, which
+    # lcx.train reads): every key must still be a real one, with the right type
+    check_section(cfg.train, TrainSchema, "train", complete=False, tool="lcx.plan")
+    check_section(cfg.get("memory"), MemorySchema, "memory", complete=False, tool="lcx.plan")
+    check_section(cfg.get("planner"), PlannerSchema, "planner", tool="lcx.plan")
+    check_section(cfg.hardware, HardwareSchema, "hardware", tool="lcx.plan")
+    model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
+    hwn = cfg.hardware
+    chips = hwn.get("chips")
+    devices_per_chip = positive_int(hwn.get("devices_per_chip") or 1, "hardware.devices_per_chip")
+    if chips is None:
+        chips = hwn.get("cpu_devices")
+        if chips is None:
+            raise ValueError(f"hardware={hwn.get('name')}: set hardware.chips (chips in the slice) for the planner")
+        chips = positive_int(chips, "hardware.cpu_devices")
+    else:
+        chips = positive_int(chips, "hardware.chips")
+    n = chips * devices_per_chip
+    rows = cfg.planner.rows
+    if rows not in ("best", "all"):
+        raise ValueError(f"planner.rows={rows!r}: use best (the best policy per strategy and degree) or all")
+    probe = cfg.planner.probe_cpu
+    hw = hardware_from_config(hwn, n, probe=probe)
+    host_ram = None
+    if hw.name == "cpu" and hw.hbm_bytes is None:
+        # the simulated devices share this machine's RAM (what lcx.train's memory check compares
+        # with): each device's share is its limit, so "fits" here means lcx.train would not refuse it
+        host_ram = host_memory_available()
+        if host_ram is not None:
+            hw = dataclasses.replace(hw, hbm_bytes=host_ram[0] / n)
+    placeholder = hwn.get("peak_flops_per_device") is None and not probe  # cpu without the probe
+    S = positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
+    B = positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
+    mem = OmegaConf.to_container(cfg.get("memory") or {}, resolve=True)
+    # the model's own remat policy and placements, unless the memory section prices another
+    placed = {k: mem[k] for k in ("remat", "decoder_layer_input", "context", "qkv") if mem.get(k) is not None}
+    policy = ActivationPolicy.from_model(
+        model_cfg,
+        **placed,
+        offload_optimizer=bool(mem.get("offload_optimizer", False)),
+        offload_params=bool(mem.get("offload_params", False)),
+        vocab_tiling=int(mem.get("vocab_tiling", 1)),
+    )
+    dtype, pdtype = model_cfg.dtype, model_cfg.param_dtype
+    lines: list[str] = []
+    say = lines.append
+    say(f"lcx.plan: {model_cfg.name} ({format_count(model_cfg.n_params)} parameters), {hw.name} x {chips} chips = {n} "
+        f"devices, {S:,} tokens x {B} sequence{'s' * (B > 1)} per step")
+    tf = hw.peak_flops_per_device / 1e12
+    if hw.name == "cpu":
+        mem_line = (f"memory: {host_ram[0] / 2**30:,.2f} GiB of host RAM available ({host_ram[1]}), shared by the {n} "
+                    f"simulated devices: {hw.hbm_bytes / 2**30:,.2f} GiB each, the limit 'fits' is judged against"
+                    if host_ram is not None else
+                    "memory: this machine's available RAM cannot be read, so 'fits' is not checked on cpu")
+    else:
+        mem_line = f"HBM {'unlimited' if hw.hbm_bytes is None else f'{hw.hbm_bytes / 2**30:,.1f} GiB'} per device"
+    say(f"  peak {f'{tf:,.1f}' if tf >= 0.1 else f'{tf:.3g}'} TFLOP/s per device"
+        + (" (a placeholder: planner.probe_cpu=true measures this machine)" if placeholder else "")
+        + (f"\n  {mem_line}" if hw.name == "cpu" else f", {mem_line}"))
+    kv = kv_cache_bytes_per_token(model_cfg.n_layers, model_cfg.n_kv_heads, model_cfg.head_dim, 2)
+    say(f"  KV per token (16-bit, all layers): {kv:,} bytes = {kv / 2**20:.4g} MiB; {kv * S / 2**30:,.1f} GiB for "
+        f"the whole sequence")
+    say("")
+
+    given = plan_from_config(cfg.plan, hardware=cfg.hardware)
+    _check_kernel(given.attention)
+    arrays, source = _model_arrays(model_cfg, pdtype)
+    given_report: dict[str, Any] = {"plan": given.to_config(), "policy": dataclasses.asdict(policy)}
+    try:
+        given.validate(n, dims=model_cfg.dims(), seq_len=S, global_batch=B)
+        # the tile count lcx.train would refuse (it must divide the local sequence) is not priced
+        from lcx.training.memory import MemoryOptions
+
+        P = given.context_degree(n)
+        MemoryOptions(vocab_tiling=policy.vocab_tiling).check_tiling(S // P, seq_len=S, context_degree=P)
+        say(f"== describe(): the given plan (plan={given.name}); parameters from {source}")
+        say(describe(given, n, [*arrays, *activation_arrays(model_cfg, S, B, dtype)]))
+        e = estimate(model_cfg, given, hw, n, seq_len=S, global_batch=B, policy=policy, dtype=dtype,
+                     param_dtype=pdtype, window=model_cfg.sliding_window, tie_embeddings=model_cfg.tie_embeddings)
+        m = e.memory
+        say("")
+        say(f"== ledger of the given plan with {policy.label}")
+        say(f"  model FLOPs/step {e.flops.total:.4e} (linear {e.flops.linear:.3e}, attention {e.flops.attention:.3e} = "
+            f"{100 * e.flops.attention_fraction:.1f}%), recompute {e.recompute_flops:.3e} (not in MFU)")
+        say("  per device: " + ", ".join(f"{k} {v / 2**30:,.2f} GiB" for k, v in m.as_dict().items()))
+        say(f"  communication per device: " + ", ".join(
+            f"{k} {v / 2**30:,.2f} GiB" for k, v in dataclasses.asdict(e.comm).items() if k not in ("ring_hops", "ring_hop_bytes")))
+        say(f"  compute {e.compute_time:,.2f} s, communication {e.comm_time:,.2f} s ({e.exposed_comm_time:,.2f} s exposed), "
+            f"step {e.step_time:,.2f} s, fits {e.fits}, predicted MFU {100 * e.mfu:.1f}% (roofline)")
+        if e.host_bytes:
+            say(f"  host offload: {e.host_bytes / 2**30:,.2f} GiB per device per step over the host link, "
+                + (f"{e.host_time:,.2f} s ({e.exposed_host_time:,.2f} s not hidden behind compute)"
+                   if hw.host_bandwidth_per_chip else "not priced (hardware.host_bandwidth_per_chip is null)"))
+        if e.overlap is not None:
+            say(f"  ring: {e.ring_block:,} tokens per hop, overlap needs >= {e.ring_min_block:,.0f}: "
+                f"{'holds' if e.overlap else 'FAILS'}")
+        given_report["estimate"] = _est_dict(e)
+    except (PlanError, ValueError) as err:
+        say(f"== the given plan (plan={given.name}) does not apply here: {err}")
+        given_report["error"] = str(err)
+    pub = cfg.get("published")
+    if pub and "estimate" in given_report:
+        # the published step is the experiment's own recipe, the given plan and policy priced above
+        say(f"  published (MaxText tpu-recipes, this plan and policy): {float(pub.step_time_s):,.2f} s/step, MFU "
+            f"{100 * float(pub.mfu):.2f}%; the ledger's MFU of that step time: "
+            f"{100 * e.flops.total / (float(pub.step_time_s) * hw.peak_flops_per_device * n):.2f}%; measured / "
+            f"roofline = {float(pub.step_time_s) / e.step_time:.2f}")
+    say("")
+
+    report: dict[str, Any] = {
+        "model": model_cfg.to_dict(), "hardware": dataclasses.asdict(hw), "chips": int(chips), "n_devices": n,
+        "seq_len": S, "global_batch": B, "kv_bytes_per_token": kv, "given": given_report,
+    }
+    if cfg.planner.search:
+        rec = search(model_cfg, hw, n, seq_len=S, global_batch=B, dtype=dtype, param_dtype=pdtype,
+                     attention=dataclasses.replace(given.attention), window=model_cfg.sliding_window)
+        if not rec.candidates:
+            # an empty table and a blank recommendation say nothing: say which split failed
+            from lcx.cost.planner import no_candidates_reason
+
+            raise PlanError(no_candidates_reason(
+                model_cfg, n, S, B, devices_per_chip=devices_per_chip,
+                chips_key="hardware.chips" if hwn.get("chips") is not None else "hardware.cpu_devices",
+                attention=dataclasses.replace(given.attention)))
+        say(f"== search: {len(rec.candidates)} candidates (strategy x mesh x param sharding x activation policy)")
+        say(table(rec, per_group=rows != "all"))
+        say("")
+        say("== recommendation")
+        lines.extend("  " + r for r in rec.reasons)
+        say("")
+        say("  " + compare_with_maxtext(rec, model_cfg, hw, n, S, B, attention=given.attention).replace("\n", "\n  "))
+        if rec.best is not None:
+            say("")
+            say(f"== describe(): the recommended plan ({rec.best.plan.name})")
+            say(describe(rec.best.plan, n, [*arrays, *activation_arrays(model_cfg, S, B, dtype)]))
+        report["recommendation"] = None if rec.best is None else rec.best.as_dict()
+        report["recommended_runnable_in_lcx"] = None if rec.best_runnable is None else rec.best_runnable.as_dict()
+        report["reasons"] = list(rec.reasons)
+        report["candidates"] = [c.as_dict() for c in rec.candidates]
+    text = "\n".join(lines)
+    print(text)
+    if out_dir is not None:
+        out = pathlib.Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps(report, indent=1, default=str))
+        print(f"\nwrote {out / 'plan.json'}", file=sys.stderr)
+    return report
+
+
+
+def _est_dict(e) -> dict[str, Any]:
+    return {
+        "memory_bytes_per_device": e.memory.as_dict(), "comm_bytes_per_device": dataclasses.asdict(e.comm),
+        "model_flops_per_step": e.flops.total, "recompute_flops_per_step": e.recompute_flops,
+        "compute_time_s": e.compute_time, "exposed_comm_time_s": e.exposed_comm_time,
+        "host_bytes_per_device": e.host_bytes, "host_time_s": e.host_time, "exposed_host_time_s": e.exposed_host_time,
+        "step_time_s": e.step_time,
+        "fits": e.fits, "overlap": e.overlap, "predicted_mfu": e.mfu,
+    }
+
