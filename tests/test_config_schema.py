@@ -93,3 +93,30 @@ def test_command_line_misspelling_names_the_nearest_key():
         r = subprocess.run([sys.executable, "-m", "lcx.train", *argv], cwd=ROOT, capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 2 and msg in r.stderr, r.stderr[-2000:]
+
+
+def test_importing_lcx_registers_nothing_and_register_is_idempotent():
+    # registration is the explicit lcx.config.register() (lcx.cli.launch, tests/conftest.py), not an
+    # import side effect; a second call changes nothing
+    code = ("from hydra.core.config_store import ConfigStore\n"
+            "from omegaconf import OmegaConf\n"
+            "import lcx, lcx.config, lcx.config.schema, lcx.sharding.config, lcx.train, lcx.plan, lcx.eval, lcx.extend\n"
+            "repo = ConfigStore.instance().repo\n"
+            "assert 'schema' not in repo and 'schema.yaml' not in repo.get('plan', {}), sorted(repo)\n"
+            "assert not OmegaConf.has_resolver('lcx_uid')\n"
+            "lcx.config.register(); lcx.config.register()\n"
+            "assert 'schema.yaml' in repo['plan'] and 'train.yaml' in repo['schema'], sorted(repo)\n"
+            "assert OmegaConf.has_resolver('lcx_uid')\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_hydra_finds_the_top_level_conf_through_the_package():
+    # an editable install maps the package lcx.conf to this checkout's conf/ (a wheel carries a copy:
+    # tests/test_wheel.py), and the plan presets are read from the same place
+    import importlib.resources
+
+    from lcx.sharding.config import PRESET_DIR
+
+    assert pathlib.Path(str(importlib.resources.files("lcx.conf"))).resolve() == CONF.resolve()
+    assert PRESET_DIR.resolve() == (CONF / "plan").resolve()
