@@ -21,9 +21,9 @@ def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
       FileNotFoundError: no checkpoint there. ValueError / PlanError: a length the task or the
         plan cannot serve, or an unknown ``eval.task``.
     """
+    from lcx.config.schema import EvalCheckpointSchema, EvalSchema, check_section
     from lcx.sharding import bind
     from lcx.sharding.config import plan_from_config
-    from lcx.config.schema import EvalCheckpointSchema, EvalSchema, check_section
     from lcx.training.checkpoint import Checkpoints
     from lcx.training.resume import load_model, resolve_dir
     from lcx.training.retrieval import grid, passkey_grid, write_heatmap

@@ -79,12 +79,12 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         length, batch and device count (the message says which split fails and what would work).
     """
     from lcx.config import positive_int
+    from lcx.config.schema import HardwareSchema, MemorySchema, PlannerSchema, TrainSchema, check_section
     from lcx.cost import ActivationPolicy, estimate, hardware_from_config, host_memory_available, search, table
     from lcx.cost.memory import activation_arrays, kv_cache_bytes_per_token
     from lcx.models import ModelConfig
     from lcx.sharding import PlanError
     from lcx.sharding.config import plan_from_config
-    from lcx.config.schema import HardwareSchema, MemorySchema, PlannerSchema, TrainSchema, check_section
     from lcx.sharding.describe import describe
     from lcx.training.memcheck import format_count
 
@@ -173,7 +173,7 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         say(f"  model FLOPs/step {e.flops.total:.4e} (linear {e.flops.linear:.3e}, attention {e.flops.attention:.3e} = "
             f"{100 * e.flops.attention_fraction:.1f}%), recompute {e.recompute_flops:.3e} (not in MFU)")
         say("  per device: " + ", ".join(f"{k} {v / 2**30:,.2f} GiB" for k, v in m.as_dict().items()))
-        say(f"  communication per device: " + ", ".join(
+        say("  communication per device: " + ", ".join(
             f"{k} {v / 2**30:,.2f} GiB" for k, v in dataclasses.asdict(e.comm).items() if k not in ("ring_hops", "ring_hop_bytes")))
         say(f"  compute {e.compute_time:,.2f} s, communication {e.comm_time:,.2f} s ({e.exposed_comm_time:,.2f} s exposed), "
             f"step {e.step_time:,.2f} s, fits {e.fits}, predicted MFU {100 * e.mfu:.1f}% (roofline)")
