@@ -298,13 +298,18 @@ def split_documents(num_docs: int, val_fraction: float, seed: int = 0) -> tuple[
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
+def data_value(cfg: Any, key: str, default: Any = None) -> Any:
+    """``cfg[key]`` of a ``data`` config node, ``default`` when absent or None.
+
+    Raises:
+      ValueError: the key is mandatory (``???``) and unset; names it and an example.
+    """
     try:
         value = cfg.get(key, default)
     except Exception as e:  # omegaconf MissingMandatoryValue for `???`
         if type(e).__name__ == "MissingMandatoryValue":
             raise ValueError(
-                f"data.{key} is required for data={_get(cfg, 'name', '?')}, e.g. "
+                f"data.{key} is required for data={data_value(cfg, 'name', '?')}, e.g. "
                 f"data.paths=[a.txt,'docs/*.md']"
             ) from None
         raise
@@ -331,16 +336,16 @@ def load_corpus(cfg_data: Any) -> Corpus:
       ValueError, FileNotFoundError: unknown name, missing paths, and every error of
         :func:`stdlib_corpus` / :func:`text_corpus`.
     """
-    name = _get(cfg_data, "name", "stdlib")
+    name = data_value(cfg_data, "name", "stdlib")
     if name == "stdlib":
         return stdlib_corpus()
     if name == "text":
-        paths = _get(cfg_data, "paths")
+        paths = data_value(cfg_data, "paths")
         if not paths:
             raise ValueError("data=text needs data.paths, e.g. data.paths=[a.txt,'docs/*.md']")
         if isinstance(paths, str):
             paths = [paths]
-        return text_corpus(_abs_paths(list(paths)), text_field=str(_get(cfg_data, "text_field", "text")))
+        return text_corpus(_abs_paths(list(paths)), text_field=str(data_value(cfg_data, "text_field", "text")))
     raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
 
 
@@ -361,12 +366,12 @@ def corpus_data(cfg_data: Any, spec: BatchSpec) -> Data:
     """
     _check_common(spec.seq_len, spec.global_batch, spec.layout, spec.context_degree)
     _check_common(spec.seq_len, spec.val_global_batch, spec.layout, spec.context_degree)
-    tokenizer = get_tokenizer(str(_get(cfg_data, "tokenizer", "byte")))
+    tokenizer = get_tokenizer(str(data_value(cfg_data, "tokenizer", "byte")))
     corpus = load_corpus(cfg_data)
     docs = [tokenizer.encode(d) for d in corpus.documents]
     docs = [d for d in docs if d.size]
     train_idx, val_idx = split_documents(
-        len(docs), float(_get(cfg_data, "val_fraction", 0.02)), int(_get(cfg_data, "split_seed", 0))
+        len(docs), float(data_value(cfg_data, "val_fraction", 0.02)), int(data_value(cfg_data, "split_seed", 0))
     )
     train = Batches([docs[i] for i in train_idx], seq_len=spec.seq_len, global_batch=spec.global_batch,
                     layout=spec.layout, context_degree=spec.context_degree, seed=spec.seed)

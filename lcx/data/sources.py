@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lcx.data.passkey import passkey_data
-from lcx.data.pipeline import _get, corpus_data
+from lcx.data.pipeline import corpus_data, data_value
 from lcx.data.stream import BatchSpec, Data
 
 SOURCES: dict[str, Callable[[Any, BatchSpec], Data]] = {
@@ -57,7 +57,7 @@ def make_data(
 
     # every key a real key of this data config, with the right type (``+data.val_fractoin=0.5``
     # is refused, naming data.val_fraction); lcx.train has checked the section complete already
-    name = _get(cfg_data, "name", "stdlib")
+    name = data_value(cfg_data, "name", "stdlib")
     if name not in DATA_SCHEMAS or name not in SOURCES:
         raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
     check_section(cfg_data, DATA_SCHEMAS[name], "data", complete=False, tool="lcx")

@@ -1,7 +1,9 @@
-"""The training loop, as a short sequence of named phases: prepare (validate the plan; build
-data, model, optimizer and steps), the initial state (resumed from a checkpoint or fresh), claim
-the run directory, compile, then step with hooks (:mod:`lcx.training.hooks`: evaluation,
-metrics, progress, checkpoints) and return a :class:`~lcx.training.state.TrainResult`.
+"""The training loop, as a short sequence of named phases: :func:`prepare` (validate the plan;
+build data, model, optimizer and steps), :func:`initial_state` (resumed from a checkpoint or
+fresh), :func:`record_run` (claim the run directory), :func:`compile_step`, :func:`make_hooks`
+(:mod:`lcx.training.hooks`: evaluation, metrics, progress, checkpoints), then
+:func:`train_step` and the hooks once per step; it returns a
+:class:`~lcx.training.state.TrainResult`.
 
 Everything that can be wrong with the configuration (plan vs devices, model and batch; data
 paths; sequence length; memory) is checked before anything compiles: :mod:`lcx.training.preflight`
@@ -104,20 +106,7 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> TrainRe
     with contextlib.ExitStack() as stack:
         if ckpts is not None:
             stack.callback(ckpts.close)  # an exception still lets an in-flight (good) save finish
-        stop = stack.enter_context(StopSignals(enabled=ckpts is not None))
-        hooks = Hooks()
-        if int(run.t.eval_every) > 0:
-            hooks.add_hook(EvalHook(run.steps, run.data, int(run.t.eval_batches)), every=int(run.t.eval_every))
-        metrics = stack.enter_context((run_dir / "metrics.jsonl").open("a"))
-        hooks.add_hook(MetricsHook(metrics), every=max(1, int(run.t.log_every)), also=lambda i: "val_loss" in i.record)
-        bar = stack.enter_context(
-            tqdm(total=run.total_steps, initial=start, desc=f"train[{run.mp.plan.name}]", unit="step"))
-        hooks.add_hook(ProgressHook(bar))
-        ckpt_hook = None
-        if ckpts is not None:
-            ckpt_hook = CheckpointHook(ckpts, run.ckpt, stop, lambda loss, val: checkpoint_meta(run, loss, val),
-                                       saved_step=start if restored is not None else None)
-            hooks.add_hook(ckpt_hook)
+        hooks, ckpt_hook = make_hooks(run, run_dir, stack, ckpts, start, resumed=restored is not None)
         for step in range(start + 1, run.total_steps + 1):
             state, batch, info = train_step(run, train_c, state, batch, step, first if step == start + 1 else {},
                                             val_loss, ckpts, ckpt_hook)
@@ -243,10 +232,33 @@ def compile_step(run: Run, state: TrainState, batch: dict, *, resumed: bool) -> 
     return compiled, first
 
 
+def make_hooks(run: Run, run_dir: pathlib.Path, stack: contextlib.ExitStack, ckpts: Checkpoints | None,
+               start: int, *, resumed: bool) -> tuple[Hooks, CheckpointHook | None]:
+    """Phase 5: the hooks, in the order they run after a step: evaluation (every
+    ``train.eval_every``), the ``metrics.jsonl`` line (every ``train.log_every`` and at each
+    evaluation), the progress bar, checkpoints (with the SIGTERM/SIGINT watcher). What they open
+    is closed by ``stack``."""
+    stop = stack.enter_context(StopSignals(enabled=ckpts is not None))
+    hooks = Hooks()
+    if int(run.t.eval_every) > 0:
+        hooks.add_hook(EvalHook(run.steps, run.data, int(run.t.eval_batches)), every=int(run.t.eval_every))
+    metrics = stack.enter_context((run_dir / "metrics.jsonl").open("a"))
+    hooks.add_hook(MetricsHook(metrics), every=max(1, int(run.t.log_every)), also=lambda i: "val_loss" in i.record)
+    bar = stack.enter_context(
+        tqdm(total=run.total_steps, initial=start, desc=f"train[{run.mp.plan.name}]", unit="step"))
+    hooks.add_hook(ProgressHook(bar))
+    if ckpts is None:
+        return hooks, None
+    ckpt_hook = CheckpointHook(ckpts, run.ckpt, stop, lambda loss, val: checkpoint_meta(run, loss, val),
+                               saved_step=start if resumed else None)
+    hooks.add_hook(ckpt_hook)
+    return hooks, ckpt_hook
+
+
 def train_step(run: Run, compiled: Any, state: TrainState, batch: dict, step: int, extra: dict[str, Any],
                val_loss: float | None, ckpts: Checkpoints | None,
                ckpt_hook: CheckpointHook | None) -> tuple[TrainState, dict | None, StepInfo]:
-    """Phase 5, once per step: run step ``step`` on ``batch``, prefetch the next batch while the
+    """Phase 6, once per step: run step ``step`` on ``batch``, prefetch the next batch while the
     devices work, and build the step's :class:`StepInfo` (its metrics record plus ``extra``).
 
     Raises:
