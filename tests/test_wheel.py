@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -44,8 +45,17 @@ def test_pyproject_lists_every_package():
                     "the wheel package (pip install wheel)")
 def test_installed_wheel_trains_one_step_outside_the_checkout(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HYDRA"))}
+    # build from a copy of the files git sees (tracked, or untracked and not ignored), as they are in
+    # the working tree: setuptools builds in the source tree, and a stale build/ would leak into the wheel
+    src = tmp_path / "src"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            check=True, capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path / "dist"), str(ROOT)], check=True, cwd=tmp_path, env=env, timeout=300)
+                    str(tmp_path / "dist"), str(src)], check=True, cwd=tmp_path, env=env, timeout=300)
     (wheel,) = (tmp_path / "dist").glob("lcx-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
