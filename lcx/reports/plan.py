@@ -66,27 +66,40 @@ def _check_kernel(att) -> None:
         pass
 
 
-def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
-    """Price the configured plan, search all plans, print, and write ``plan.json``.
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What one ``lcx.plan`` call prices, read and checked from the config (:func:`_job`).
 
-    Returns:
-      The JSON-able report (also written to ``out_dir/plan.json`` when ``out_dir`` is given).
-
-    Raises:
-      ValueError / PlanError: a hardware preset without ``chips`` and no device count; chips,
-        sequence length or batch not a whole number >= 1; ``planner.rows`` not best/all; kernel
-        block sizes lcx.train refuses (splash: ``block_q`` a multiple of 8, the others of 128); no candidate plan for this
-        length, batch and device count (the message says which split fails and what would work).
+    Attributes:
+      model: the model; hw: the hardware preset for ``n`` devices (on cpu, ``hbm_bytes`` is each
+        simulated device's share of the available host RAM, when it can be read); chips: chips in
+        the slice (``hardware.chips``, or ``hardware.cpu_devices``; which one is ``chips_key``);
+      devices_per_chip, n: devices per chip and in all; S: tokens per sequence; B: sequences per
+        step; policy: the activation policy priced; rows: ``planner.rows`` (best | all);
+      placeholder: the peak FLOP/s is cpu's placeholder (no probe); host_ram: (bytes, source) of
+        the available host RAM on cpu, else None.
     """
+
+    model: Any
+    hw: Any
+    chips: int
+    chips_key: str
+    devices_per_chip: int
+    n: int
+    S: int
+    B: int
+    policy: Any
+    rows: str
+    placeholder: bool
+    host_ram: tuple[float, str] | None
+
+
+def _job(cfg: DictConfig) -> _Job:
+    """The checked settings of ``cfg`` (errors as :func:`run`'s, in the order a reader meets them)."""
     from lcx.config import positive_int
     from lcx.config.schema import HardwareSchema, MemorySchema, PlannerSchema, TrainSchema, check_section
-    from lcx.cost import ActivationPolicy, estimate, hardware_from_config, host_memory_available, search, table
-    from lcx.cost.memory import activation_arrays, kv_cache_bytes_per_token
+    from lcx.cost import ActivationPolicy, hardware_from_config, host_memory_available
     from lcx.models import ModelConfig
-    from lcx.sharding import PlanError
-    from lcx.sharding.config import plan_from_config
-    from lcx.sharding.describe import describe
-    from lcx.training.memcheck import format_count
 
     # lcx.plan reads train.seq_len/global_batch (an experiment may set more train.* keys, which
     # lcx.train reads): every key must still be a real one, with the right type
@@ -118,7 +131,6 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         host_ram = host_memory_available()
         if host_ram is not None:
             hw = dataclasses.replace(hw, hbm_bytes=host_ram[0] / n)
-    placeholder = hwn.get("peak_flops_per_device") is None and not probe  # cpu without the probe
     S = positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
     B = positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
     mem = OmegaConf.to_container(cfg.get("memory") or {}, resolve=True)
@@ -131,11 +143,21 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         offload_params=bool(mem.get("offload_params", False)),
         vocab_tiling=int(mem.get("vocab_tiling", 1)),
     )
-    dtype, pdtype = model_cfg.dtype, model_cfg.param_dtype
-    lines: list[str] = []
-    say = lines.append
-    say(f"lcx.plan: {model_cfg.name} ({format_count(model_cfg.n_params)} parameters), {hw.name} x {chips} chips = {n} "
-        f"devices, {S:,} tokens x {B} sequence{'s' * (B > 1)} per step")
+    return _Job(model=model_cfg, hw=hw, chips=chips,
+                chips_key="hardware.chips" if hwn.get("chips") is not None else "hardware.cpu_devices",
+                devices_per_chip=devices_per_chip, n=n, S=S, B=B, policy=policy, rows=rows,
+                placeholder=hwn.get("peak_flops_per_device") is None and not probe,  # cpu without the probe
+                host_ram=host_ram)
+
+
+def _header(job: _Job, kv: int) -> list[str]:
+    """The opening lines: model, devices, tokens per step, peak FLOP/s, memory per device and the
+    KV bytes per token (``kv``)."""
+    from lcx.training.memcheck import format_count
+
+    m, hw, n, S, B, host_ram = job.model, job.hw, job.n, job.S, job.B, job.host_ram
+    lines = [f"lcx.plan: {m.name} ({format_count(m.n_params)} parameters), {hw.name} x {job.chips} chips = {n} "
+             f"devices, {S:,} tokens x {B} sequence{'s' * (B > 1)} per step"]
     tf = hw.peak_flops_per_device / 1e12
     if hw.name == "cpu":
         mem_line = (f"memory: {host_ram[0] / 2**30:,.2f} GiB of host RAM available ({host_ram[1]}), shared by the {n} "
@@ -144,52 +166,127 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
                     "memory: this machine's available RAM cannot be read, so 'fits' is not checked on cpu")
     else:
         mem_line = f"HBM {'unlimited' if hw.hbm_bytes is None else f'{hw.hbm_bytes / 2**30:,.1f} GiB'} per device"
-    say(f"  peak {f'{tf:,.1f}' if tf >= 0.1 else f'{tf:.3g}'} TFLOP/s per device"
-        + (" (a placeholder: planner.probe_cpu=true measures this machine)" if placeholder else "")
-        + (f"\n  {mem_line}" if hw.name == "cpu" else f", {mem_line}"))
-    kv = kv_cache_bytes_per_token(model_cfg.n_layers, model_cfg.n_kv_heads, model_cfg.head_dim, 2)
-    say(f"  KV per token (16-bit, all layers): {kv:,} bytes = {kv / 2**20:.4g} MiB; {kv * S / 2**30:,.1f} GiB for "
-        f"the whole sequence")
-    say("")
+    lines.append(f"  peak {f'{tf:,.1f}' if tf >= 0.1 else f'{tf:.3g}'} TFLOP/s per device"
+                 + (" (a placeholder: planner.probe_cpu=true measures this machine)" if job.placeholder else "")
+                 + (f"\n  {mem_line}" if hw.name == "cpu" else f", {mem_line}"))
+    lines.append(f"  KV per token (16-bit, all layers): {kv:,} bytes = {kv / 2**20:.4g} MiB; {kv * S / 2**30:,.1f} GiB "
+                 f"for the whole sequence")
+    return lines
 
-    given = plan_from_config(cfg.plan, hardware=cfg.hardware)
-    _check_kernel(given.attention)
-    arrays, source = _model_arrays(model_cfg, pdtype)
-    given_report: dict[str, Any] = {"plan": given.to_config(), "policy": dataclasses.asdict(policy)}
+
+def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], Any]:
+    """Describe and price the given plan (``say`` each line); its report entry and estimate (None
+    when the plan does not apply here: the entry says why)."""
+    from lcx.cost import estimate
+    from lcx.cost.memory import activation_arrays
+    from lcx.sharding import PlanError
+    from lcx.sharding.describe import describe
+    from lcx.training.memory import MemoryOptions
+
+    m, hw, n, S, B, policy = job.model, job.hw, job.n, job.S, job.B, job.policy
+    report: dict[str, Any] = {"plan": given.to_config(), "policy": dataclasses.asdict(policy)}
     try:
-        given.validate(n, dims=model_cfg.dims(), seq_len=S, global_batch=B)
+        given.validate(n, dims=m.dims(), seq_len=S, global_batch=B)
         # the tile count lcx.train would refuse (it must divide the local sequence) is not priced
-        from lcx.training.memory import MemoryOptions
-
         P = given.context_degree(n)
         MemoryOptions(vocab_tiling=policy.vocab_tiling).check_tiling(S // P, seq_len=S, context_degree=P)
         say(f"== describe(): the given plan (plan={given.name}); parameters from {source}")
-        say(describe(given, n, [*arrays, *activation_arrays(model_cfg, S, B, dtype)]))
-        e = estimate(model_cfg, given, hw, n, seq_len=S, global_batch=B, policy=policy, dtype=dtype,
-                     param_dtype=pdtype, window=model_cfg.sliding_window, tie_embeddings=model_cfg.tie_embeddings)
-        m = e.memory
-        say("")
-        say(f"== ledger of the given plan with {policy.label}")
-        say(f"  model FLOPs/step {e.flops.total:.4e} (linear {e.flops.linear:.3e}, attention {e.flops.attention:.3e} = "
-            f"{100 * e.flops.attention_fraction:.1f}%), recompute {e.recompute_flops:.3e} (not in MFU)")
-        say("  per device: " + ", ".join(f"{k} {v / 2**30:,.2f} GiB" for k, v in m.as_dict().items()))
-        say("  communication per device: " + ", ".join(
-            f"{k} {v / 2**30:,.2f} GiB" for k, v in dataclasses.asdict(e.comm).items() if k not in ("ring_hops", "ring_hop_bytes")))
-        say(f"  compute {e.compute_time:,.2f} s, communication {e.comm_time:,.2f} s ({e.exposed_comm_time:,.2f} s exposed), "
-            f"step {e.step_time:,.2f} s, fits {e.fits}, predicted MFU {100 * e.mfu:.1f}% (roofline)")
-        if e.host_bytes:
-            say(f"  host offload: {e.host_bytes / 2**30:,.2f} GiB per device per step over the host link, "
-                + (f"{e.host_time:,.2f} s ({e.exposed_host_time:,.2f} s not hidden behind compute)"
-                   if hw.host_bandwidth_per_chip else "not priced (hardware.host_bandwidth_per_chip is null)"))
-        if e.overlap is not None:
-            say(f"  ring: {e.ring_block:,} tokens per hop, overlap needs >= {e.ring_min_block:,.0f}: "
-                f"{'holds' if e.overlap else 'FAILS'}")
-        given_report["estimate"] = _est_dict(e)
+        say(describe(given, n, [*arrays, *activation_arrays(m, S, B, m.dtype)]))
+        e = estimate(m, given, hw, n, seq_len=S, global_batch=B, policy=policy, dtype=m.dtype,
+                     param_dtype=m.param_dtype, window=m.sliding_window, tie_embeddings=m.tie_embeddings)
     except (PlanError, ValueError) as err:
         say(f"== the given plan (plan={given.name}) does not apply here: {err}")
-        given_report["error"] = str(err)
+        report["error"] = str(err)
+        return report, None
+    say("")
+    say(f"== ledger of the given plan with {policy.label}")
+    say(f"  model FLOPs/step {e.flops.total:.4e} (linear {e.flops.linear:.3e}, attention {e.flops.attention:.3e} = "
+        f"{100 * e.flops.attention_fraction:.1f}%), recompute {e.recompute_flops:.3e} (not in MFU)")
+    say("  per device: " + ", ".join(f"{k} {v / 2**30:,.2f} GiB" for k, v in e.memory.as_dict().items()))
+    say("  communication per device: " + ", ".join(
+        f"{k} {v / 2**30:,.2f} GiB" for k, v in dataclasses.asdict(e.comm).items() if k not in ("ring_hops", "ring_hop_bytes")))
+    say(f"  compute {e.compute_time:,.2f} s, communication {e.comm_time:,.2f} s ({e.exposed_comm_time:,.2f} s exposed), "
+        f"step {e.step_time:,.2f} s, fits {e.fits}, predicted MFU {100 * e.mfu:.1f}% (roofline)")
+    if e.host_bytes:
+        say(f"  host offload: {e.host_bytes / 2**30:,.2f} GiB per device per step over the host link, "
+            + (f"{e.host_time:,.2f} s ({e.exposed_host_time:,.2f} s not hidden behind compute)"
+               if hw.host_bandwidth_per_chip else "not priced (hardware.host_bandwidth_per_chip is null)"))
+    if e.overlap is not None:
+        say(f"  ring: {e.ring_block:,} tokens per hop, overlap needs >= {e.ring_min_block:,.0f}: "
+            f"{'holds' if e.overlap else 'FAILS'}")
+    report["estimate"] = _est_dict(e)
+    return report, e
+
+
+def _search(job: _Job, given, arrays, say) -> dict[str, Any]:
+    """Search every plan (``say`` the table, the recommendation, the MaxText comparison and the
+    recommended plan's ``describe()``); the report's search entries.
+
+    Raises:
+      PlanError: no candidate (the message says which split fails and what would work).
+    """
+    from lcx.cost import search, table
+    from lcx.cost.memory import activation_arrays
+    from lcx.sharding import PlanError
+    from lcx.sharding.describe import describe
+
+    m, hw, n, S, B = job.model, job.hw, job.n, job.S, job.B
+    rec = search(m, hw, n, seq_len=S, global_batch=B, dtype=m.dtype, param_dtype=m.param_dtype,
+                 attention=dataclasses.replace(given.attention), window=m.sliding_window)
+    if not rec.candidates:
+        # an empty table and a blank recommendation say nothing: say which split failed
+        from lcx.cost.planner import no_candidates_reason
+
+        raise PlanError(no_candidates_reason(m, n, S, B, devices_per_chip=job.devices_per_chip, chips_key=job.chips_key,
+                                             attention=dataclasses.replace(given.attention)))
+    say(f"== search: {len(rec.candidates)} candidates (strategy x mesh x param sharding x activation policy)")
+    say(table(rec, per_group=job.rows != "all"))
+    say("")
+    say("== recommendation")
+    for r in rec.reasons:
+        say("  " + r)
+    say("")
+    say("  " + compare_with_maxtext(rec, m, hw, n, S, B, attention=given.attention).replace("\n", "\n  "))
+    if rec.best is not None:
+        say("")
+        say(f"== describe(): the recommended plan ({rec.best.plan.name})")
+        say(describe(rec.best.plan, n, [*arrays, *activation_arrays(m, S, B, m.dtype)]))
+    return {
+        "recommendation": None if rec.best is None else rec.best.as_dict(),
+        "recommended_runnable_in_lcx": None if rec.best_runnable is None else rec.best_runnable.as_dict(),
+        "reasons": list(rec.reasons),
+        "candidates": [c.as_dict() for c in rec.candidates],
+    }
+
+
+def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
+    """Price the configured plan, search all plans, print, and write ``plan.json``.
+
+    Returns:
+      The JSON-able report (also written to ``out_dir/plan.json`` when ``out_dir`` is given).
+
+    Raises:
+      ValueError / PlanError: a hardware preset without ``chips`` and no device count; chips,
+        sequence length or batch not a whole number >= 1; ``planner.rows`` not best/all; kernel
+        block sizes lcx.train refuses (splash: ``block_q`` a multiple of 8, the others of 128); no
+        candidate plan for this length, batch and device count (the message says which split fails
+        and what would work).
+    """
+    from lcx.cost.memory import kv_cache_bytes_per_token
+    from lcx.sharding.config import plan_from_config
+
+    job = _job(cfg)
+    m, hw, n = job.model, job.hw, job.n
+    kv = kv_cache_bytes_per_token(m.n_layers, m.n_kv_heads, m.head_dim, 2)
+    lines = [*_header(job, kv), ""]
+    say = lines.append
+
+    given = plan_from_config(cfg.plan, hardware=cfg.hardware)
+    _check_kernel(given.attention)
+    arrays, source = _model_arrays(m, m.param_dtype)
+    given_report, e = _given(job, given, arrays, source, say)
     pub = cfg.get("published")
-    if pub and "estimate" in given_report:
+    if pub and e is not None:
         # the published step is the experiment's own recipe, the given plan and policy priced above
         say(f"  published (MaxText tpu-recipes, this plan and policy): {float(pub.step_time_s):,.2f} s/step, MFU "
             f"{100 * float(pub.mfu):.2f}%; the ledger's MFU of that step time: "
@@ -198,44 +295,18 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     say("")
 
     report: dict[str, Any] = {
-        "model": model_cfg.to_dict(), "hardware": dataclasses.asdict(hw), "chips": int(chips), "n_devices": n,
-        "seq_len": S, "global_batch": B, "kv_bytes_per_token": kv, "given": given_report,
+        "model": m.to_dict(), "hardware": dataclasses.asdict(hw), "chips": int(job.chips), "n_devices": n,
+        "seq_len": job.S, "global_batch": job.B, "kv_bytes_per_token": kv, "given": given_report,
     }
     if cfg.planner.search:
-        rec = search(model_cfg, hw, n, seq_len=S, global_batch=B, dtype=dtype, param_dtype=pdtype,
-                     attention=dataclasses.replace(given.attention), window=model_cfg.sliding_window)
-        if not rec.candidates:
-            # an empty table and a blank recommendation say nothing: say which split failed
-            from lcx.cost.planner import no_candidates_reason
-
-            raise PlanError(no_candidates_reason(
-                model_cfg, n, S, B, devices_per_chip=devices_per_chip,
-                chips_key="hardware.chips" if hwn.get("chips") is not None else "hardware.cpu_devices",
-                attention=dataclasses.replace(given.attention)))
-        say(f"== search: {len(rec.candidates)} candidates (strategy x mesh x param sharding x activation policy)")
-        say(table(rec, per_group=rows != "all"))
-        say("")
-        say("== recommendation")
-        lines.extend("  " + r for r in rec.reasons)
-        say("")
-        say("  " + compare_with_maxtext(rec, model_cfg, hw, n, S, B, attention=given.attention).replace("\n", "\n  "))
-        if rec.best is not None:
-            say("")
-            say(f"== describe(): the recommended plan ({rec.best.plan.name})")
-            say(describe(rec.best.plan, n, [*arrays, *activation_arrays(model_cfg, S, B, dtype)]))
-        report["recommendation"] = None if rec.best is None else rec.best.as_dict()
-        report["recommended_runnable_in_lcx"] = None if rec.best_runnable is None else rec.best_runnable.as_dict()
-        report["reasons"] = list(rec.reasons)
-        report["candidates"] = [c.as_dict() for c in rec.candidates]
-    text = "\n".join(lines)
-    print(text)
+        report.update(_search(job, given, arrays, say))
+    print("\n".join(lines))
     if out_dir is not None:
         out = pathlib.Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps(report, indent=1, default=str))
         print(f"\nwrote {out / 'plan.json'}", file=sys.stderr)
     return report
-
 
 
 def _est_dict(e) -> dict[str, Any]:
