@@ -4,6 +4,14 @@ The device count must be set before the JAX backend initialises, so this runs at
 """
 
 import os
+import sys
+
+from jaxtyping import install_import_hook
+
+# Every lcx module is shape- and type-checked at runtime in tests (jaxtyping + beartype): the hook
+# must be in place before the first `import lcx`, which is why it sits above everything else.
+sys.path.insert(0, os.path.dirname(__file__))
+install_import_hook("lcx", "_typecheck.typechecker")
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402

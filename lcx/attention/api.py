@@ -16,7 +16,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from lcx.attention.kernels import make_kernel
 from lcx.attention.masks import Mask
@@ -27,17 +27,17 @@ from lcx.sharding.layout import layout_permutation
 
 
 def attention(
-    q: Float[Array, "B T N H"],
-    k: Float[Array, "B T K H"],
-    v: Float[Array, "B T K H"],
+    q: Float[ArrayLike, "B T N H"],
+    k: Float[ArrayLike, "B T K H"],
+    v: Float[ArrayLike, "B T K H"],
     *,
     plan: Plan | MeshPlan,
     mask: Mask,
-    positions: Int[Array, "B T"] | None = None,
-    segment_ids: Int[Array, "B T"] | None = None,
-    kv_positions: Int[Array, "B T"] | None = None,
-    kv_segment_ids: Int[Array, "B T"] | None = None,
-    sinks: Float[Array, " N"] | None = None,
+    positions: Int[ArrayLike, "B T"] | None = None,
+    segment_ids: Int[ArrayLike, "B T"] | None = None,
+    kv_positions: Int[ArrayLike, "B T"] | None = None,
+    kv_segment_ids: Int[ArrayLike, "B T"] | None = None,
+    sinks: Float[ArrayLike, " N"] | None = None,
     return_lse: bool = False,
     **unsupported,
 ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Int
+from jaxtyping import Array, ArrayLike, Bool, Int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +48,10 @@ class Mask:
 
     def visible(
         self,
-        q_pos: Int[Array, "*b t"],
-        k_pos: Int[Array, "*b s"],
-        q_seg: Int[Array, "*b t"] | None = None,
-        k_seg: Int[Array, "*b s"] | None = None,
+        q_pos: Int[ArrayLike, "*b t"],
+        k_pos: Int[ArrayLike, "*b s"],
+        q_seg: Int[ArrayLike, "*b t"] | None = None,
+        k_seg: Int[ArrayLike, "*b s"] | None = None,
     ) -> Bool[Array, "*b t s"]:
         """Boolean ``[..., T, S]``: True where query t may attend to key s (False wherever
         ``q_seg`` or ``k_seg``, when given, is negative: padding)."""
@@ -76,10 +76,10 @@ class Mask:
 
     def may_be_visible(
         self,
-        q_pos: Int[Array, "*b t"],
-        k_pos: Int[Array, "*b s"],
-        q_seg: Int[Array, "*b t"] | None = None,
-        k_seg: Int[Array, "*b s"] | None = None,
+        q_pos: Int[ArrayLike, "*b t"],
+        k_pos: Int[ArrayLike, "*b s"],
+        q_seg: Int[ArrayLike, "*b t"] | None = None,
+        k_seg: Int[ArrayLike, "*b s"] | None = None,
     ) -> Bool[Array, ""]:
         """Scalar bool: False only if NO query of the block may attend to any key of the block.
 
@@ -124,10 +124,10 @@ class Mask:
 
     def all_visible(
         self,
-        q_pos: Int[Array, "*b t"],
-        k_pos: Int[Array, "*b s"],
-        q_seg: Int[Array, "*b t"] | None = None,
-        k_seg: Int[Array, "*b s"] | None = None,
+        q_pos: Int[ArrayLike, "*b t"],
+        k_pos: Int[ArrayLike, "*b s"],
+        q_seg: Int[ArrayLike, "*b t"] | None = None,
+        k_seg: Int[ArrayLike, "*b s"] | None = None,
     ) -> Bool[Array, ""]:
         """Scalar bool: True only if EVERY query of the block may attend to every key of it.
 

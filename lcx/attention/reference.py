@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import ArrayLike, Float, Int
 
 from lcx.attention.masks import Mask
 
 
 def reference_attention(
-    q: Float[Array, "B T N H"],
-    k: Float[Array, "B S K H"],
-    v: Float[Array, "B S K H"],
+    q: Float[ArrayLike, "B T N H"],
+    k: Float[ArrayLike, "B S K H"],
+    v: Float[ArrayLike, "B S K H"],
     *,
     mask: Mask,
-    positions: Int[Array, "B T"] | None = None,
-    segment_ids: Int[Array, "B T"] | None = None,
-    kv_positions: Int[Array, "B S"] | None = None,
-    kv_segment_ids: Int[Array, "B S"] | None = None,
-    sinks: Float[Array, " N"] | None = None,
+    positions: Int[ArrayLike, "B T"] | None = None,
+    segment_ids: Int[ArrayLike, "B T"] | None = None,
+    kv_positions: Int[ArrayLike, "B S"] | None = None,
+    kv_segment_ids: Int[ArrayLike, "B S"] | None = None,
+    sinks: Float[ArrayLike, " N"] | None = None,
     return_lse: bool = False,
-) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+) -> Float[ArrayLike, "B T N H"] | tuple[Float[ArrayLike, "B T N H"], Float[ArrayLike, "B T N"]]:
     """Dense softmax attention ``softmax(q k^T / sqrt(H) + mask) v`` (Vaswani et al. 2017).
 
     GQA: the N query heads form K groups of G = N / K (head n uses kv head n // G); K/V are

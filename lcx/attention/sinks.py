@@ -84,7 +84,7 @@ def sinks_grad(delta: Float[Array, "B T N"], lse: Float[Array, "B T N"], sinks: 
     return -jnp.sum(p_sink * delta, axis=(0, 1))
 
 
-def local_head_sinks(sinks: Float[Array, " N"], axes: tuple[str, ...], degree: int) -> Float[Array, " N/U"]:
+def local_head_sinks(sinks: Float[Array, " N"], axes: tuple[str, ...], degree: int) -> Float[Array, " Nu"]:
     """The sinks of the query heads this device holds after a Ulysses all-to-all over ``axes``.
 
     :func:`lcx.attention.strategies.a2a.seq_to_heads` hands device ``u`` (its linear index over

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
+@runtime_checkable
 class ModelDims(Protocol):
     """The model sizes the ledger reads (``lcx.models.ModelConfig`` has them all)."""
 

@@ -257,7 +257,7 @@ def _read_group(idx: list[slice], shape: tuple[int, ...]) -> tuple[slice, tuple]
     return stored, (slice(None),) + tuple(idx[1:])
 
 
-def _read_piece(files: _Files, src: _Source, layer: int, view_idx: list[slice]) -> np.ndarray:
+def _read_piece(files: _Files, src: _Source, layer: int | None, view_idx: list[slice]) -> np.ndarray:
     name = src.name.format(l=layer)
     nr = len(src.rows_shape)
     r_stored, r_sub = _read_group(view_idx[:nr], src.rows_shape)

@@ -30,6 +30,9 @@ from lcx.sharding.errors import PlanError as PlanError
 from lcx.sharding.layout import check_layout
 
 MeshAxes = str | tuple[str, ...] | None
+# what a rule may be written as (a YAML list, a tuple, one name, null) before normalisation
+MeshAxesLike = str | Sequence[str] | None
+RulesLike = Sequence[tuple[str, MeshAxesLike]] | Mapping[str, MeshAxesLike]
 """What a rule maps a logical axis to: one mesh axis, a tuple of mesh axes (major to minor), or
 ``None`` (replicated)."""
 
@@ -63,11 +66,12 @@ class Plan:
       name: a label for tables and run directories; not part of the semantics.
     """
 
-    mesh: tuple[tuple[str, int], ...] = (("data", -1),)
-    params: tuple[tuple[str, MeshAxes], ...] = ()
-    activations: tuple[tuple[str, MeshAxes], ...] = (("batch", "data"),)
+    # annotated with what the constructor accepts; __post_init__ normalises to sorted tuples
+    mesh: Sequence[tuple[str, int]] | Mapping[str, int] = (("data", -1),)
+    params: RulesLike = ()
+    activations: RulesLike = (("batch", "data"),)
     # a factory: AttentionConfig() asks the strategy registry, which is not imported yet here
-    attention: AttentionConfig = dataclasses.field(default_factory=AttentionConfig)
+    attention: AttentionConfig | Mapping[str, Any] = dataclasses.field(default_factory=AttentionConfig)
     name: str = "custom"
 
     def __post_init__(self):

@@ -99,8 +99,8 @@ def output_delta(out: Float[Array, "B T N H"], dout: Float[Array, "B T N H"]) ->
 
 
 def merge_partials(
-    out: Float[Array, "B T N H"], lse: Float[Array, "B T N"], out_b: Float[Array, "B T N H"], lse_b: Float[Array, "B T N"]
-) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+    out: Float[Array, "*lead H"], lse: Float[Array, "*lead"], out_b: Float[Array, "*lead H"], lse_b: Float[Array, "*lead"]
+) -> tuple[Float[Array, "*lead H"], Float[Array, "*lead"]]:
     """Merge two normalised partial attention results over disjoint key sets (float32).
 
     ``lse = log(exp(lse) + exp(lse_b))``; ``out = out * exp(lse - lse_new) + out_b * exp(lse_b -
@@ -240,7 +240,7 @@ class AbstractKernel(eqx.Module):
         k_pos: Int[Array, "B S"],
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B S"],
-        out: Float[Array, "B T N H"],
+        out: Float[Array, "B T N H"] | None,
         lse: Float[Array, "B T N"],
         dout: Float[Array, "B T N H"],
         *,

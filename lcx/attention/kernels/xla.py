@@ -179,7 +179,7 @@ class XlaKernel(AbstractKernel):
         k_pos: Int[Array, "B S"],
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B S"],
-        out: Float[Array, "B T N H"],
+        out: Float[Array, "B T N H"] | None,
         lse: Float[Array, "B T N"],
         dout: Float[Array, "B T N H"],
         *,

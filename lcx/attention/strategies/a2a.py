@@ -152,7 +152,7 @@ def ulysses_all_to_all(s: AttentionShard, U: int, *, layers: int, replay: int) -
     return b * T * (2 * N + 2 * Kr) * H * a * (U - 1) / U * layers * (2 + replay)
 
 
-def seq_to_heads(x: Float[Array, "B T M H"], axes: tuple[str, ...]) -> Float[Array, "B TU M/U H"]:
+def seq_to_heads(x: Float[Array, "B T M H"], axes: tuple[str, ...]) -> Float[Array, "B TU Mu H"]:
     """All-to-all: sequence-sharded ``[B, T, M, H]`` -> head-sharded ``[B, T*U, M/U, H]``.
 
     The gathered sequence is ordered by the devices' linear index over ``axes`` (the order in
@@ -161,7 +161,7 @@ def seq_to_heads(x: Float[Array, "B T M H"], axes: tuple[str, ...]) -> Float[Arr
     return lax.all_to_all(x, axes, split_axis=2, concat_axis=1, tiled=True)
 
 
-def heads_to_seq(x: Float[Array, "B TU M/U *H"], axes: tuple[str, ...]) -> Float[Array, "B T M *H"]:
+def heads_to_seq(x: Float[Array, "B TU Mu *H"], axes: tuple[str, ...]) -> Float[Array, "B T M *H"]:
     """Inverse of :func:`seq_to_heads` (also for a logsumexp ``[B, T*U, M/U]``)."""
     return lax.all_to_all(x, axes, split_axis=1, concat_axis=2, tiled=True)
 
