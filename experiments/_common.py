@@ -64,8 +64,15 @@ def run_multirun(experiment: str, sweep_dir: pathlib.Path, overrides: Sequence[s
     Raises:
       subprocess.CalledProcessError: a job failed (Hydra stops the sweep at the first failure).
     """
-    cmd = [sys.executable, "-m", "lcx.train", "-m", f"experiment={experiment}", f"hydra.sweep.dir={sweep_dir}",
-           *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lcx.train",
+        "-m",
+        f"experiment={experiment}",
+        f"hydra.sweep.dir={sweep_dir}",
+        *overrides,
+    ]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
 

@@ -54,7 +54,8 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from lcx.attention import Mask, attention, reference_attention  # noqa: E402
 from lcx.sharding import AttentionConfig, Plan, apply_layout, bind  # noqa: E402
@@ -139,8 +140,9 @@ def max_errors(out, grads, ref_out, ref_grads, layout_fn):
 # contenders: each gives (mesh-sharded inputs, fwd fn, fwd+bwd fn, layout fn)
 
 
-def lcx_plan(strategy: str, n_devices: int, block: int, block_q_dkv: int | None = None,
-             block_kv_dkv: int | None = None):
+def lcx_plan(
+    strategy: str, n_devices: int, block: int, block_q_dkv: int | None = None, block_kv_dkv: int | None = None
+):
     """The bound plan of an lcx contender: ``block``-token forward blocks, the backward's
     ``block_q_dkv`` x ``block_kv_dkv`` (None: ``block``)."""
     if strategy == "usp":
@@ -150,14 +152,21 @@ def lcx_plan(strategy: str, n_devices: int, block: int, block_q_dkv: int | None 
     plan = Plan(
         mesh=mesh,
         activations={"batch": batch, "seq": seq},
-        attention=AttentionConfig(strategy=strategy, layout="zigzag", block_q=block, block_kv=block,
-                                  block_q_dkv=block_q_dkv, block_kv_dkv=block_kv_dkv),
+        attention=AttentionConfig(
+            strategy=strategy,
+            layout="zigzag",
+            block_q=block,
+            block_kv=block,
+            block_q_dkv=block_q_dkv,
+            block_kv_dkv=block_kv_dkv,
+        ),
     )
     return bind(plan, jax.devices()[:n_devices])
 
 
-def lcx_contender(strategy: str, n_devices: int, block: int, S: int, block_q_dkv: int | None = None,
-                  block_kv_dkv: int | None = None):
+def lcx_contender(
+    strategy: str, n_devices: int, block: int, S: int, block_q_dkv: int | None = None, block_kv_dkv: int | None = None
+):
     mp = lcx_plan(strategy, n_devices, block, block_q_dkv, block_kv_dkv)
     Pd = mp.context_degree
     qs = mp.activation_sharding(("batch", "seq", "heads", "head_dim"))
@@ -183,13 +192,21 @@ def peer_contender(n_devices: int, chunk: int, S: int, K: int):
     """haoliuhl's ring attention (contiguous layout: its causal mask comes from the device index)
     under shard_map; GQA by repeating K/V heads on each device (it has no native GQA)."""
     ring_attention = import_peer()
-    mesh = jax.make_mesh((n_devices,), ("sp",), devices=jax.devices()[:n_devices],
-                         axis_types=(jax.sharding.AxisType.Auto,))
+    mesh = jax.make_mesh(
+        (n_devices,), ("sp",), devices=jax.devices()[:n_devices], axis_types=(jax.sharding.AxisType.Auto,)
+    )
     spec = P(None, "sp", None, None)
     sh = NamedSharding(mesh, spec)
     kwargs = dict(
-        causal_block_size=1, query_chunk_size=chunk, key_chunk_size=chunk, deterministic=True, dropout_rng=None,
-        attn_pdrop=0.0, dtype=jnp.float32, policy=jax.checkpoint_policies.nothing_saveable, precision=None,
+        causal_block_size=1,
+        query_chunk_size=chunk,
+        key_chunk_size=chunk,
+        deterministic=True,
+        dropout_rng=None,
+        attn_pdrop=0.0,
+        dtype=jnp.float32,
+        policy=jax.checkpoint_policies.nothing_saveable,
+        precision=None,
         prevent_cse=True,
     )
 
@@ -258,7 +275,7 @@ def measure_all(named, S, K, inputs, ref, repeats, gemm):
         print(f"  round {r}/{repeats} done", flush=True)
     rows = []
     gemm_gf = 2 * gemm[1][0].shape[0] ** 3 / statistics.median(gemm_t) / 1e9
-    for name, c_fwd, c_both, a_fwd, a_both, lay, compile_s in prepared:
+    for name, c_fwd, c_both, _a_fwd, a_both, lay, compile_s in prepared:
         t_fwd, t_both = (statistics.median(x) for x in samples[name])
         out, grads = c_both(*a_both)
         e_out, e_grad = max_errors(out, grads, *ref, lay)
@@ -307,12 +324,18 @@ def ring_memory(S: int, block: int, block_q_dkv: int | None = None, block_kv_dkv
         sharding = lcx_plan("ring", Pd, block).activation_sharding(("batch", "seq", "heads", "head_dim"))
         x = jax.ShapeDtypeStruct((B, S, N, H), jnp.float32, sharding=sharding)
         cf, cb = fwd.lower(x, x, x).compile(), both.lower(x, x, x, x).compile()
-        rows.append({
-            "devices": Pd, "seq_len": S,
-            "fwd_temp_mib": cf.memory_analysis().temp_size_in_bytes / MIB,
-            "fwd_bwd_temp_mib": cb.memory_analysis().temp_size_in_bytes / MIB,
-        })
-        print(f"ring P={Pd} S={S}: temp {rows[-1]['fwd_temp_mib']:.1f} / {rows[-1]['fwd_bwd_temp_mib']:.1f} MiB", flush=True)
+        rows.append(
+            {
+                "devices": Pd,
+                "seq_len": S,
+                "fwd_temp_mib": cf.memory_analysis().temp_size_in_bytes / MIB,
+                "fwd_bwd_temp_mib": cb.memory_analysis().temp_size_in_bytes / MIB,
+            }
+        )
+        print(
+            f"ring P={Pd} S={S}: temp {rows[-1]['fwd_temp_mib']:.1f} / {rows[-1]['fwd_bwd_temp_mib']:.1f} MiB",
+            flush=True,
+        )
     return rows
 
 
@@ -322,6 +345,7 @@ def ring_memory(S: int, block: int, block_q_dkv: int | None = None, block_kv_dkv
 
 def targets(rows, ring_rows, gemm, seqs):
     """The issue's targets as (text, value, holds) from this run's numbers."""
+
     def get(name, S, K=N):
         for r in rows:
             if r["contender"] == name and r["seq_len"] == S and r["kv_heads"] == K:
@@ -329,7 +353,9 @@ def targets(rows, ring_rows, gemm, seqs):
         return None
 
     def peer_best(S, K=N):
-        cands = [r for r in rows if r["contender"].startswith("ringattention") and r["seq_len"] == S and r["kv_heads"] == K]
+        cands = [
+            r for r in rows if r["contender"].startswith("ringattention") and r["seq_len"] == S and r["kv_heads"] == K
+        ]
         return min(cands, key=lambda r: r["fwd_bwd_s"]) if cands else None
 
     out = []
@@ -337,21 +363,41 @@ def targets(rows, ring_rows, gemm, seqs):
     ring, peer = get("lcx ring", Sbig), peer_best(Sbig)
     if ring and peer:
         sp = peer["fwd_bwd_s"] / ring["fwd_bwd_s"]
-        out.append((f"ring fwd+bwd at S={Sbig} >= 1.5x faster than the peer's best ({peer['contender']})",
-                    f"{sp:.2f}x", sp >= 1.5))
+        out.append(
+            (
+                f"ring fwd+bwd at S={Sbig} >= 1.5x faster than the peer's best ({peer['contender']})",
+                f"{sp:.2f}x",
+                sp >= 1.5,
+            )
+        )
         g = ring.get("gemm_gflops", gemm)
         frac = ring["fwd_bwd_gflops"] / g
-        out.append((f"ring fwd+bwd at S={Sbig} >= 50% of GEMM throughput ({g:.0f} GFLOP/s, timed in the same rounds)",
-                    f"{100 * frac:.0f}% ({ring['fwd_bwd_gflops']:.1f} GFLOP/s)", frac >= 0.5))
+        out.append(
+            (
+                f"ring fwd+bwd at S={Sbig} >= 50% of GEMM throughput ({g:.0f} GFLOP/s, timed in the same rounds)",
+                f"{100 * frac:.0f}% ({ring['fwd_bwd_gflops']:.1f} GFLOP/s)",
+                frac >= 0.5,
+            )
+        )
         mr = ring["fwd_bwd_temp_mib"] / peer["fwd_bwd_temp_mib"]
-        out.append((f"ring fwd+bwd temp / device at S={Sbig} <= 0.5x the peer's",
-                    f"{ring['fwd_bwd_temp_mib']:.1f} vs {peer['fwd_bwd_temp_mib']:.1f} MiB ({mr:.2f}x)", mr <= 0.5))
+        out.append(
+            (
+                f"ring fwd+bwd temp / device at S={Sbig} <= 0.5x the peer's",
+                f"{ring['fwd_bwd_temp_mib']:.1f} vs {peer['fwd_bwd_temp_mib']:.1f} MiB ({mr:.2f}x)",
+                mr <= 0.5,
+            )
+        )
     if ring_rows:
         m = {r["devices"]: r["fwd_bwd_temp_mib"] for r in ring_rows}
         ok = all(m[p] <= 1.15 * m[2] * 2 / p for p in (4, 8))
-        out.append((f"ring fwd+bwd temp falls as 1/P (P=2,4,8 at S={ring_rows[0]['seq_len']}; within 15%)",
-                    " / ".join(f"{m[p]:.1f}" for p in (2, 4, 8)) + f" MiB (ideal {m[2]:.1f} / {m[2] / 2:.1f} / {m[2] / 4:.1f})",
-                    ok))
+        out.append(
+            (
+                f"ring fwd+bwd temp falls as 1/P (P=2,4,8 at S={ring_rows[0]['seq_len']}; within 15%)",
+                " / ".join(f"{m[p]:.1f}" for p in (2, 4, 8))
+                + f" MiB (ideal {m[2]:.1f} / {m[2] / 2:.1f} / {m[2] / 4:.1f})",
+                ok,
+            )
+        )
     Ssmall = min(seqs)
     r = get("lcx ring", Ssmall)
     for name in ("lcx usp 2x4", "lcx allgather"):
@@ -410,8 +456,10 @@ def to_markdown(rows, ring_rows, gemm, tgt, args, load) -> str:
             "|---:|---:|---:|---:|",
         ]
         for r in ring_rows:
-            lines.append(f"| {r['devices']} | {r['seq_len'] // r['devices']} | {r['fwd_temp_mib']:.1f} | "
-                         f"{r['fwd_bwd_temp_mib']:.1f} |")
+            lines.append(
+                f"| {r['devices']} | {r['seq_len'] // r['devices']} | {r['fwd_temp_mib']:.1f} | "
+                f"{r['fwd_bwd_temp_mib']:.1f} |"
+            )
     lines += ["", "## Targets (ratios from this run)", "", "| target | measured | holds |", "|---|---|---|"]
     for text, val, ok in tgt:
         lines.append(f"| {text} | {val} | {'yes' if ok else '**no**'} |")
@@ -432,21 +480,36 @@ def main(argv=None):
     ap.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--no-gqa", action="store_true", help="skip the GQA 8:2 rows (at the smallest S)")
     ap.add_argument("--strategies", nargs="+", default=["ring", "usp", "allgather", "a2a"])
-    ap.add_argument("--block", type=int, default=256,
-                    help="lcx kernel block_q = block_kv (tokens; default %(default)s)")
-    ap.add_argument("--block-q-dkv", type=int, default=None,
-                    help="lcx kernel backward query block, plan.attention.block_q_dkv (tokens; default --block)")
+    ap.add_argument(
+        "--block", type=int, default=256, help="lcx kernel block_q = block_kv (tokens; default %(default)s)"
+    )
+    ap.add_argument(
+        "--block-q-dkv",
+        type=int,
+        default=None,
+        help="lcx kernel backward query block, plan.attention.block_q_dkv (tokens; default --block)",
+    )
     # the backward holds three [block_kv_dkv, G block_q_dkv] float32 tiles, the forward one:
     # half the key block there keeps the backward's cache footprint near the forward's and
     # shrinks the part of the ring's temp memory that does not fall with P (docs/strategies.md)
-    ap.add_argument("--block-kv-dkv", type=int, default=128,
-                    help="lcx kernel backward key/value block, plan.attention.block_kv_dkv (tokens; default "
-                         "%(default)s; 0: --block)")
-    ap.add_argument("--peer-chunks", type=int, nargs="+", default=[128, 256, 512],
-                    help="ringattention query/key chunk sizes tried at S <= 4096 (best one used in the targets)")
+    ap.add_argument(
+        "--block-kv-dkv",
+        type=int,
+        default=128,
+        help="lcx kernel backward key/value block, plan.attention.block_kv_dkv (tokens; default "
+        "%(default)s; 0: --block)",
+    )
+    ap.add_argument(
+        "--peer-chunks",
+        type=int,
+        nargs="+",
+        default=[128, 256, 512],
+        help="ringattention query/key chunk sizes tried at S <= 4096 (best one used in the targets)",
+    )
     # FIELD_NOTES 3b: on this machine 256 beat 512 and 1024 at S=16384; each try costs minutes
-    ap.add_argument("--peer-chunks-long", type=int, nargs="+", default=[256],
-                    help="ringattention chunk sizes tried at S > 4096")
+    ap.add_argument(
+        "--peer-chunks-long", type=int, nargs="+", default=[256], help="ringattention chunk sizes tried at S > 4096"
+    )
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ring-seq", type=int, default=16384, help="S of the lcx ring P = 2, 4, 8 memory sweep")
     ap.add_argument("--md", default="docs/attention_benchmark.md")
@@ -491,11 +554,18 @@ def main(argv=None):
         print(f"reference S={S} K={K}: {time.perf_counter() - t:.1f} s", flush=True)
         order = sorted(args.strategies, key=lambda s: s != "ring")
         chunks = args.peer_chunks if S <= 4096 else args.peer_chunks_long
-        runs = [(f"lcx {st}" if st != "usp" else "lcx usp 2x4",
-                 functools.partial(lcx_contender, st, 8, args.block, S, args.block_q_dkv, args.block_kv_dkv))
-                for st in order]
-        runs[1:1] = [(f"ringattention chunk {c}", functools.partial(peer_contender, 8, c, S, K))
-                     for c in chunks if (S // 8) % c == 0]
+        runs = [
+            (
+                f"lcx {st}" if st != "usp" else "lcx usp 2x4",
+                functools.partial(lcx_contender, st, 8, args.block, S, args.block_q_dkv, args.block_kv_dkv),
+            )
+            for st in order
+        ]
+        runs[1:1] = [
+            (f"ringattention chunk {c}", functools.partial(peer_contender, 8, c, S, K))
+            for c in chunks
+            if (S // 8) % c == 0
+        ]
         rows.extend(measure_all(runs, S, K, inputs, ref, args.repeats, gemm_op()))
         write()
         del ref

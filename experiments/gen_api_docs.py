@@ -24,8 +24,18 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODULES = (
-    "lcx.sharding", "lcx.sharding.layout", "lcx.attention", "lcx.models", "lcx.data", "lcx.data.passkey",
-    "lcx.cost", "lcx.training", "lcx.training.checkpoint", "lcx.training.preflight", "lcx.training.runinfo", "lcx.train",
+    "lcx.sharding",
+    "lcx.sharding.layout",
+    "lcx.attention",
+    "lcx.models",
+    "lcx.data",
+    "lcx.data.passkey",
+    "lcx.cost",
+    "lcx.training",
+    "lcx.training.checkpoint",
+    "lcx.training.preflight",
+    "lcx.training.runinfo",
+    "lcx.train",
     "lcx.plan",
 )
 
@@ -67,20 +77,33 @@ def _members(cls) -> list[tuple[str, object]]:
 
 
 def render() -> str:
-    lines = ["# API reference", "",
-             "Generated from the docstrings by `python experiments/gen_api_docs.py`; do not edit by hand.",
-             "Each package's `__init__` re-exports its public API.", ""]
+    lines = [
+        "# API reference",
+        "",
+        "Generated from the docstrings by `python experiments/gen_api_docs.py`; do not edit by hand.",
+        "Each package's `__init__` re-exports its public API.",
+        "",
+    ]
     lines += [f"- [`{m}`](#{m.replace('.', '')})" for m in MODULES] + [""]
     for name in MODULES:
         mod = importlib.import_module(name)
         lines += [f"## `{name}`", "", _doc(mod), ""]
         for n, obj in _public(mod):
-            if getattr(obj, "__module__", "") != name and name in ("lcx.train", "lcx.plan", "lcx.sharding.layout",
-                                                                   "lcx.data.passkey", "lcx.training.checkpoint",
-                                                                   "lcx.training.runinfo"):
+            if getattr(obj, "__module__", "") != name and name in (
+                "lcx.train",
+                "lcx.plan",
+                "lcx.sharding.layout",
+                "lcx.data.passkey",
+                "lcx.training.checkpoint",
+                "lcx.training.runinfo",
+            ):
                 continue  # a module page lists what the module defines, not what it imports
             kind = "class" if inspect.isclass(obj) else "def"
-            sig = _sig(obj) if not inspect.isclass(obj) or "__init__" in vars(obj) or hasattr(obj, "__dataclass_fields__") else ""
+            sig = (
+                _sig(obj)
+                if not inspect.isclass(obj) or "__init__" in vars(obj) or hasattr(obj, "__dataclass_fields__")
+                else ""
+            )
             lines += [f"### {kind} `{n}{sig}`", "", f"*{obj.__module__}*", "", _doc(obj), ""]
             if inspect.isclass(obj):
                 for mn, mv in _members(obj):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import decimal
-import math
 import pathlib
 import sys
 
@@ -46,15 +45,26 @@ def rows_from(spec) -> list[dict]:
     rows = []
 
     def add(section, quantity, published, value, unit, source, truncated=False):
-        rows.append({"section": section, "quantity": quantity, "published": published, "lcx": float(value),
-                     "unit": unit, "agrees": agrees(value, published, truncated), "source": source})
+        rows.append(
+            {
+                "section": section,
+                "quantity": quantity,
+                "published": published,
+                "lcx": float(value),
+                "unit": unit,
+                "agrees": agrees(value, published, truncated),
+                "source": source,
+            }
+        )
 
     m = preset("llama3_70b")
     p = spec.llama3_70b
     src = "FIELD_NOTES 4 (Llama 3 70B)"
     d, Pl, L = m.d_model, m.params_per_layer, m.n_layers
     add("llama3_70b", "parameters per layer", p.params_per_layer, Pl, "parameters", src)
-    add("llama3_70b", "linear = quadratic prefill at n", p.crossover_tokens, cost.crossover_tokens(d, Pl), "tokens", src)
+    add(
+        "llama3_70b", "linear = quadratic prefill at n", p.crossover_tokens, cost.crossover_tokens(d, Pl), "tokens", src
+    )
     lin, quad = cost.prefill_flops_per_layer(d, Pl, 8192)
     add("llama3_70b", "prefill linear FLOPs, 80 layers, n=8192", p.linear_flops_8k, L * lin, "FLOP", src)
     add("llama3_70b", "prefill quadratic FLOPs, 80 layers, n=8192", p.quadratic_flops_8k, L * quad, "FLOP", src)
@@ -62,7 +72,14 @@ def rows_from(spec) -> list[dict]:
     lin, quad = cost.prefill_flops_per_layer(d, Pl, 10**6)
     add("llama3_70b", "prefill linear FLOPs, 80 layers, n=1M", p.linear_flops_1m, L * lin, "FLOP", src)
     add("llama3_70b", "prefill quadratic FLOPs, 80 layers, n=1M", p.quadratic_flops_1m, L * quad, "FLOP", src)
-    add("llama3_70b", "quadratic term at 1M on one 990 TFLOP/s H100", p.quadratic_seconds_1m_h100, L * quad / 990e12, "s", src)
+    add(
+        "llama3_70b",
+        "quadratic term at 1M on one 990 TFLOP/s H100",
+        p.quadratic_seconds_1m_h100,
+        L * quad / 990e12,
+        "s",
+        src,
+    )
     kv = cost.kv_cache_bytes_per_token(L, m.n_kv_heads, m.head_dim, 2)
     add("llama3_70b", "KV cache per token (fp16)", p.kv_bytes_per_token_fp16, kv, "bytes", src)
     add("llama3_70b", "KV cache at 4,096 tokens", p.kv_gib_4k, kv * 4096 / GiB, "GiB", src)
@@ -72,24 +89,53 @@ def rows_from(spec) -> list[dict]:
     add("llama3_70b", "KV cache per token with 64 kv heads (MHA)", p.kv_mib_per_token_mha, mha / MiB, "MiB", src)
     add("llama3_70b", "KV cache at 1M tokens, MHA", p.kv_tib_1m_mha, mha * 10**6 / TiB, "TiB", src)
     for r in spec.ring_overlap_tokens:
-        c = cost.ring_overlap_min_block(990e12, float(r.bandwidth), n_heads=m.n_heads,
-                                        n_kv_heads=m.n_kv_heads if r.gqa else m.n_heads, bytes_per_element=2)
-        add("ring_overlap", f"min ring block, {r.link}{', GQA' if r.gqa else ''}", r.published, c, "tokens",
-            "FIELD_NOTES 4 (c >= F/B)")
+        c = cost.ring_overlap_min_block(
+            990e12,
+            float(r.bandwidth),
+            n_heads=m.n_heads,
+            n_kv_heads=m.n_kv_heads if r.gqa else m.n_heads,
+            bytes_per_element=2,
+        )
+        add(
+            "ring_overlap",
+            f"min ring block, {r.link}{', GQA' if r.gqa else ''}",
+            r.published,
+            c,
+            "tokens",
+            "FIELD_NOTES 4 (c >= F/B)",
+        )
     for r in spec.causal_imbalance:
-        add("load_balance", f"contiguous causal max/mean work, P={r.degree}", r.published,
-            cost.causal_imbalance("contiguous", int(r.degree)), "ratio", "FIELD_NOTES 4")
+        add(
+            "load_balance",
+            f"contiguous causal max/mean work, P={r.degree}",
+            r.published,
+            cost.causal_imbalance("contiguous", int(r.degree)),
+            "ratio",
+            "FIELD_NOTES 4",
+        )
     conf = C.ROOT / "conf" / "hardware"
     m8 = preset("llama3_1_8b_longctx")
     for r in spec.maxtext:
         hw = cost.hardware_from_config(OmegaConf.load(conf / f"{r.hardware}.yaml"), probe=False)
         f = cost.training_flops(m8, int(r.seq_len), int(r.global_batch))
         src = f"MaxText tpu-recipes ({r.recipe})"
-        add("maxtext", f"{r.recipe}: TFLOP/s per device", r.tflops_per_device,
-            f.total / int(r.devices) / float(r.step_time_s) / 1e12, "TFLOP/s", src)
-        add("maxtext", f"{r.recipe}: MFU", r.mfu_pct,
-            100 * cost.mfu(f.total, float(r.step_time_s), hw.peak_flops_per_device, int(r.devices)), "%", src,
-            truncated=bool(r.get("truncated", False)))
+        add(
+            "maxtext",
+            f"{r.recipe}: TFLOP/s per device",
+            r.tflops_per_device,
+            f.total / int(r.devices) / float(r.step_time_s) / 1e12,
+            "TFLOP/s",
+            src,
+        )
+        add(
+            "maxtext",
+            f"{r.recipe}: MFU",
+            r.mfu_pct,
+            100 * cost.mfu(f.total, float(r.step_time_s), hw.peak_flops_per_device, int(r.devices)),
+            "%",
+            src,
+            truncated=bool(r.get("truncated", False)),
+        )
     return rows
 
 

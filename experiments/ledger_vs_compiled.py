@@ -86,8 +86,9 @@ def lower_train(cfg, plan, seq_len: int, batch: int, devices):
     mp = bind(plan, devices)
     abstract = eqx.filter_eval_shape(init_model, cfg, key=jax.random.key(0))
     params = eqx.filter(abstract, lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    opt, _ = make_optimizer(lr=1e-3, steps=10, warmup_steps=1, min_lr_ratio=0.1, weight_decay=0.1, b1=0.9,
-                            b2=0.95, grad_clip=1.0)
+    opt, _ = make_optimizer(
+        lr=1e-3, steps=10, warmup_steps=1, min_lr_ratio=0.1, weight_decay=0.1, b1=0.9, b2=0.95, grad_clip=1.0
+    )
     steps = make_steps(abstract, opt, mp, model_shardings(abstract, mp))
     opt_state = jax.eval_shape(opt.init, params)
     b = {k: jax.ShapeDtypeStruct((batch, seq_len), np.float32 if k == "loss_mask" else np.int32) for k in BATCH_KEYS}
@@ -142,7 +143,9 @@ def live_temp_peak(dump_dir) -> tuple[int, int]:
                 size = int(re.match(r"allocation \d+: size (\d+)", line).group(1))
         elif line.startswith("Total bytes used"):
             break
-        elif cur and (m := re.match(r"\s*value: <\d+ (\S+?)(\{[^}]*\})?(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)", line)):
+        elif cur and (
+            m := re.match(r"\s*value: <\d+ (\S+?)(\{[^}]*\})?(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)", line)
+        ):
             name = m.group(1) + (m.group(2) or "{}")
             if name not in ranges:
                 raise ValueError(f"{name} has no live range in the dump")
@@ -167,9 +170,16 @@ def compare(strategy: str, seq_len: int, remat: str, n_devices: int = 8, *, diag
     make, batch = PLANS[strategy]
     plan = make()
     cfg = preset("tiny").replace(remat=remat)
-    mem = cost.memory_breakdown(cfg, plan, n_devices, seq_len=seq_len, global_batch=batch,
-                                policy=cost.ActivationPolicy.from_model(cfg), dtype=cfg.dtype,
-                                param_dtype=cfg.param_dtype)
+    mem = cost.memory_breakdown(
+        cfg,
+        plan,
+        n_devices,
+        seq_len=seq_len,
+        global_batch=batch,
+        policy=cost.ActivationPolicy.from_model(cfg),
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+    )
     t0 = time.perf_counter()
     lowered = lower_train(cfg, plan, seq_len, batch, jax.devices()[:n_devices])
     extra = {}
@@ -180,15 +190,26 @@ def compare(strategy: str, seq_len: int, remat: str, n_devices: int = 8, *, diag
         assert alloc == m.temp_size_in_bytes, (alloc, m.temp_size_in_bytes)
         live_total = footprint(m) - alloc + live
         memopt = footprint(lowered.compile(compiler_options=MEMOPT).memory_analysis())
-        extra = {"live_peak_mib": live_total / MiB, "ratio_live": mem.total / live_total,
-                 "memopt_mib": memopt / MiB, "ratio_memopt": mem.total / memopt}
+        extra = {
+            "live_peak_mib": live_total / MiB,
+            "ratio_live": mem.total / live_total,
+            "memopt_mib": memopt / MiB,
+            "ratio_memopt": mem.total / memopt,
+        }
     else:
         m = lowered.compile().memory_analysis()
     got = footprint(m)
     return {
-        "strategy": strategy, "seq_len": seq_len, "remat": remat, "global_batch": batch,
-        "ledger_mib": mem.total / MiB, "compiled_mib": got / MiB, "temp_mib": m.temp_size_in_bytes / MiB,
-        "ratio": mem.total / got, **extra, "compile_s": time.perf_counter() - t0,
+        "strategy": strategy,
+        "seq_len": seq_len,
+        "remat": remat,
+        "global_batch": batch,
+        "ledger_mib": mem.total / MiB,
+        "compiled_mib": got / MiB,
+        "temp_mib": m.temp_size_in_bytes / MiB,
+        "ratio": mem.total / got,
+        **extra,
+        "compile_s": time.perf_counter() - t0,
         **{f"ledger_{k}_mib": v / MiB for k, v in mem.as_dict().items() if k not in ("total", "host")},
     }
 
@@ -204,22 +225,36 @@ def main(argv=None) -> int:
     ap.add_argument("--remat", nargs="+", default=["full", "none", "dots_saveable", "dots_with_no_batch_dims_saveable"])
     ap.add_argument("--strategy", nargs="+", default=list(PLANS), choices=list(PLANS))
     ap.add_argument("--tolerance", type=float, default=0.15)
-    ap.add_argument("--csv", default=None,
-                    help=f"where to write the rows ('' for nowhere); default: {os.path.relpath(CSV, ROOT)} for the full "
-                         "default run, nowhere for a partial one")
-    ap.add_argument("--no-diagnostics", dest="diagnostics", action="store_false",
-                    help="skip XLA's live peak and the memory-optimised schedule (one compile per row)")
+    ap.add_argument(
+        "--csv",
+        default=None,
+        help=f"where to write the rows ('' for nowhere); default: {os.path.relpath(CSV, ROOT)} for the full "
+        "default run, nowhere for a partial one",
+    )
+    ap.add_argument(
+        "--no-diagnostics",
+        dest="diagnostics",
+        action="store_false",
+        help="skip XLA's live peak and the memory-optimised schedule (one compile per row)",
+    )
     args = ap.parse_args(argv)
-    partial = [f"--{k.replace('_', '-')}" for k in ("seq_len", "remat", "strategy", "diagnostics")
-               if getattr(args, k) != ap.get_default(k)]
+    partial = [
+        f"--{k.replace('_', '-')}"
+        for k in ("seq_len", "remat", "strategy", "diagnostics")
+        if getattr(args, k) != ap.get_default(k)
+    ]
     if args.csv is None:
         args.csv = "" if partial else str(CSV)
         if partial:
-            print(f"partial run ({', '.join(partial)} not the defaults): no CSV written, the committed "
-                  f"{os.path.relpath(CSV, ROOT)} stays; --csv PATH writes these rows")
+            print(
+                f"partial run ({', '.join(partial)} not the defaults): no CSV written, the committed "
+                f"{os.path.relpath(CSV, ROOT)} stays; --csv PATH writes these rows"
+            )
     print("tiny Llama (float32), 8 CPU devices, xla kernel, blocks 512; MiB per device")
-    print(f"{'strategy':10s} {'S':>6s} {'remat':6s} {'ledger':>8s} {'compiled':>9s} {'ratio':>6s}"
-          + (f" {'live peak':>9s} {'ratio':>6s} {'memopt':>8s} {'ratio':>6s}" if args.diagnostics else ""))
+    print(
+        f"{'strategy':10s} {'S':>6s} {'remat':6s} {'ledger':>8s} {'compiled':>9s} {'ratio':>6s}"
+        + (f" {'live peak':>9s} {'ratio':>6s} {'memopt':>8s} {'ratio':>6s}" if args.diagnostics else "")
+    )
     rows = []
     for remat in args.remat:
         for S in args.seq_len:
@@ -227,9 +262,18 @@ def main(argv=None) -> int:
                 r = compare(name, S, remat, diagnostics=args.diagnostics)
                 rows.append(r)
                 flag = "" if abs(r["ratio"] - 1) <= args.tolerance else "  <-- outside"
-                print(f"{name:10s} {S:6d} {remat:6s} {r['ledger_mib']:8.2f} {r['compiled_mib']:9.2f} "
-                      f"{r['ratio']:6.2f}" + (f" {r['live_peak_mib']:9.2f} {r['ratio_live']:6.2f} {r['memopt_mib']:8.2f} "
-                                              f"{r['ratio_memopt']:6.2f}" if args.diagnostics else "") + flag, flush=True)
+                print(
+                    f"{name:10s} {S:6d} {remat:6s} {r['ledger_mib']:8.2f} {r['compiled_mib']:9.2f} "
+                    f"{r['ratio']:6.2f}"
+                    + (
+                        f" {r['live_peak_mib']:9.2f} {r['ratio_live']:6.2f} {r['memopt_mib']:8.2f} "
+                        f"{r['ratio_memopt']:6.2f}"
+                        if args.diagnostics
+                        else ""
+                    )
+                    + flag,
+                    flush=True,
+                )
     if args.csv:
         path = pathlib.Path(args.csv)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -40,8 +40,17 @@ def work_rows(seq_len: int, degrees, layouts) -> list[dict]:
         for layout in layouts:
             w = causal_work_per_device(layout, seq_len, P)
             for r, pairs in enumerate(w):
-                rows.append({"layout": layout, "degree": P, "device": r, "seq_len": seq_len, "pairs": int(pairs),
-                             "pairs_over_mean": float(pairs / w.mean()), "imbalance_max_over_mean": float(w.max() / w.mean())})
+                rows.append(
+                    {
+                        "layout": layout,
+                        "degree": P,
+                        "device": r,
+                        "seq_len": seq_len,
+                        "pairs": int(pairs),
+                        "pairs_over_mean": float(pairs / w.mean()),
+                        "imbalance_max_over_mean": float(w.max() / w.mean()),
+                    }
+                )
     return rows
 
 
@@ -62,6 +71,7 @@ def time_rows(rows: list[dict], model, block: int, repeats: int) -> None:
         T = S // P
         key = (S, T)
         if key not in cache:
+
             def loss(q, k, v, q_pos, k_pos):
                 seg_q = jnp.ones(q_pos.shape, jnp.int32)
                 seg_k = jnp.ones(k_pos.shape, jnp.int32)
@@ -90,13 +100,19 @@ def plot(rows: list[dict], path: pathlib.Path, note: str = "") -> pathlib.Path:
     plt = C.pyplot()
     degrees = sorted({int(r["degree"]) for r in rows})
     timed = all("fwd_bwd_s" in r and r["fwd_bwd_s"] not in ("", None) for r in rows)
-    fig, axes = plt.subplots(len(degrees), 2 if timed else 1, figsize=(11 if timed else 6, 3.4 * len(degrees)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(degrees), 2 if timed else 1, figsize=(11 if timed else 6, 3.4 * len(degrees)), squeeze=False
+    )
     for i, P in enumerate(degrees):
-        for j, (field, label) in enumerate([("pairs", "visible causal (q, k) pairs"), ("fwd_bwd_s", "fwd+bwd time (s)")][: 2 if timed else 1]):
+        for j, (field, label) in enumerate(
+            [("pairs", "visible causal (q, k) pairs"), ("fwd_bwd_s", "fwd+bwd time (s)")][: 2 if timed else 1]
+        ):
             ax = axes[i][j]
             width = 0.4
             for k, layout in enumerate(("contiguous", "zigzag")):
-                rs = sorted((r for r in rows if int(r["degree"]) == P and r["layout"] == layout), key=lambda r: int(r["device"]))
+                rs = sorted(
+                    (r for r in rows if int(r["degree"]) == P and r["layout"] == layout), key=lambda r: int(r["device"])
+                )
                 if not rs:
                     continue
                 xs = [int(r["device"]) + (k - 0.5) * width for r in rs]

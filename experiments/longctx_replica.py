@@ -41,8 +41,14 @@ def launch(sweep: pathlib.Path, equal_seq_len: int, parts: list[str]) -> None:
     for name, ov in runs(equal_seq_len).items():
         if name not in parts or (sweep / name / "metrics.jsonl").exists():
             continue
-        cmd = [sys.executable, "-m", "lcx.train", "experiment=longctx_replica_cpu", f"hydra.run.dir={sweep / name}",
-               *ov]
+        cmd = [
+            sys.executable,
+            "-m",
+            "lcx.train",
+            "experiment=longctx_replica_cpu",
+            f"hydra.run.dir={sweep / name}",
+            *ov,
+        ]
         print("+", " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=C.ROOT, check=True)
 
@@ -53,11 +59,19 @@ def gather(sweep: pathlib.Path) -> list[dict]:
         m = C.read_jsonl(sweep / name / "metrics.jsonl")
         cfg = C.load_runs(sweep / name)[0]["config"]
         for r in m:
-            rows.append({"run": name, "seq_len": cfg["train"]["seq_len"], "vocab_tiling": cfg["memory"]["vocab_tiling"],
-                         "offload": bool(cfg["memory"]["offload_optimizer"] and cfg["memory"]["offload_params"]),
-                         "step": r["step"], "loss": r["loss"], "val_loss": r.get("val_loss", float("nan")),
-                         "step_time_s": r["step_time_s"],
-                         "temp_mib_per_device": (r.get("temp_bytes_per_device") or float("nan")) / C.MIB})
+            rows.append(
+                {
+                    "run": name,
+                    "seq_len": cfg["train"]["seq_len"],
+                    "vocab_tiling": cfg["memory"]["vocab_tiling"],
+                    "offload": bool(cfg["memory"]["offload_optimizer"] and cfg["memory"]["offload_params"]),
+                    "step": r["step"],
+                    "loss": r["loss"],
+                    "val_loss": r.get("val_loss", float("nan")),
+                    "step_time_s": r["step_time_s"],
+                    "temp_mib_per_device": (r.get("temp_bytes_per_device") or float("nan")) / C.MIB,
+                }
+            )
     return rows
 
 
@@ -84,8 +98,11 @@ def plot(rows: list[dict], path: pathlib.Path, note: str) -> None:
     ax1.plot([r["step"] for r in tr], [r["loss"] for r in tr], marker=".", label="train loss")
     val = [r for r in tr if r["val_loss"] == r["val_loss"]]
     ax1.plot([r["step"] for r in val], [r["val_loss"] for r in val], "s", label="validation loss")
-    ax1.set(xlabel="step", ylabel="nats/token", title=f"replica: {tr[0]['seq_len']:,} tokens, vt{tr[0]['vocab_tiling']}"
-            " + offload" if tr else "replica")
+    ax1.set(
+        xlabel="step",
+        ylabel="nats/token",
+        title=f"replica: {tr[0]['seq_len']:,} tokens, vt{tr[0]['vocab_tiling']} + offload" if tr else "replica",
+    )
     ax1.legend()
     for name, style in (("plain", "-o"), ("tiled_offloaded", "--x")):
         rr = [r for r in rows if r["run"] == name]
@@ -99,11 +116,20 @@ def plot(rows: list[dict], path: pathlib.Path, note: str) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=pathlib.Path, help="gather existing runs in this directory (no training)")
-    ap.add_argument("--equal-seq-len", type=int, default=8192,
-                    help="tokens per sequence of the tiled-vs-plain pair (default 8192; the plain step at 32768 "
-                         "does not fit in this machine's RAM)")
-    ap.add_argument("--parts", nargs="+", default=list(runs(0)), choices=list(runs(0)),
-                    help="runs to launch (default all); with --runs, runs already there are not repeated")
+    ap.add_argument(
+        "--equal-seq-len",
+        type=int,
+        default=8192,
+        help="tokens per sequence of the tiled-vs-plain pair (default 8192; the plain step at 32768 "
+        "does not fit in this machine's RAM)",
+    )
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        default=list(runs(0)),
+        choices=list(runs(0)),
+        help="runs to launch (default all); with --runs, runs already there are not repeated",
+    )
     ap.add_argument("--launch", action="store_true", help="with --runs DIR: launch the missing --parts there first")
     args = ap.parse_args(argv)
     sweep = args.runs or C.new_sweep_dir(NAME)

@@ -44,10 +44,9 @@ def compiled_memory(cfg, devices, diagnostics: bool = False):
 
     import equinox as eqx
     import jax
+    import ledger_vs_compiled as lvc
     import numpy as np
     from omegaconf import OmegaConf
-
-    import ledger_vs_compiled as lvc
 
     from lcx import cost
     from lcx.models import ModelConfig, init_model, model_shardings
@@ -75,14 +74,24 @@ def compiled_memory(cfg, devices, diagnostics: bool = False):
             m = lowered.compile(compiler_options=lvc.dump_options(d)).memory_analysis()
             alloc, live = lvc.live_temp_peak(d)
         assert alloc == m.temp_size_in_bytes, (alloc, m.temp_size_in_bytes)
-        diag = {"live": lvc.footprint(m) - alloc + live,
-                "memopt": lvc.footprint(lowered.compile(compiler_options=lvc.MEMOPT).memory_analysis())}
+        diag = {
+            "live": lvc.footprint(m) - alloc + live,
+            "memopt": lvc.footprint(lowered.compile(compiler_options=lvc.MEMOPT).memory_analysis()),
+        }
     else:
         m = lowered.compile().memory_analysis()
     dt = time.perf_counter() - t0
-    ledger = cost.memory_breakdown(model_cfg, plan, len(devices), seq_len=S, global_batch=B,
-                                   policy=cost.ActivationPolicy.from_model(model_cfg), dtype=model_cfg.dtype,
-                                   param_dtype=model_cfg.param_dtype, tie_embeddings=model_cfg.tie_embeddings)
+    ledger = cost.memory_breakdown(
+        model_cfg,
+        plan,
+        len(devices),
+        seq_len=S,
+        global_batch=B,
+        policy=cost.ActivationPolicy.from_model(model_cfg),
+        dtype=model_cfg.dtype,
+        param_dtype=model_cfg.param_dtype,
+        tie_embeddings=model_cfg.tie_embeddings,
+    )
     return m, ledger, dt, diag
 
 
@@ -97,22 +106,44 @@ def run(overrides=()) -> list[dict]:
     for S in mv.seq_lens:
         for strategy in mv.strategies:
             for P in mv.degrees:
-                cfg = C.compose(NAME, [*overrides, f"plan={strategy}", f"hardware.cpu_devices={P}", f"train.seq_len={S}"])
+                cfg = C.compose(
+                    NAME, [*overrides, f"plan={strategy}", f"hardware.cpu_devices={P}", f"train.seq_len={S}"]
+                )
                 row = {"strategy": strategy, "seq_len": int(S), "degree": int(P), "tokens_per_device": int(S) // int(P)}
                 try:
                     m, ledger, dt, diag = compiled_memory(cfg, jax.devices()[: int(P)], diagnostics=True)
                 except ValueError as e:  # PlanError is a ValueError: a refused plan is a result too
-                    row.update(args_mib="", temp_mib="", total_mib="", ledger_mib="", live_mib="", memopt_mib="",
-                               compile_s="", refused=str(e).splitlines()[0][:200])
+                    row.update(
+                        args_mib="",
+                        temp_mib="",
+                        total_mib="",
+                        ledger_mib="",
+                        live_mib="",
+                        memopt_mib="",
+                        compile_s="",
+                        refused=str(e).splitlines()[0][:200],
+                    )
                     print(f"  {strategy:9s} S={S:6d} P={P}: refused ({row['refused'][:80]})", flush=True)
                 else:
-                    total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
-                    row.update(args_mib=m.argument_size_in_bytes / C.MIB, temp_mib=m.temp_size_in_bytes / C.MIB,
-                               total_mib=total / C.MIB, ledger_mib=ledger.total / C.MIB,
-                               live_mib=diag["live"] / C.MIB, memopt_mib=diag["memopt"] / C.MIB, compile_s=dt, refused="")
-                    print(f"  {strategy:9s} S={S:6d} P={P}: temp {row['temp_mib']:8.1f} MiB, total {row['total_mib']:8.1f}"
-                          f" MiB (live peak {row['live_mib']:8.1f}, memory-optimised schedule {row['memopt_mib']:8.1f}),"
-                          f" ledger {row['ledger_mib']:8.1f} MiB", flush=True)
+                    total = (
+                        m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+                    )
+                    row.update(
+                        args_mib=m.argument_size_in_bytes / C.MIB,
+                        temp_mib=m.temp_size_in_bytes / C.MIB,
+                        total_mib=total / C.MIB,
+                        ledger_mib=ledger.total / C.MIB,
+                        live_mib=diag["live"] / C.MIB,
+                        memopt_mib=diag["memopt"] / C.MIB,
+                        compile_s=dt,
+                        refused="",
+                    )
+                    print(
+                        f"  {strategy:9s} S={S:6d} P={P}: temp {row['temp_mib']:8.1f} MiB, total {row['total_mib']:8.1f}"
+                        f" MiB (live peak {row['live_mib']:8.1f}, memory-optimised schedule {row['memopt_mib']:8.1f}),"
+                        f" ledger {row['ledger_mib']:8.1f} MiB",
+                        flush=True,
+                    )
                 rows.append(row)
     return rows
 
@@ -123,12 +154,23 @@ def plot(rows, path: pathlib.Path, note: str = "") -> pathlib.Path:
     fig, axes = plt.subplots(1, len(seqs), figsize=(max(8, 6 * len(seqs)), 4.8), squeeze=False)
     for ax, S in zip(axes[0], seqs):
         for strategy in dict.fromkeys(r["strategy"] for r in rows):
-            rs = [r for r in rows if int(r["seq_len"]) == S and r["strategy"] == strategy and r["total_mib"] not in ("", None)]
+            rs = [
+                r
+                for r in rows
+                if int(r["seq_len"]) == S and r["strategy"] == strategy and r["total_mib"] not in ("", None)
+            ]
             if not rs:
                 continue
             x = [int(r["degree"]) for r in rs]
-            line, = ax.plot(x, [float(r["total_mib"]) for r in rs], "o-", label=f"{strategy} compiled")
-            ax.plot(x, [float(r["ledger_mib"]) for r in rs], "x--", color=line.get_color(), alpha=0.6, label=f"{strategy} ledger")
+            (line,) = ax.plot(x, [float(r["total_mib"]) for r in rs], "o-", label=f"{strategy} compiled")
+            ax.plot(
+                x,
+                [float(r["ledger_mib"]) for r in rs],
+                "x--",
+                color=line.get_color(),
+                alpha=0.6,
+                label=f"{strategy} ledger",
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.set_xlabel("context-parallel degree P")
@@ -142,15 +184,21 @@ def plot(rows, path: pathlib.Path, note: str = "") -> pathlib.Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=pathlib.Path, default=None,
-                    help=f"CSV/PNG path without suffix; default: {C.RESULTS / NAME} for the full run, nowhere for a "
-                         "run with overrides")
+    ap.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=None,
+        help=f"CSV/PNG path without suffix; default: {C.RESULTS / NAME} for the full run, nowhere for a "
+        "run with overrides",
+    )
     ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the existing CSV")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. 'memory_vs_degree.seq_lens=[4096]'")
     a = ap.parse_args(argv)
     if a.out is None and a.overrides and not a.replot:
-        print(f"partial run (overrides {a.overrides}): no CSV or PNG written, the committed {C.RESULTS / NAME}.csv "
-              "stays; --out PATH writes these rows")
+        print(
+            f"partial run (overrides {a.overrides}): no CSV or PNG written, the committed {C.RESULTS / NAME}.csv "
+            "stays; --out PATH writes these rows"
+        )
     out = a.out if a.out is not None or (a.overrides and not a.replot) else C.RESULTS / NAME
     if a.replot:
         rows = C.read_csv(out.with_suffix(".csv"))

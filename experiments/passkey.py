@@ -61,9 +61,11 @@ def stage_metrics(run_dir: pathlib.Path) -> list[dict]:
     return out
 
 
-RUN_DIR_HELP = ("the run directory of a finished `python -m lcx.extend experiment=passkey` run (it holds "
-                "schedule.json; this script's own runs are outputs/passkey/<stamp>) or of an `lcx.train` run "
-                "(run_info.json) that saved checkpoints (checkpoint.dir set)")
+RUN_DIR_HELP = (
+    "the run directory of a finished `python -m lcx.extend experiment=passkey` run (it holds "
+    "schedule.json; this script's own runs are outputs/passkey/<stamp>) or of an `lcx.train` run "
+    "(run_info.json) that saved checkpoints (checkpoint.dir set)"
+)
 
 
 def run_dir_problem(run_dir: pathlib.Path) -> str | None:
@@ -114,9 +116,16 @@ def evaluate(run_dir: pathlib.Path, per_depth: int) -> tuple[list[dict], dict]:
     mp = bind(plan, devices)
     model, meta = load_model(info["checkpoint_dir"], mp)
     S, B, d = int(cfg["train"]["seq_len"]), int(cfg["train"]["global_batch"]), cfg["data"]
-    ev = PasskeyEval(seq_len=S, global_batch=B, layout=plan.attention.layout, context_degree=mp.context_degree,
-                     digits=int(d["digits"]), depths=[float(x) for x in d["eval_depths"]], per_depth=per_depth,
-                     seed=int(d["split_seed"]) + 1)  # +1: rows unseen by the in-training validation too
+    ev = PasskeyEval(
+        seq_len=S,
+        global_batch=B,
+        layout=plan.attention.layout,
+        context_degree=mp.context_degree,
+        digits=int(d["digits"]),
+        depths=[float(x) for x in d["eval_depths"]],
+        per_depth=per_depth,
+        seed=int(d["split_seed"]) + 1,
+    )  # +1: rows unseen by the in-training validation too
     sharding = mp.activation_sharding(("batch", "seq"))
 
     @eqx.filter_jit
@@ -135,14 +144,31 @@ def evaluate(run_dir: pathlib.Path, per_depth: int) -> tuple[list[dict], dict]:
     rows = []
     for depth, res in sorted(by_depth.items()):
         ok = np.array([r[0] for r in res])
-        rows.append({"depth": depth, "key_to_answer_tokens": int(np.mean([r[1] for r in res])), "rows": len(res),
-                     "exact_match": float(ok.all(axis=1).mean()), "digit_accuracy": float(ok.mean()),
-                     # accuracy of the i-th answer digit (which digits fail tells the mechanism apart)
-                     **{f"digit_{i + 1}": float(ok[:, i].mean()) for i in range(ok.shape[1])}})
-    loss_on = "every token" if d.get("loss_on", "answer") == "all" else (
-        "answer + key repeat" if d.get("recall_loss") else "answer digits")
-    summary = {"step": int(meta["step"]), "seq_len": S, "loss_on": loss_on, "plan": plan.name, "strategy": plan.attention.strategy,
-               "context_degree": mp.context_degree, "run_dir": C.rel(run_dir)}
+        rows.append(
+            {
+                "depth": depth,
+                "key_to_answer_tokens": int(np.mean([r[1] for r in res])),
+                "rows": len(res),
+                "exact_match": float(ok.all(axis=1).mean()),
+                "digit_accuracy": float(ok.mean()),
+                # accuracy of the i-th answer digit (which digits fail tells the mechanism apart)
+                **{f"digit_{i + 1}": float(ok[:, i].mean()) for i in range(ok.shape[1])},
+            }
+        )
+    loss_on = (
+        "every token"
+        if d.get("loss_on", "answer") == "all"
+        else ("answer + key repeat" if d.get("recall_loss") else "answer digits")
+    )
+    summary = {
+        "step": int(meta["step"]),
+        "seq_len": S,
+        "loss_on": loss_on,
+        "plan": plan.name,
+        "strategy": plan.attention.strategy,
+        "context_degree": mp.context_degree,
+        "run_dir": C.rel(run_dir),
+    }
     return rows, summary
 
 
@@ -156,8 +182,10 @@ def plot(rows, metrics, summary, path: pathlib.Path) -> pathlib.Path:
     a.set_ylim(-0.03, 1.03)
     a.set_xlabel("passkey depth (0: start of the context, 1: just before the question)")
     a.set_ylabel("accuracy")
-    a.set_title(f"retrieval at {summary['seq_len']} tokens, {summary['strategy']} x{summary['context_degree']}, "
-                f"step {summary['step']}")
+    a.set_title(
+        f"retrieval at {summary['seq_len']} tokens, {summary['strategy']} x{summary['context_degree']}, "
+        f"step {summary['step']}"
+    )
     a.legend(fontsize=8)
     a.grid(alpha=0.3)
     steps = [m["step"] for m in metrics]
@@ -171,8 +199,14 @@ def plot(rows, metrics, summary, path: pathlib.Path) -> pathlib.Path:
     for n, (prev, m) in enumerate(changes):
         b.axvline(m["step"] - 0.5, color="k", lw=0.8, ls="--")
         # stacked labels: stage boundaries can be close together
-        b.annotate(f"{prev['seq_len']} -> {m['seq_len']} tokens", (m["step"], 1.0 - 0.06 * n), fontsize=7,
-                   ha="left", va="top", xycoords=("data", "axes fraction"))
+        b.annotate(
+            f"{prev['seq_len']} -> {m['seq_len']} tokens",
+            (m["step"], 1.0 - 0.06 * n),
+            fontsize=7,
+            ha="left",
+            va="top",
+            xycoords=("data", "axes fraction"),
+        )
     b.set_xlabel("step")
     b.set_ylabel("nats / loss-bearing token")
     b.set_title("training")
@@ -199,8 +233,13 @@ def main(argv=None) -> int:
         run_dir = train(a.overrides)
     rows, summary = evaluate(stage_dirs(run_dir)[-1], a.per_depth)
     for r in rows:
-        r.update(step=summary["step"], seq_len=summary["seq_len"], strategy=summary["strategy"],
-                 context_degree=summary["context_degree"], run_dir=summary["run_dir"])
+        r.update(
+            step=summary["step"],
+            seq_len=summary["seq_len"],
+            strategy=summary["strategy"],
+            context_degree=summary["context_degree"],
+            run_dir=summary["run_dir"],
+        )
     C.write_csv(rows, a.out.with_suffix(".csv"))
     plot(rows, stage_metrics(run_dir), summary, a.out.with_suffix(".png"))
     for r in rows:

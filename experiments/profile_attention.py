@@ -33,7 +33,8 @@ jax.config.update("jax_num_cpu_devices", 8)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from lcx.attention import Mask, XlaKernel, merge_partials, ring_attention  # noqa: E402
 from lcx.attention.kernels.xla import FULL, PARTIAL, block_size, tile_class  # noqa: E402
@@ -117,8 +118,9 @@ def main():
             dq = jnp.zeros(qi.shape, jnp.float32)
             dks = []
             for st in range(Pd):
-                g = kern.backward(qi, heads(kss[st], i, kvh), heads(vss[st], i, kvh), p, pss[st], s, s, oi, li, doi,
-                                  mask=MASK)
+                g = kern.backward(
+                    qi, heads(kss[st], i, kvh), heads(vss[st], i, kvh), p, pss[st], s, s, oi, li, doi, mask=MASK
+                )
                 dq = dq + g[0]
                 dks.append(g[1] + g[2])
             return lax.dynamic_update_slice_in_dim(acc, dq + sum(dks), i * kvh, axis=2)
@@ -141,14 +143,13 @@ def main():
     counts = np.zeros(3, int)
     for st in range(Pd):
         for dev in range(Pd):
-            qp = pos[:, dev * T:(dev + 1) * T]
-            kp = ps_[st][:, dev * T:(dev + 1) * T]
+            qp = pos[:, dev * T : (dev + 1) * T]
+            kp = ps_[st][:, dev * T : (dev + 1) * T]
             for i in range(0, T, bq):
                 for j in range(0, T, bq):
-                    counts[int(tile_class(MASK, qp[:, i:i + bq], kp[:, j:j + bq], seg[:, :bq], seg[:, :bq]))] += 1
+                    counts[int(tile_class(MASK, qp[:, i : i + bq], kp[:, j : j + bq], seg[:, :bq], seg[:, :bq]))] += 1
     tiles = int(counts[FULL] + counts[PARTIAL]) // Pd  # per device, all heads
     npass = N // kvh
-    a = jnp.ones((B, kvh, bq, H), jnp.float32)
     dn = (((3,), (3,)), ((0, 1), (0, 1)))
     nn = (((3,), (2,)), ((0, 1), (0, 1)))
 
@@ -186,19 +187,25 @@ def main():
             if r:
                 samples[k_].append(time.perf_counter() - t)
     res = {k_: statistics.median(v_) for k_, v_ in samples.items()}
-    print(f"S={S} P={Pd} T={T} block={bq} kv heads per pass={kvh}; tiles per device per pass: "
-          f"{tiles} visible ({counts[FULL] // Pd} full, {counts[PARTIAL] // Pd} partial, {counts[0] // Pd} hidden)")
+    print(
+        f"S={S} P={Pd} T={T} block={bq} kv heads per pass={kvh}; tiles per device per pass: "
+        f"{tiles} visible ({counts[FULL] // Pd} full, {counts[PARTIAL] // Pd} partial, {counts[0] // Pd} hidden)"
+    )
     for k_, t in res.items():
         print(f"{k_:>34}: {t:8.3f} s")
     ring_b_only = res["ring fwd+bwd"] - res["ring fwd"]
     print(f"{'ring bwd (fwd+bwd - fwd)':>34}: {ring_b_only:8.3f} s")
-    print(f"forward : transfer+bookkeeping {res['ring fwd'] - res['no-transfer fwd (kernel + merge)']:.3f} s, "
-          f"merge {res['no-transfer fwd (kernel + merge)'] - res['kernel-only fwd']:.3f} s, "
-          f"softmax/mask/loops {res['kernel-only fwd'] - res['matmuls-only fwd']:.3f} s, "
-          f"matmuls {res['matmuls-only fwd']:.3f} s")
-    print(f"backward: transfer+bookkeeping {ring_b_only - res['kernel-only bwd']:.3f} s, "
-          f"softmax/mask/loops {res['kernel-only bwd'] - res['matmuls-only bwd']:.3f} s, "
-          f"matmuls {res['matmuls-only bwd']:.3f} s")
+    print(
+        f"forward : transfer+bookkeeping {res['ring fwd'] - res['no-transfer fwd (kernel + merge)']:.3f} s, "
+        f"merge {res['no-transfer fwd (kernel + merge)'] - res['kernel-only fwd']:.3f} s, "
+        f"softmax/mask/loops {res['kernel-only fwd'] - res['matmuls-only fwd']:.3f} s, "
+        f"matmuls {res['matmuls-only fwd']:.3f} s"
+    )
+    print(
+        f"backward: transfer+bookkeeping {ring_b_only - res['kernel-only bwd']:.3f} s, "
+        f"softmax/mask/loops {res['kernel-only bwd'] - res['matmuls-only bwd']:.3f} s, "
+        f"matmuls {res['matmuls-only bwd']:.3f} s"
+    )
 
 
 if __name__ == "__main__":

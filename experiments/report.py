@@ -36,31 +36,58 @@ def _f(x, nd=1) -> str:
 
 
 def _md(header, rows) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    out = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|",
+    ]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
 
 
 def strategy_benchmark() -> str:
     rows = [r for r in C.read_csv(DOCS / "strategy_benchmark.csv") if r["sweep"] == "strategies"]
-    return _md(["strategy", "S (tokens)", "fwd temp / device (MiB)", "fwd+bwd temp / device (MiB)", "fwd+bwd time (s)"],
-               [[r["strategy"], r["seq_len"], _f(r["fwd_temp_mib"]), _f(r["fwd_bwd_temp_mib"]), _f(r["fwd_bwd_s"], 2)]
-                for r in rows])
+    return _md(
+        ["strategy", "S (tokens)", "fwd temp / device (MiB)", "fwd+bwd temp / device (MiB)", "fwd+bwd time (s)"],
+        [
+            [r["strategy"], r["seq_len"], _f(r["fwd_temp_mib"]), _f(r["fwd_bwd_temp_mib"]), _f(r["fwd_bwd_s"], 2)]
+            for r in rows
+        ],
+    )
 
 
 def ring_degree() -> str:
     rows = [r for r in C.read_csv(DOCS / "strategy_benchmark.csv") if r["sweep"] == "ring_degree"]
-    return _md(["ring devices P", "S (tokens)", "tokens / device", "fwd temp / device (MiB)", "fwd+bwd temp / device (MiB)"],
-               [[r["devices"], r["seq_len"], int(r["seq_len"]) // int(r["devices"]), _f(r["fwd_temp_mib"]),
-                 _f(r["fwd_bwd_temp_mib"])] for r in rows])
+    return _md(
+        ["ring devices P", "S (tokens)", "tokens / device", "fwd temp / device (MiB)", "fwd+bwd temp / device (MiB)"],
+        [
+            [
+                r["devices"],
+                r["seq_len"],
+                int(r["seq_len"]) // int(r["devices"]),
+                _f(r["fwd_temp_mib"]),
+                _f(r["fwd_bwd_temp_mib"]),
+            ]
+            for r in rows
+        ],
+    )
 
 
 def strategy_sweep() -> str:
     rows = C.read_csv(RES / "strategy_sweep.csv")
-    return _md(["plan", "mesh", "S (tokens)", "tokens/s (8 devices)", "train-step temp / device (MiB)",
-                "loss by step"],
-               [[r["plan"], r["mesh"], r["seq_len"], _f(r["tokens_per_sec"], 0), _f(r["temp_mib_per_device"]),
-                 ", ".join(f"{float(x):.4f}" for x in r["losses"].split(";"))] for r in rows])
+    return _md(
+        ["plan", "mesh", "S (tokens)", "tokens/s (8 devices)", "train-step temp / device (MiB)", "loss by step"],
+        [
+            [
+                r["plan"],
+                r["mesh"],
+                r["seq_len"],
+                _f(r["tokens_per_sec"], 0),
+                _f(r["temp_mib_per_device"]),
+                ", ".join(f"{float(x):.4f}" for x in r["losses"].split(";")),
+            ]
+            for r in rows
+        ],
+    )
 
 
 def load_balance() -> str:
@@ -72,25 +99,68 @@ def load_balance() -> str:
     for (layout, P), rs in sorted(groups.items(), key=lambda t: (t[0][1], t[0][0])):
         pairs = [int(r["pairs"]) for r in rs]
         times = [float(r["fwd_bwd_s"]) for r in rs if r.get("fwd_bwd_s") not in ("", None)]
-        out.append([layout, P, rs[0]["seq_len"], f"{min(pairs):,} .. {max(pairs):,}", _f(max(pairs) / (sum(pairs) / len(pairs)), 3),
-                    f"{min(times):.3f} .. {max(times):.3f}" if times else "-",
-                    _f(max(times) / (sum(times) / len(times)), 2) if times else "-"])
-    return _md(["layout", "P", "S", "visible pairs per device (min .. max)", "work max/mean",
-                "fwd+bwd s per device (min .. max)", "time max/mean"], out)
+        out.append(
+            [
+                layout,
+                P,
+                rs[0]["seq_len"],
+                f"{min(pairs):,} .. {max(pairs):,}",
+                _f(max(pairs) / (sum(pairs) / len(pairs)), 3),
+                f"{min(times):.3f} .. {max(times):.3f}" if times else "-",
+                _f(max(times) / (sum(times) / len(times)), 2) if times else "-",
+            ]
+        )
+    return _md(
+        [
+            "layout",
+            "P",
+            "S",
+            "visible pairs per device (min .. max)",
+            "work max/mean",
+            "fwd+bwd s per device (min .. max)",
+            "time max/mean",
+        ],
+        out,
+    )
 
 
 def memory_vs_degree() -> str:
     rows = C.read_csv(RES / "memory_vs_degree.csv")
-    return _md(["strategy", "S", "P", "tokens / device", "temp (MiB)", "total (MiB)", "ledger (MiB)", "note"],
-               [[r["strategy"], r["seq_len"], r["degree"], r["tokens_per_device"], _f(r["temp_mib"]), _f(r["total_mib"]),
-                 _f(r["ledger_mib"]), ("refused: " + r["refused"][:90]) if r["refused"] else ""] for r in rows])
+    return _md(
+        ["strategy", "S", "P", "tokens / device", "temp (MiB)", "total (MiB)", "ledger (MiB)", "note"],
+        [
+            [
+                r["strategy"],
+                r["seq_len"],
+                r["degree"],
+                r["tokens_per_device"],
+                _f(r["temp_mib"]),
+                _f(r["total_mib"]),
+                _f(r["ledger_mib"]),
+                ("refused: " + r["refused"][:90]) if r["refused"] else "",
+            ]
+            for r in rows
+        ],
+    )
 
 
 def ledger_vs_compiled() -> str:
     rows = C.read_csv(RES / "ledger_vs_compiled.csv")
-    return _md(["strategy", "S", "remat", "batch", "ledger (MiB)", "compiled (MiB)", "ledger / compiled"],
-               [[r["strategy"], r["seq_len"], r["remat"], r["global_batch"], _f(r["ledger_mib"]), _f(r["compiled_mib"]),
-                 _f(r["ratio"], 2)] for r in rows])
+    return _md(
+        ["strategy", "S", "remat", "batch", "ledger (MiB)", "compiled (MiB)", "ledger / compiled"],
+        [
+            [
+                r["strategy"],
+                r["seq_len"],
+                r["remat"],
+                r["global_batch"],
+                _f(r["ledger_mib"]),
+                _f(r["compiled_mib"]),
+                _f(r["ratio"], 2),
+            ]
+            for r in rows
+        ],
+    )
 
 
 def g(x) -> str:
@@ -101,23 +171,42 @@ def g(x) -> str:
 
 def ledger_reproduction() -> str:
     rows = C.read_csv(RES / "ledger_reproduction.csv")
-    return _md(["quantity", "unit", "published", "lcx.cost", "agrees"],
-               [[r["quantity"], r["unit"], r["published"], g(r["lcx"]), "yes" if r["agrees"] == "True" else "**no**"]
-                for r in rows])
+    return _md(
+        ["quantity", "unit", "published", "lcx.cost", "agrees"],
+        [
+            [r["quantity"], r["unit"], r["published"], g(r["lcx"]), "yes" if r["agrees"] == "True" else "**no**"]
+            for r in rows
+        ],
+    )
 
 
 def ring_overlap() -> str:
     rows = [r for r in C.read_csv(RES / "ledger_reproduction.csv") if r["section"] in ("ring_overlap", "load_balance")]
-    return _md(["quantity", "unit", "published", "lcx.cost", "agrees"],
-               [[r["quantity"], r["unit"], r["published"], g(r["lcx"]), "yes" if r["agrees"] == "True" else "**no**"]
-                for r in rows])
+    return _md(
+        ["quantity", "unit", "published", "lcx.cost", "agrees"],
+        [
+            [r["quantity"], r["unit"], r["published"], g(r["lcx"]), "yes" if r["agrees"] == "True" else "**no**"]
+            for r in rows
+        ],
+    )
 
 
 def passkey(name: str = "passkey") -> str:
     rows = C.read_csv(RES / f"{name}.csv")
-    return _md(["depth", "key -> answer (tokens)", "rows", "exact match", "per-digit accuracy", "after step"],
-               [[r["depth"], r["key_to_answer_tokens"], r["rows"], _f(r["exact_match"], 2), _f(r["digit_accuracy"], 2),
-                 r["step"]] for r in rows])
+    return _md(
+        ["depth", "key -> answer (tokens)", "rows", "exact match", "per-digit accuracy", "after step"],
+        [
+            [
+                r["depth"],
+                r["key_to_answer_tokens"],
+                r["rows"],
+                _f(r["exact_match"], 2),
+                _f(r["digit_accuracy"], 2),
+                r["step"],
+            ]
+            for r in rows
+        ],
+    )
 
 
 def passkey_dense() -> str:
@@ -131,10 +220,16 @@ def passkey_1024only() -> str:
 def passkey_summary() -> str:
     out = []
     for name, setup in (
-        ("passkey", "4 kv heads; curriculum 256 -> 512 -> 1024 tokens (2500 + 600 + 1500 steps), plain RoPE "
-                    "(experiment=passkey as committed)"),
+        (
+            "passkey",
+            "4 kv heads; curriculum 256 -> 512 -> 1024 tokens (2500 + 600 + 1500 steps), plain RoPE "
+            "(experiment=passkey as committed)",
+        ),
         ("passkey_1kv", "1 kv head (the tiny preset); curriculum 256 -> 512 -> 1024 tokens (2500 + 600 + 600 steps)"),
-        ("passkey_stage256", "1 kv head; that curriculum's first stage alone (2500 steps at 256 tokens), at 256 tokens"),
+        (
+            "passkey_stage256",
+            "1 kv head; that curriculum's first stage alone (2500 steps at 256 tokens), at 256 tokens",
+        ),
         ("passkey_yarn_2stage", "1 kv head; 256 -> 1024 tokens in one jump with YaRN x4 (2500 + 400 steps)"),
         ("passkey_1024only", "1 kv head; 1024 tokens only, 8 rows/step, answer-digit loss (+ the key's repeat)"),
         ("passkey_dense", "1 kv head; 1024 tokens only, loss on every token, filler of repeated random sentences"),
@@ -147,18 +242,51 @@ def passkey_summary() -> str:
         em = sum(float(r["exact_match"]) * int(r["rows"]) for r in rows) / n
         da = sum(float(r["digit_accuracy"]) * int(r["rows"]) for r in rows) / n
         idx = sorted((k for k in rows[0] if k.startswith("digit_") and k[6:].isdigit()), key=lambda k: int(k[6:]))
-        by_index = " / ".join(
-            _f(sum(float(r[k]) * int(r["rows"]) for r in rows) / n, 2) for k in idx) if idx else "-"
-        out.append([setup, rows[0]["seq_len"], f"{rows[0]['strategy']} x{rows[0]['context_degree']}", rows[0]["step"], n,
-                    _f(em, 3), _f(da, 3), by_index])
-    return _md(["training", "S", "strategy", "steps", "eval rows", "exact match", "per-digit accuracy",
-                "accuracy of answer digit 1 / 2 / 3 / 4 / 5"], out)
+        by_index = " / ".join(_f(sum(float(r[k]) * int(r["rows"]) for r in rows) / n, 2) for k in idx) if idx else "-"
+        out.append(
+            [
+                setup,
+                rows[0]["seq_len"],
+                f"{rows[0]['strategy']} x{rows[0]['context_degree']}",
+                rows[0]["step"],
+                n,
+                _f(em, 3),
+                _f(da, 3),
+                by_index,
+            ]
+        )
+    return _md(
+        [
+            "training",
+            "S",
+            "strategy",
+            "steps",
+            "eval rows",
+            "exact match",
+            "per-digit accuracy",
+            "accuracy of answer digit 1 / 2 / 3 / 4 / 5",
+        ],
+        out,
+    )
 
 
-TABLES = {f.__name__: f for f in (strategy_benchmark, ring_degree, strategy_sweep, load_balance, memory_vs_degree,
-                                  ledger_vs_compiled,
-                                  ledger_reproduction, ring_overlap, passkey, passkey_dense, passkey_1024only,
-                                  passkey_summary)}
+TABLES = {
+    f.__name__: f
+    for f in (
+        strategy_benchmark,
+        ring_degree,
+        strategy_sweep,
+        load_balance,
+        memory_vs_degree,
+        ledger_vs_compiled,
+        ledger_reproduction,
+        ring_overlap,
+        passkey,
+        passkey_dense,
+        passkey_1024only,
+        passkey_summary,
+    )
+}
 PATTERN = re.compile(r"(<!-- BEGIN (\w+) -->\n)(.*?)(<!-- END \2 -->)", re.S)
 
 

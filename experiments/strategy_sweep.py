@@ -39,22 +39,24 @@ def gather(sweep_dir: pathlib.Path) -> list[dict]:
             continue
         plan = cfg.get("plan", {})
         mesh = run["info"].get("mesh") or plan.get("mesh", {})
-        rows.append({
-            "plan": plan.get("name"),
-            "strategy": plan.get("attention", {}).get("strategy"),
-            "seq_len": int(cfg["train"]["seq_len"]),
-            "global_batch": int(cfg["train"]["global_batch"]),
-            "mesh": "x".join(f"{k}{v}" for k, v in mesh.items()),
-            "steps": s["steps"],
-            "tokens_per_sec": s["tokens_per_sec"],
-            "step_time_s": s["step_time_s"],
-            "temp_mib_per_device": s["temp_mib_per_device"],
-            "compile_s": s["compile_s"],
-            "first_loss": s["first_loss"],
-            "final_loss": s["final_loss"],
-            "losses": ";".join(f"{r['loss']:.6f}" for r in run["metrics"]),
-            "run_dir": C.rel(run["dir"]),
-        })
+        rows.append(
+            {
+                "plan": plan.get("name"),
+                "strategy": plan.get("attention", {}).get("strategy"),
+                "seq_len": int(cfg["train"]["seq_len"]),
+                "global_batch": int(cfg["train"]["global_batch"]),
+                "mesh": "x".join(f"{k}{v}" for k, v in mesh.items()),
+                "steps": s["steps"],
+                "tokens_per_sec": s["tokens_per_sec"],
+                "step_time_s": s["step_time_s"],
+                "temp_mib_per_device": s["temp_mib_per_device"],
+                "compile_s": s["compile_s"],
+                "first_loss": s["first_loss"],
+                "final_loss": s["final_loss"],
+                "losses": ";".join(f"{r['loss']:.6f}" for r in run["metrics"]),
+                "run_dir": C.rel(run["dir"]),
+            }
+        )
     order = {p: i for i, p in enumerate(PLANS)}
     rows.sort(key=lambda r: (order.get(r["plan"], 99), r["plan"] or "", r["seq_len"]))
     return rows
@@ -70,8 +72,11 @@ def plot(rows: list[dict], path: pathlib.Path, note: str = "") -> pathlib.Path:
         axes[0].plot(x, [float(r["tokens_per_sec"]) for r in rs], "o-", label=p)
         axes[1].plot(x, [float(r["temp_mib_per_device"]) for r in rs], "o-", label=p)
         axes[2].plot(x, [float(r["final_loss"]) for r in rs], "o-", label=p)
-    for ax, title, unit in zip(axes, ("throughput", "compiled temp memory per device", f"loss after the last step"),
-                               ("tokens / s (all 8 devices)", "MiB", "nats / token")):
+    for ax, title, unit in zip(
+        axes,
+        ("throughput", "compiled temp memory per device", "loss after the last step"),
+        ("tokens / s (all 8 devices)", "MiB", "nats / token"),
+    ):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length (tokens)")
         ax.set_ylabel(unit)

@@ -54,8 +54,21 @@ NAME = "vocab_tiling_offload"
 EXPERIMENT = "longctx_replica_cpu"
 MiB = 2**20
 
-_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
-             "f64": 8, "s64": 8, "u64": 8}
+_ITEMSIZE = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+}
 _SHAPE = re.compile(r"\b(pred|[su](?:8|16|32|64)|bf16|f(?:16|32|64))\[([\d,]*)\](?:\{([^}]*)\})?")
 
 
@@ -145,8 +158,15 @@ def compare(tiles: int, offload: bool, overrides=(), n_devices: int = 8) -> dict
     from lcx import cost
 
     flag = str(offload).lower()
-    cfg = C.compose(EXPERIMENT, [*overrides, f"memory.vocab_tiling={tiles}", f"memory.offload_optimizer={flag}",
-                                 f"memory.offload_params={flag}"])
+    cfg = C.compose(
+        EXPERIMENT,
+        [
+            *overrides,
+            f"memory.vocab_tiling={tiles}",
+            f"memory.offload_optimizer={flag}",
+            f"memory.offload_params={flag}",
+        ],
+    )
     t0 = time.perf_counter()
     lowered, mc, plan, mem = lower_train(cfg, jax.devices()[:n_devices])
     compiled = lowered.compile()
@@ -157,11 +177,17 @@ def compare(tiles: int, offload: bool, overrides=(), n_devices: int = 8) -> dict
     footprint = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
     device = footprint - host["host"]
     S, B = int(cfg.train.seq_len), int(cfg.train.global_batch)
-    policy = cost.ActivationPolicy.from_model(mc, vocab_tiling=mem.vocab_tiling,
-                                              offload_optimizer=mem.offload_optimizer,
-                                              offload_params=mem.offload_params)
-    kw = dict(seq_len=S, global_batch=B, policy=policy, dtype=mc.dtype, param_dtype=mc.param_dtype,
-              tie_embeddings=mc.tie_embeddings)
+    policy = cost.ActivationPolicy.from_model(
+        mc, vocab_tiling=mem.vocab_tiling, offload_optimizer=mem.offload_optimizer, offload_params=mem.offload_params
+    )
+    kw = dict(
+        seq_len=S,
+        global_batch=B,
+        policy=policy,
+        dtype=mc.dtype,
+        param_dtype=mc.param_dtype,
+        tie_embeddings=mc.tie_embeddings,
+    )
     led = cost.memory_breakdown(mc, plan, n_devices, memory_kinds=False, **kw)
     acc = cost.memory_breakdown(mc, plan, n_devices, memory_kinds=True, **kw)
     P = plan.context_degree(n_devices)
@@ -169,15 +195,26 @@ def compare(tiles: int, offload: bool, overrides=(), n_devices: int = 8) -> dict
     tile = max(1, B // data) * (S // P) // tiles
     big, big_shape = largest_vocab_buffer(text, mc.vocab_size)
     return {
-        "vocab_tiling": tiles, "offload": offload, "seq_len": S, "vocab": mc.vocab_size,
-        "compiled_device_mib": device / MiB, "ledger_device_mib": led.total / MiB, "ratio_device": led.total / device,
-        "compiled_host_bytes": host["host"], "ledger_host_bytes": led.host,
-        "compiled_host_mib": host["host"] / MiB, "ledger_host_mib": led.host / MiB,
+        "vocab_tiling": tiles,
+        "offload": offload,
+        "seq_len": S,
+        "vocab": mc.vocab_size,
+        "compiled_device_mib": device / MiB,
+        "ledger_device_mib": led.total / MiB,
+        "ratio_device": led.total / device,
+        "compiled_host_bytes": host["host"],
+        "ledger_host_bytes": led.host,
+        "compiled_host_mib": host["host"] / MiB,
+        "ledger_host_mib": led.host / MiB,
         "ratio_host": led.host / host["host"] if host["host"] else (1.0 if led.host == 0 else math.inf),
-        "temp_mib": m.temp_size_in_bytes / MiB, "ledger_logits_mib": led.logits / MiB,
-        "accel_device_mib": acc.total / MiB, "accel_host_mib": acc.host / MiB,
+        "temp_mib": m.temp_size_in_bytes / MiB,
+        "ledger_logits_mib": led.logits / MiB,
+        "accel_device_mib": acc.total / MiB,
+        "accel_host_mib": acc.host / MiB,
         "accel_transfer_mib": cost.host_transfer_bytes(acc, policy) / MiB,
-        "largest_v_elements": big, "largest_v_shape": big_shape, "tile_v_elements": tile * mc.vocab_size,
+        "largest_v_elements": big,
+        "largest_v_shape": big_shape,
+        "tile_v_elements": tile * mc.vocab_size,
         "compile_s": compile_s,
     }
 
@@ -192,15 +229,18 @@ def plot(rows, path: pathlib.Path) -> pathlib.Path:
         ax.bar([x + 0.2 for x in xs], [r[f"ledger_{key}_mib"] for r in rows], 0.4, label="ledger")
         for x, r in zip(xs, rows):
             if r[f"compiled_{key}_mib"] > 0:
-                ax.text(x + 0.2, r[f"ledger_{key}_mib"], f"{r[f'ratio_{key}']:.3f}", ha="center", va="bottom",
-                        fontsize=8)
+                ax.text(
+                    x + 0.2, r[f"ledger_{key}_mib"], f"{r[f'ratio_{key}']:.3f}", ha="center", va="bottom", fontsize=8
+                )
         ax.set_xticks(list(xs), labels, fontsize=8)
         ax.set_ylabel("MiB")
         ax.set_title(title)
         ax.legend(fontsize=8)
     a.set_yscale("log")
-    fig.suptitle(f"{EXPERIMENT}: vocabulary tiling N x optimizer+parameter offload "
-                 f"(S={rows[0]['seq_len']:,}, V={rows[0]['vocab']:,}; label: ledger / compiled)")
+    fig.suptitle(
+        f"{EXPERIMENT}: vocabulary tiling N x optimizer+parameter offload "
+        f"(S={rows[0]['seq_len']:,}, V={rows[0]['vocab']:,}; label: ledger / compiled)"
+    )
     return C.save_figure(fig, path)
 
 
@@ -208,9 +248,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiles", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--tolerance", type=float, default=0.15)
-    ap.add_argument("--out", type=pathlib.Path, default=None,
-                    help=f"CSV/PNG path without suffix; default {C.rel(C.RESULTS / NAME)} for the full default run, "
-                         "nowhere for a partial one")
+    ap.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=None,
+        help=f"CSV/PNG path without suffix; default {C.rel(C.RESULTS / NAME)} for the full default run, "
+        "nowhere for a partial one",
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of experiment=longctx_replica_cpu")
     a = ap.parse_args(argv)
     partial = a.tiles != ap.get_default("tiles") or bool(a.overrides)
@@ -218,8 +262,10 @@ def main(argv=None) -> int:
     if out is None:
         print(f"partial run: no CSV written, the committed {C.rel(C.RESULTS / NAME)}.csv stays; --out PATH writes one")
     print(f"experiment={EXPERIMENT} {' '.join(a.overrides)}: 8 CPU devices, compiled only; MiB per device")
-    print(f"{'N':>3s} {'offload':7s} {'compiled dev':>12s} {'ledger dev':>10s} {'ratio':>6s} {'compiled host':>13s} "
-          f"{'ledger host':>11s} {'ratio':>6s} {'accel dev':>9s} {'accel host':>10s} {'largest V buffer':>22s}")
+    print(
+        f"{'N':>3s} {'offload':7s} {'compiled dev':>12s} {'ledger dev':>10s} {'ratio':>6s} {'compiled host':>13s} "
+        f"{'ledger host':>11s} {'ratio':>6s} {'accel dev':>9s} {'accel host':>10s} {'largest V buffer':>22s}"
+    )
     rows, bad = [], []
     for n in a.tiles:
         for off in (False, True):
@@ -229,17 +275,23 @@ def main(argv=None) -> int:
             ok = abs(r["ratio_device"] - 1) <= a.tolerance and abs(r["ratio_host"] - 1) <= a.tolerance and ok_v
             if not ok:
                 bad.append(r)
-            print(f"{n:3d} {str(off):7s} {r['compiled_device_mib']:12.2f} {r['ledger_device_mib']:10.2f} "
-                  f"{r['ratio_device']:6.3f} {r['compiled_host_mib']:13.3f} {r['ledger_host_mib']:11.3f} "
-                  f"{r['ratio_host']:6.3f} {r['accel_device_mib']:9.2f} {r['accel_host_mib']:10.3f} "
-                  f"{r['largest_v_shape']:>22s}" + ("" if ok_v else f" (expected {r['tile_v_elements']:,} elements)")
-                  + ("" if ok else "  <-- outside"), flush=True)
+            print(
+                f"{n:3d} {str(off):7s} {r['compiled_device_mib']:12.2f} {r['ledger_device_mib']:10.2f} "
+                f"{r['ratio_device']:6.3f} {r['compiled_host_mib']:13.3f} {r['ledger_host_mib']:11.3f} "
+                f"{r['ratio_host']:6.3f} {r['accel_device_mib']:9.2f} {r['accel_host_mib']:10.3f} "
+                f"{r['largest_v_shape']:>22s}"
+                + ("" if ok_v else f" (expected {r['tile_v_elements']:,} elements)")
+                + ("" if ok else "  <-- outside"),
+                flush=True,
+            )
     if out is not None:
         C.write_csv(rows, out.with_suffix(".csv"))
         plot(rows, out.with_suffix(".png"))
     worst = max(max(abs(r["ratio_device"] - 1), abs(r["ratio_host"] - 1)) for r in rows)
-    print(f"worst relative difference {100 * worst:.1f}% "
-          f"({'within' if worst <= a.tolerance else 'OUTSIDE'} {100 * a.tolerance:.0f}%)")
+    print(
+        f"worst relative difference {100 * worst:.1f}% "
+        f"({'within' if worst <= a.tolerance else 'OUTSIDE'} {100 * a.tolerance:.0f}%)"
+    )
     return 1 if bad else 0
 
 

@@ -27,8 +27,10 @@ def evaluate(cfg: DictConfig) -> float:
     from lcx.config.schema import EvalCheckpointSchema, EvalSchema, HardwareSchema, check_section
 
     if not cfg.get("checkpoint") or not cfg.checkpoint.get("dir"):
-        raise ValueError("lcx.eval needs a checkpoint to evaluate: python -m lcx.eval checkpoint.dir=DIR "
-                         "(the checkpoint.dir of a python -m lcx.train run)")
+        raise ValueError(
+            "lcx.eval needs a checkpoint to evaluate: python -m lcx.eval checkpoint.dir=DIR "
+            "(the checkpoint.dir of a python -m lcx.train run)"
+        )
     check_section(cfg.eval, EvalSchema, "eval", tool="lcx.eval")
     check_section(cfg.checkpoint, EvalCheckpointSchema, "checkpoint", tool="lcx.eval")
     check_section(cfg.hardware, HardwareSchema, "hardware", tool="lcx.eval")
@@ -36,8 +38,11 @@ def evaluate(cfg: DictConfig) -> float:
     out = cli.output_dir()
     rep = run_eval(cfg, out, devices)
     for r in rep["results"]:
-        print(f"length {r['seq_len']:>7}  depth {r['depth']:.2f}  exact match {r['exact_match']:.2f}  "
-              f"digits {r['digit_accuracy']:.2f}  nll {r['answer_nll']:.3f}", file=sys.stderr)
+        print(
+            f"length {r['seq_len']:>7}  depth {r['depth']:.2f}  exact match {r['exact_match']:.2f}  "
+            f"digits {r['digit_accuracy']:.2f}  nll {r['answer_nll']:.3f}",
+            file=sys.stderr,
+        )
     print(f"wrote {out}/eval.json and passkey_heatmap.png", file=sys.stderr)
     return float(sum(r["exact_match"] for r in rep["results"]) / len(rep["results"]))
 

@@ -36,8 +36,11 @@ def train(cfg: DictConfig) -> float | None:
     from lcx.config.schema import check_train_config
 
     check_train_config(cfg)  # every key known and typed, before any device or compile
-    if boolean(cfg.train.dry_run, "train.dry_run",
-               "validate the plan and check memory for the configured hardware, without devices"):
+    if boolean(
+        cfg.train.dry_run,
+        "train.dry_run",
+        "validate the plan and check memory for the configured hardware, without devices",
+    ):
         cli.pin_cpu()  # never probe or start an accelerator for a dry run
         from lcx.training.preflight import dry_run
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from lcx.attention import (
-    KernelNotAvailableError,
     Mask,
     XlaKernel,
     flash_attention,
@@ -141,7 +140,13 @@ def test_kernel_backward_with_its_own_blocks_matches_reference(mask_name, heads_
     G = N // K
     assert kern.forward_start(q, qp, qs, kv_heads=K)[1][0].shape[0] == T // fwd[0]
     zero = jnp.zeros((B, T, N), jnp.float32)
-    assert kern.backward_start(q, qp, qs, zero, do, zero, kv_heads=K)[1].shape == (T // clamped[0], B, K, H, G * clamped[0])
+    assert kern.backward_start(q, qp, qs, zero, do, zero, kv_heads=K)[1].shape == (
+        T // clamped[0],
+        B,
+        K,
+        H,
+        G * clamped[0],
+    )
     bwd_jaxpr = str(jax.make_jaxpr(lambda *a: kern.backward(*a, mask=mask))(q, k, v, qp, kp, qs, ks, q, zero, do))
     assert f"f32[{B},{K},{clamped[1]},{G * clamped[0]}]" in bwd_jaxpr
     assert f"f32[{B},{K},{block_size(S, fwd[1])},{G * block_size(T, fwd[0])}]" not in bwd_jaxpr  # the forward's
@@ -283,13 +288,17 @@ def test_no_visible_key_gives_zero_and_finite_grads():
     for g in (gq, gk, gv):
         assert bool(jnp.all(jnp.isfinite(g)))
     assert bool(jnp.all(gq[:, empty] == 0))
-    rq, rk, rv = jax.jit(jax.grad(
-        lambda q, k, v: jnp.sum(
-            reference_attention(q, k, v, mask=mask, positions=pos, segment_ids=seg, kv_positions=kp, kv_segment_ids=kseg)
-            * do
-        ),
-        argnums=(0, 1, 2),
-    ))(q, k, v)
+    rq, rk, rv = jax.jit(
+        jax.grad(
+            lambda q, k, v: jnp.sum(
+                reference_attention(
+                    q, k, v, mask=mask, positions=pos, segment_ids=seg, kv_positions=kp, kv_segment_ids=kseg
+                )
+                * do
+            ),
+            argnums=(0, 1, 2),
+        )
+    )(q, k, v)
     for g, r in zip((gq, gk, gv), (rq, rk, rv)):
         np.testing.assert_allclose(g, r, atol=GRAD_TOL, rtol=0)
 
@@ -313,8 +322,14 @@ def test_scale_is_one_over_sqrt_head_dim():
     k = jnp.stack([jnp.zeros(H), jnp.ones(H) / H], 0)[None, :, None]  # q.k = 0 and 1
     v = jnp.stack([jnp.zeros(H), jnp.ones(H)], 0)[None, :, None]
     out, lse = XlaKernel(block_q=1, block_kv=1).forward(
-        q, k, v, jnp.array([[5]], jnp.int32), jnp.array([[0, 1]], jnp.int32),
-        jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 2), jnp.int32), mask=Mask(),
+        q,
+        k,
+        v,
+        jnp.array([[5]], jnp.int32),
+        jnp.array([[0, 1]], jnp.int32),
+        jnp.zeros((1, 1), jnp.int32),
+        jnp.zeros((1, 2), jnp.int32),
+        mask=Mask(),
     )
     s = 1.0 / np.sqrt(H)  # q.k = 1 for the second key
     w = np.exp(s) / (1 + np.exp(s))
@@ -443,7 +458,7 @@ def _tile_classes(mask, qp, kp, qs, ks, bq, bk):
 
     T, S = qp.shape[1], kp.shape[1]
     return {
-        int(tile_class(mask, qp[:, i:i + bq], kp[:, j:j + bk], qs[:, i:i + bq], ks[:, j:j + bk]))
+        int(tile_class(mask, qp[:, i : i + bq], kp[:, j : j + bk], qs[:, i : i + bq], ks[:, j : j + bk]))
         for i in range(0, T, bq)
         for j in range(0, S, bk)
     }

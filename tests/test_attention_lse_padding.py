@@ -79,14 +79,15 @@ def _inputs(seed=0):
     return q, k, v, jnp.asarray(pos), jnp.asarray(seg), do, dl, sinks
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(strategy):
     _, _, mask, with_sinks = CASES[strategy]
     q, k, v, pos, seg, do, dl, sinks = _inputs()
 
     def f(q, k, v, s):
-        return reference_attention(q, k, v, mask=mask, positions=pos, segment_ids=seg,
-                                   sinks=s if with_sinks else None, return_lse=True)
+        return reference_attention(
+            q, k, v, mask=mask, positions=pos, segment_ids=seg, sinks=s if with_sinks else None, return_lse=True
+        )
 
     (out, lse), vjp = jax.vjp(f, q, k, v, sinks)
     return out, lse, vjp((do, dl))
@@ -101,8 +102,17 @@ def _check_case(mp, strategy):
     @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
     def run(q, k, v, pos, seg, do, dl, sinks):
         def f(q, k, v, s):
-            return attention(q, k, v, plan=mp, mask=mask, positions=pos, segment_ids=seg,
-                             sinks=s if with_sinks else None, return_lse=True)
+            return attention(
+                q,
+                k,
+                v,
+                plan=mp,
+                mask=mask,
+                positions=pos,
+                segment_ids=seg,
+                sinks=s if with_sinks else None,
+                return_lse=True,
+            )
 
         (out, lse), vjp = jax.vjp(f, q, k, v, sinks)
         return out, lse, vjp((do, dl))
@@ -166,8 +176,14 @@ def test_positions_none_are_the_layouts_global_positions():
     """The issue's snippet: inputs laid out by a zigzag plan; positions=None must mean the
     tokens' true global positions (commit 37f8d75 used arange(T) in layout order: max error
     1.254 here; now equal to passing the laid-out positions, 2.4e-7 from the reference)."""
-    mp = bind(Plan(mesh={"context": 4}, activations={"seq": "context"},
-                   attention=AttentionConfig(strategy="ring", layout="zigzag")), jax.devices()[:4])
+    mp = bind(
+        Plan(
+            mesh={"context": 4},
+            activations={"seq": "context"},
+            attention=AttentionConfig(strategy="ring", layout="zigzag"),
+        ),
+        jax.devices()[:4],
+    )
     q, k, v = jax.random.normal(jax.random.PRNGKey(0), (3, 1, 64, 2, 16))
     zz = lambda x: apply_layout(x, "zigzag", 4, axis=1)
     ref = reference_attention(q, k, v, mask=Mask())
@@ -250,8 +266,15 @@ def test_splash_chunk_merge_is_merge_partials():
 # arguments attention() does not take
 
 
-@pytest.mark.parametrize("kwarg,what", [("dropout_rate", "no attention dropout"), ("softmax_scale", "softmax scale"),
-                                        ("bias", "additive attention biases"), ("frobnicate", "not an argument")])
+@pytest.mark.parametrize(
+    "kwarg,what",
+    [
+        ("dropout_rate", "no attention dropout"),
+        ("softmax_scale", "softmax scale"),
+        ("bias", "additive attention biases"),
+        ("frobnicate", "not an argument"),
+    ],
+)
 def test_unsupported_arguments_are_refused_with_what_attention_does_not_do(kwarg, what):
     mp = _mesh_plan("allgather", "xla")
     q, k, v, *_ = _inputs()

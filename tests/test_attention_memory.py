@@ -50,4 +50,6 @@ def test_scan_over_layers_does_not_save_mask_tiles(strategy):
     t1 = _temp_bytes(one, q, kv, kv, ids, ids)
     t2 = _temp_bytes(two, q, kv, kv, ids, ids)
     # the full mask stack alone would be (P - 1) * (T / 128)^2 tiles of 64 KiB: 7 MiB here
-    assert t2 < 2 * t1, f"{strategy}: two scanned layers need {t2 / 2**20:.1f} MiB of temporaries, one needs {t1 / 2**20:.1f}"
+    assert t2 < 2 * t1, (
+        f"{strategy}: two scanned layers need {t2 / 2**20:.1f} MiB of temporaries, one needs {t1 / 2**20:.1f}"
+    )

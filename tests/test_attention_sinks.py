@@ -43,7 +43,7 @@ def _value_and_vjp(f, ct, *args):
     return out, vjp(ct)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(mask_name, heads):
     """Dense float32 reference with sinks: output and (dq, dk, dv, dsinks), original order."""
     q, k, v, pos, seg, do = strategies.inputs(mask_name, heads)
@@ -164,8 +164,9 @@ def test_sinks_none_is_the_plain_attention(strategy):
     program without sinks; its compiled HLO is unchanged by this feature), and d sinks = 0."""
     mp = strategies.make_mesh_plan(strategy, 4)
     mask = strategies.MASKS["causal_doc"]
-    args = strategies.sharded(mp, *(strategies._lay(x, "zigzag", mp.context_degree)
-                                    for x in strategies.inputs("causal_doc", "gqa4")))
+    args = strategies.sharded(
+        mp, *(strategies._lay(x, "zigzag", mp.context_degree) for x in strategies.inputs("causal_doc", "gqa4"))
+    )
     out0, grads0 = strategies.attention_vjp_fn(mp, mask)(*args)
     out1, grads1 = sinks_vjp_fn(mp, mask)(*args, np.full((N,), -np.inf, np.float32))
     np.testing.assert_array_equal(out1, out0)
@@ -218,8 +219,15 @@ def test_attention_refuses_sinks_of_the_wrong_shape():
     for bad in (sds((4,), jnp.float32), sds((8,), jnp.int32)):
         with pytest.raises(ValueError, match=r"sinks must be a float array of shape \[heads\] = \(8,\)"):
             # lcx's own check, as users see it (not the test session's jaxtyping/beartype wrapper)
-            jax.eval_shape(lambda q, k, v, s: inspect.unwrap(attention)(q, k, v, plan=mp, mask=strategies.MASKS["causal"], sinks=s),
-                           q, kv, kv, bad)
+            jax.eval_shape(
+                lambda q, k, v, s: inspect.unwrap(attention)(
+                    q, k, v, plan=mp, mask=strategies.MASKS["causal"], sinks=s
+                ),
+                q,
+                kv,
+                kv,
+                bad,
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,8 +252,17 @@ def test_model_sink_parameter_shape_axes_and_ledger():
     with pytest.raises((ValueError, TypeError), match="attention_sinks"):
         ModelConfig(attention_sinks="yes")
     with pytest.raises(hf.HFImportError, match="no attention sinks"):
-        hf.hf_config({"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1,
-                      "num_attention_heads": 4, "intermediate_size": 64}, attention_sinks=True)
+        hf.hf_config(
+            {
+                "model_type": "llama",
+                "vocab_size": 64,
+                "hidden_size": 32,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "intermediate_size": 64,
+            },
+            attention_sinks=True,
+        )
 
 
 def test_model_with_sinks_on_eight_devices_equals_one_device(devices):
@@ -260,8 +277,11 @@ def test_model_with_sinks_on_eight_devices_equals_one_device(devices):
     cfg = training.SMALL.replace(attention_sinks=True)
     model = init_model(cfg, key=jax.random.key(0))
     L, Nh = cfg.n_layers, cfg.n_heads
-    model = eqx.tree_at(lambda m: m.blocks.attn.sinks, model,
-                        jnp.asarray(np.random.default_rng(1).uniform(-1.0, 3.0, (L, Nh)), jnp.float32))
+    model = eqx.tree_at(
+        lambda m: m.blocks.attn.sinks,
+        model,
+        jnp.asarray(np.random.default_rng(1).uniform(-1.0, 3.0, (L, Nh)), jnp.float32),
+    )
     plan = preset("fsdp_ring")
     assert plan.attention.strategy == "ring"
     B, S = 8, 128

@@ -171,7 +171,7 @@ def test_splash_query_blocks_below_128_match_reference(monkeypatch, block_q):
     T = S // P
     q, k, v, do = _inputs(B, T, S, N, K, H, seed=block_q)
     pos, seg = _zigzag_documents(B, S, 1, seed=block_q)
-    seg[:, S - 45:] = -1  # the padded tail of a packed row, before the layout
+    seg[:, S - 45 :] = -1  # the padded tail of a packed row, before the layout
     pos, seg = (apply_layout(x, "zigzag", P, axis=1) for x in (pos, seg))
     qp, qs, kp, ks = (jnp.asarray(x) for x in (pos[:, :T], seg[:, :T], pos, seg))
     out, lse, grads = _two_block_run(SplashKernel(block_q=block_q, block_kv=128), mask, q, k, v, qp, kp, qs, ks, do)
@@ -250,10 +250,14 @@ def test_intervals_equal_the_mask_predicate():
         qs = rng.integers(0, 5, size=T).astype(np.int32)
         for mask in masks:
             order = np.lexsort((kp, ks)) if mask.document else np.argsort(kp, kind="stable")
-            lo, hi = _intervals(mask, jnp.asarray(qp), jnp.asarray(qs), jnp.asarray(kp[order]), jnp.asarray(ks[order]), S)
+            lo, hi = _intervals(
+                mask, jnp.asarray(qp), jnp.asarray(qs), jnp.asarray(kp[order]), jnp.asarray(ks[order]), S
+            )
             idx = np.arange(S)
             got = (idx[None, :] >= np.asarray(lo)[:, None]) & (idx[None, :] < np.asarray(hi)[:, None])
-            want = np.asarray(mask.visible(jnp.asarray(qp), jnp.asarray(kp[order]), jnp.asarray(qs), jnp.asarray(ks[order])))
+            want = np.asarray(
+                mask.visible(jnp.asarray(qp), jnp.asarray(kp[order]), jnp.asarray(qs), jnp.asarray(ks[order]))
+            )
             assert (got == want).all(), (trial, mask)
 
 
@@ -271,8 +275,12 @@ def test_block_sparsity_skips_hidden_kv_blocks():
 
 def test_splash_refuses_blocks_it_cannot_tile():
     # the forward's query block: multiples of 8 (sublanes); every other block: of 128 (lanes)
-    for bq, bkv, what, unit in ((60, 128, "block_q", 8), (4, 128, "block_q", 8),
-                                (128, 200, "block_kv", 128), (64, 64, "block_kv", 128)):
+    for bq, bkv, what, unit in (
+        (60, 128, "block_q", 8),
+        (4, 128, "block_q", 8),
+        (128, 200, "block_kv", 128),
+        (64, 64, "block_kv", 128),
+    ):
         with pytest.raises(ValueError, match=f"{what} to be a positive multiple of {unit} tokens"):
             make_kernel("splash", bq, bkv)
     # a block below 1 token is refused by BlockSizes itself, for every kernel, before splash's rules
@@ -308,7 +316,9 @@ def test_splash_and_xla_kernels_agree_with_bf16_inputs():
     pos, seg = jnp.asarray(pos), jnp.asarray(seg)
     res = []
     for kern in (SplashKernel(block_q=128, block_kv=128), XlaKernel(block_q=64, block_kv=64)):
-        out, lse = jax.jit(lambda *a: kern.forward(*a, mask=mask), compiler_options=FAST_COMPILE)(q, k, v, pos, pos, seg, seg)
+        out, lse = jax.jit(lambda *a: kern.forward(*a, mask=mask), compiler_options=FAST_COMPILE)(
+            q, k, v, pos, pos, seg, seg
+        )
         assert out.dtype == lse.dtype == jnp.float32
         res.append(out)
     np.testing.assert_allclose(res[0], res[1], atol=2e-2, rtol=0)

@@ -5,8 +5,8 @@ dq/dk/dv within 2e-4) for every mask, head layout, degree and sequence layout. E
 ``jax.vjp`` of ``attention`` inside one outer ``jax.jit`` whose inputs are sharded by the plan.
 """
 
-import inspect
 import functools
+import inspect
 import math
 
 import equinox as eqx
@@ -101,15 +101,13 @@ def _value_and_vjp(f, ct, *args):
     return out, vjp(ct)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(mask_name, heads):
     """Dense float32 reference output and (dq, dk, dv), in the ORIGINAL sequence order."""
     q, k, v, pos, seg, do = inputs(mask_name, heads)
     mask = MASKS[mask_name]
     f = lambda q, k, v: reference_attention(q, k, v, mask=mask, positions=pos, segment_ids=seg)
-    out, grads = jax.jit(lambda q, k, v, do: _value_and_vjp(f, do, q, k, v), compiler_options=FAST_COMPILE)(
-        q, k, v, do
-    )
+    out, grads = jax.jit(lambda q, k, v, do: _value_and_vjp(f, do, q, k, v), compiler_options=FAST_COMPILE)(q, k, v, do)
     return np.asarray(out), tuple(np.asarray(g) for g in grads)
 
 
@@ -358,7 +356,9 @@ def test_ring_makes_exactly_p_minus_one_kv_hops(degree):
     mp = make_mesh_plan("ring", degree)
     P = mp.context_degree
     args = sharded(mp, *inputs("causal", "gqa4"))
-    fwd = jax.make_jaxpr(lambda q, k, v, p, s: attention(q, k, v, plan=mp, mask=MASKS["causal"], positions=p, segment_ids=s))
+    fwd = jax.make_jaxpr(
+        lambda q, k, v, p, s: attention(q, k, v, plan=mp, mask=MASKS["causal"], positions=p, segment_ids=s)
+    )
     assert _count_primitive(fwd(*args[:5]).jaxpr, "ppermute") == 4 * (P - 1)
     both = jax.make_jaxpr(attention_vjp_fn(mp, MASKS["causal"], compiler_options=None))(*args)
     assert _count_primitive(both.jaxpr, "ppermute") == 4 * (P - 1) + 4 * (P - 1) + 2 * P
@@ -392,7 +392,14 @@ def _eval(mp, shape_q, shape_kv, mask=MASKS["causal"]):
     "strategy,degree,attn,shape_q,shape_kv,match",
     [
         ("a2a", 8, {}, (1, 64, 12, 8), (1, 64, 4, 8), "Ulysses degree 8 .* must divide the 12 query heads"),
-        ("a2a", 8, {}, (1, 64, 24, 8), (1, 64, 3, 8), "3 kv heads per device cannot be split over the Ulysses degree 8"),
+        (
+            "a2a",
+            8,
+            {},
+            (1, 64, 24, 8),
+            (1, 64, 3, 8),
+            "3 kv heads per device cannot be split over the Ulysses degree 8",
+        ),
         ("a2a", 4, {"allow_kv_replication": False}, (1, 64, 8, 8), (1, 64, 2, 8), "allow_kv_replication"),
         ("usp", 8, {}, (1, 64, 6, 8), (1, 64, 2, 8), "Ulysses degree 4 .* must divide the 6 query heads"),
         ("ring", 8, {}, (1, 60, 8, 8), (1, 60, 2, 8), "sequence length 60 is not divisible by 8"),
@@ -408,8 +415,11 @@ def test_invalid_configs_raise_before_compiling(strategy, degree, attn, shape_q,
 
 
 def test_kv_heads_must_follow_tensor_sharding():
-    plan = Plan(mesh=(("tensor", 2), ("context", 4)), activations={"seq": "context", "heads": "tensor"},
-                attention=AttentionConfig(strategy="ring"))
+    plan = Plan(
+        mesh=(("tensor", 2), ("context", 4)),
+        activations={"seq": "context", "heads": "tensor"},
+        attention=AttentionConfig(strategy="ring"),
+    )
     with pytest.raises(ValueError, match="1 kv heads cannot follow the query heads"):
         _eval(bind(plan), (1, 64, 8, 8), (1, 64, 1, 8))
 
@@ -457,8 +467,13 @@ def test_ring_in_kv_head_passes_matches_reference(kv_heads_per_pass):
     from lcx.attention.kernels import XlaKernel
 
     mp = make_mesh_plan("ring", 4)
-    strategy = Ring(kernel=XlaKernel(BLOCK_Q, BLOCK_KV), mask=MASKS["causal_doc"], axes=("context",), degree=4,
-                    kv_heads_per_pass=kv_heads_per_pass)
+    strategy = Ring(
+        kernel=XlaKernel(BLOCK_Q, BLOCK_KV),
+        mask=MASKS["causal_doc"],
+        axes=("context",),
+        degree=4,
+        kv_heads_per_pass=kv_heads_per_pass,
+    )
     f, (q, k, v, pos, seg, do) = _check_ring_against_reference(mp, strategy, "mha")
     passes = KV_HEADS["mha"] // kv_heads_per_pass
     both = jax.make_jaxpr(f)(q, k, v, pos, seg, do)
@@ -479,8 +494,11 @@ def test_ring_with_a_forward_backward_only_kernel_matches_reference():
             self.inner, self.blocks = inner, inner.blocks
 
         check_blocks = XlaKernel.check_blocks
-        forward_bytes, backward_bytes, prologue_bytes = (XlaKernel.forward_bytes, XlaKernel.backward_bytes,
-                                                         XlaKernel.prologue_bytes)
+        forward_bytes, backward_bytes, prologue_bytes = (
+            XlaKernel.forward_bytes,
+            XlaKernel.backward_bytes,
+            XlaKernel.prologue_bytes,
+        )
 
         def step_tile_bytes(self, batch, q_len, kv_len, group):
             return 0
@@ -492,8 +510,9 @@ def test_ring_with_a_forward_backward_only_kernel_matches_reference():
             return self.inner.backward(*args, mask=mask, delta=delta)
 
     mp = make_mesh_plan("ring", 4)
-    strategy = Ring(kernel=ForwardBackwardOnly(XlaKernel(BLOCK_Q, BLOCK_KV)), mask=MASKS["causal_doc"],
-                    axes=("context",), degree=4)
+    strategy = Ring(
+        kernel=ForwardBackwardOnly(XlaKernel(BLOCK_Q, BLOCK_KV)), mask=MASKS["causal_doc"], axes=("context",), degree=4
+    )
     _check_ring_against_reference(mp, strategy, "gqa4")
 
 
@@ -534,4 +553,6 @@ def test_ring_heads_per_pass_rule():
 
         x = jnp.zeros((1, 8, 8, 4))
         p = jnp.zeros((1, 8), jnp.int32)
-        ring_attention(x, x, x, p, p, p, p, kernel=XlaKernel(), mask=Mask(), axes=("context",), size=1, kv_heads_per_pass=3)
+        ring_attention(
+            x, x, x, p, p, p, p, kernel=XlaKernel(), mask=Mask(), axes=("context",), size=1, kv_heads_per_pass=3
+        )

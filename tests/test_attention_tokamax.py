@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 from lcx.attention import Mask, make_kernel
-from lcx.attention.kernels import KernelNotAvailableError
-from lcx.attention.kernels import splash_intervals
+from lcx.attention.kernels import KernelNotAvailableError, splash_intervals
 from lcx.sharding import apply_layout
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -96,10 +95,15 @@ def test_ring_with_tokamax_matches_reference(tokamax_kernel, monkeypatch):
 
 
 def test_tokamax_refuses_blocks_it_cannot_tile(tokamax_kernel):
-    for args, what, unit in (((60, 128), "block_q", 8), ((128, 200), "block_kv", 128),
-                             ((128, 128, 64, None), "block_q_dkv", 128), ((128, 128, None, 64), "block_kv_dkv", 128)):
-        with pytest.raises(ValueError, match=f"kernel='tokamax' needs plan.attention.{what} to be a positive multiple "
-                                             f"of {unit} tokens"):
+    for args, what, unit in (
+        ((60, 128), "block_q", 8),
+        ((128, 200), "block_kv", 128),
+        ((128, 128, 64, None), "block_q_dkv", 128),
+        ((128, 128, None, 64), "block_kv_dkv", 128),
+    ):
+        with pytest.raises(
+            ValueError, match=f"kernel='tokamax' needs plan.attention.{what} to be a positive multiple of {unit} tokens"
+        ):
             tokamax_kernel(*args)
     with pytest.raises(ValueError, match="block_kv to be a positive multiple of 128 tokens and <= 16384"):
         tokamax_kernel(128, 32768)

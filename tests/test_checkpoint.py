@@ -366,8 +366,14 @@ def test_save_refuses_nonfinite_tensors(tmp_path, reference, devices):
 
 def test_checkpoint_config_resolves_relative_dirs_against_the_launch_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    full = {"dir": "ck", "every": 5, "keep": 2, "async_save": True, "allow_config_change": False,
-            "on_save_error": "stop"}
+    full = {
+        "dir": "ck",
+        "every": 5,
+        "keep": 2,
+        "async_save": True,
+        "allow_config_change": False,
+        "on_save_error": "stop",
+    }
     assert checkpoint_config(None).dir is None and not checkpoint_config({**full, "dir": None}).enabled
     c = checkpoint_config(full)
     assert c.dir == tmp_path / "ck" and c.due(10) and not c.due(11)

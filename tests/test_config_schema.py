@@ -22,14 +22,17 @@ def _compose(*overrides, name="config"):
         return compose(name, overrides=list(overrides))
 
 
-@pytest.mark.parametrize("override, nearest", [
-    ("+train.stpes=1", "train.steps"),
-    ("+checkpoint.evry=1", "checkpoint.every"),
-    ("+data.val_fractoin=0.5", "data.val_fraction"),
-    ("+hardware.cpu_device=4", "hardware.cpu_devices"),
-    ("+distributed.num_process=2", "distributed.num_processes"),
-    ("+memory.vocab_tilling=4", "memory.vocab_tiling"),
-])
+@pytest.mark.parametrize(
+    "override, nearest",
+    [
+        ("+train.stpes=1", "train.steps"),
+        ("+checkpoint.evry=1", "checkpoint.every"),
+        ("+data.val_fractoin=0.5", "data.val_fraction"),
+        ("+hardware.cpu_device=4", "hardware.cpu_devices"),
+        ("+distributed.num_process=2", "distributed.num_processes"),
+        ("+memory.vocab_tilling=4", "memory.vocab_tiling"),
+    ],
+)
 def test_appended_misspelt_keys_are_refused_naming_the_nearest(override, nearest):
     # the four of issue 17 exited 0 and trained exactly as without them
     key = override.lstrip("+").split("=")[0]
@@ -37,15 +40,18 @@ def test_appended_misspelt_keys_are_refused_naming_the_nearest(override, nearest
         S.check_train_config(_compose(override))
 
 
-@pytest.mark.parametrize("override, match", [
-    ("train.steps=1.5", r"train.steps=1.5: must be a whole number"),
-    ("train.lr=fast", r"train.lr='fast': must be a number"),
-    ("checkpoint.async_save=no", r"checkpoint.async_save='no': must be true or false"),
-    ("checkpoint.every=often", r"checkpoint.every='often': must be a whole number"),
-    ("distributed.auto=1", r"distributed.auto=1: must be true or false"),
-    ("hardware.cpu_devices=4.5", r"hardware.cpu_devices=4.5: must be a whole number"),
-    ("data.val_fraction=[1]", r"data.val_fraction=\[1\]: must be a number"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("train.steps=1.5", r"train.steps=1.5: must be a whole number"),
+        ("train.lr=fast", r"train.lr='fast': must be a number"),
+        ("checkpoint.async_save=no", r"checkpoint.async_save='no': must be true or false"),
+        ("checkpoint.every=often", r"checkpoint.every='often': must be a whole number"),
+        ("distributed.auto=1", r"distributed.auto=1: must be true or false"),
+        ("hardware.cpu_devices=4.5", r"hardware.cpu_devices=4.5: must be a whole number"),
+        ("data.val_fraction=[1]", r"data.val_fraction=\[1\]: must be a number"),
+    ],
+)
 def test_wrong_types_are_refused(override, match):
     with pytest.raises(ValueError, match=match):
         S.check_train_config(_compose(override))
@@ -77,7 +83,8 @@ def test_defaults_live_in_one_place():
         assert set(top[section]) <= fields and required <= set(top[section]), section
     for name, schema in S.DATA_SCHEMAS.items():
         assert set(yaml.safe_load((CONF / "data" / f"{name}.yaml").read_text())) == {
-            f.name for f in dataclasses.fields(schema)}
+            f.name for f in dataclasses.fields(schema)
+        }
     from lcx.training.resume import CheckpointConfig
 
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(CheckpointConfig))
@@ -88,25 +95,30 @@ def test_command_line_misspelling_names_the_nearest_key():
     with pytest.raises(ValueError, match=r"train.stpes: unknown key; did you mean train.steps\?"):
         S.check_overrides(["model=tiny", "train.stpes=1"])
     S.check_overrides(["model=tiny", "train.steps=1", "-m", "hydra.run.dir=x", "plan.mesh.data=2", "data.paths=[a]"])
-    for argv, msg in ((["+train.stpes=1"], "did you mean train.steps?"),
-                      (["train.stpes=1"], "did you mean train.steps?")):
-        r = subprocess.run([sys.executable, "-m", "lcx.train", *argv], cwd=ROOT, capture_output=True, text=True,
-                           timeout=120)
+    for argv, msg in (
+        (["+train.stpes=1"], "did you mean train.steps?"),
+        (["train.stpes=1"], "did you mean train.steps?"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "lcx.train", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
         assert r.returncode == 2 and msg in r.stderr, r.stderr[-2000:]
 
 
 def test_importing_lcx_registers_nothing_and_register_is_idempotent():
     # registration is the explicit lcx.config.register() (lcx.cli.launch, tests/conftest.py), not an
     # import side effect; a second call changes nothing
-    code = ("from hydra.core.config_store import ConfigStore\n"
-            "from omegaconf import OmegaConf\n"
-            "import lcx, lcx.config, lcx.config.schema, lcx.sharding.config, lcx.train, lcx.plan, lcx.eval, lcx.extend\n"
-            "repo = ConfigStore.instance().repo\n"
-            "assert 'schema' not in repo and 'schema.yaml' not in repo.get('plan', {}), sorted(repo)\n"
-            "assert not OmegaConf.has_resolver('lcx_uid')\n"
-            "lcx.config.register(); lcx.config.register()\n"
-            "assert 'schema.yaml' in repo['plan'] and 'train.yaml' in repo['schema'], sorted(repo)\n"
-            "assert OmegaConf.has_resolver('lcx_uid')\n")
+    code = (
+        "from hydra.core.config_store import ConfigStore\n"
+        "from omegaconf import OmegaConf\n"
+        "import lcx, lcx.config, lcx.config.schema, lcx.sharding.config, lcx.train, lcx.plan, lcx.eval, lcx.extend\n"
+        "repo = ConfigStore.instance().repo\n"
+        "assert 'schema' not in repo and 'schema.yaml' not in repo.get('plan', {}), sorted(repo)\n"
+        "assert not OmegaConf.has_resolver('lcx_uid')\n"
+        "lcx.config.register(); lcx.config.register()\n"
+        "assert 'schema.yaml' in repo['plan'] and 'train.yaml' in repo['schema'], sorted(repo)\n"
+        "assert OmegaConf.has_resolver('lcx_uid')\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
 

@@ -102,7 +102,10 @@ def test_maxtext_mfu_from_step_times(hardware, seq_len, batch, devices, step_tim
     assert round(100 * cost.mfu(f.total, step_time, h.peak_flops_per_device, devices), 2) == mfu_pct
     assert f.attention_fraction >= 0.95
     m = cost.step_metrics(cfg, seq_len, batch, step_time, h, devices)
-    assert m["tokens_per_sec"] == seq_len * batch / step_time and m["mfu"] == f.total / step_time / devices / h.peak_flops_per_device
+    assert (
+        m["tokens_per_sec"] == seq_len * batch / step_time
+        and m["mfu"] == f.total / step_time / devices / h.peak_flops_per_device
+    )
 
 
 def test_flops_components_from_layer_shapes():
@@ -159,20 +162,29 @@ def test_logits_phase_of_vocab_tiling():
     tok = 256
     for n in (1, 4, 16):
         assert logits_phase_bytes(cfg, tokens=tok, vocab_tiling=n, dtype="float32") == (
-            4 * 4 * (tok // n) * V + D * V * 4 + tok * (8 * D + 2 * D * 4))
+            4 * 4 * (tok // n) * V + D * V * 4 + tok * (8 * D + 2 * D * 4)
+        )
     assert logits_phase_bytes(cfg, tokens=tok, vocab_tiling=4, head_copy=False, dtype="bfloat16") == (
-        4 * 4 * 64 * V + tok * (8 * D + 2 * D * 2))
+        4 * 4 * 64 * V + tok * (8 * D + 2 * D * 2)
+    )
     with pytest.raises(ValueError):
         cost.ActivationPolicy("full", vocab_tiling=0)
     # memory_breakdown: the head is all-gathered when ZeRO-3 shards it, not when it is replicated
     plan = plan_preset("ring").with_mesh(data=1, context=8)
     zero3 = plan.with_rule("embed", ("data", "context"), kind="params")
-    kw = dict(seq_len=2048, global_batch=1, policy=cost.ActivationPolicy("full", vocab_tiling=4), dtype="float32",
-              param_dtype="float32")
-    assert cost.memory_breakdown(cfg, zero3, 8, **kw).logits == logits_phase_bytes(cfg, tokens=tok, vocab_tiling=4,
-                                                                                   dtype="float32")
-    assert cost.memory_breakdown(cfg, plan, 8, **kw).logits == logits_phase_bytes(cfg, tokens=tok, vocab_tiling=4,
-                                                                                  head_copy=False, dtype="float32")
+    kw = dict(
+        seq_len=2048,
+        global_batch=1,
+        policy=cost.ActivationPolicy("full", vocab_tiling=4),
+        dtype="float32",
+        param_dtype="float32",
+    )
+    assert cost.memory_breakdown(cfg, zero3, 8, **kw).logits == logits_phase_bytes(
+        cfg, tokens=tok, vocab_tiling=4, dtype="float32"
+    )
+    assert cost.memory_breakdown(cfg, plan, 8, **kw).logits == logits_phase_bytes(
+        cfg, tokens=tok, vocab_tiling=4, head_copy=False, dtype="float32"
+    )
 
 
 def test_state_offload_as_lcx_train_compiles_it():
@@ -192,8 +204,9 @@ def test_state_offload_as_lcx_train_compiles_it():
     assert m.total == m.state + max(m.activations + m.working, m.update) == base.total - 2 * p
     # replicated parameters and a short sequence: the moments' copy (2 x 32 GiB) exceeds the
     # backward's bytes, and the update phase is the peak
-    small = cost.memory_breakdown(cfg, plan_preset("ring").with_mesh(data=1, context=64), 64, policy=both,
-                                  seq_len=4096, global_batch=1)
+    small = cost.memory_breakdown(
+        cfg, plan_preset("ring").with_mesh(data=1, context=64), 64, policy=both, seq_len=4096, global_batch=1
+    )
     assert small.update > small.activations + small.working and small.total == small.state + small.update
     # XLA:CPU strips memory placements: pinned_host arguments are read in place (no device copy)
     # and the offloaded residuals stay ordinary temporaries
@@ -239,7 +252,9 @@ def test_memory_breakdown_policies_and_offload():
     full = cost.memory_breakdown(cfg, plan, 64, policy=cost.ActivationPolicy("full"), **kw)
     T = 4_194_304 // 64
     assert full.activations == cfg.n_layers * T * cfg.d_model * 2  # block inputs in bf16
-    off = cost.memory_breakdown(cfg, plan, 64, policy=cost.ActivationPolicy("full", decoder_layer_input="offload"), **kw)
+    off = cost.memory_breakdown(
+        cfg, plan, 64, policy=cost.ActivationPolicy("full", decoder_layer_input="offload"), **kw
+    )
     assert off.activations == 0 and off.host == full.activations
     none = cost.memory_breakdown(cfg, plan, 64, policy=cost.ActivationPolicy("none"), **kw)
     assert none.activations > full.activations
@@ -281,8 +296,12 @@ def test_hardware_presets():
     assert v5p.link_bandwidth == 100e9 and t7.collective_bandwidth_per_device == 300e9
     for h in (v5p, t7):
         names = {f.split("=")[0] for f in h.libtpu_init_args}
-        assert {"--xla_enable_async_collective_permute", "--xla_enable_async_all_gather",
-                "--xla_tpu_overlap_compute_collective_tc", "--xla_tpu_scoped_vmem_limit_kib"} <= names
+        assert {
+            "--xla_enable_async_collective_permute",
+            "--xla_enable_async_all_gather",
+            "--xla_tpu_overlap_compute_collective_tc",
+            "--xla_tpu_scoped_vmem_limit_kib",
+        } <= names
     for name in ("tpu_v5p", "tpu7", "cpu"):
         assert "chips" in OmegaConf.load(CONF / "hardware" / f"{name}.yaml")
 
@@ -295,7 +314,7 @@ def test_apply_hardware_flags_keeps_user_flags():
     assert "98304" not in env["LIBTPU_INIT_ARGS"] and "--xla_enable_async_all_gather=true" in env["LIBTPU_INIT_ARGS"]
     assert set(changed) == {"LIBTPU_INIT_ARGS"}
     assert cost.apply_hardware_flags(OmegaConf.load(CONF / "hardware" / "cpu.yaml"), {}) == {}
-    assert os.environ.get("LIBTPU_INIT_ARGS", "") .find("98304") == -1  # os.environ untouched
+    assert os.environ.get("LIBTPU_INIT_ARGS", "").find("98304") == -1  # os.environ untouched
 
 
 # ------------------------------------------------------------------ planner
@@ -324,8 +343,10 @@ def test_plan_entry_point(tmp_path):
     from lcx.plan import run
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        c = compose("plan_config", overrides=["model=llama3_70b", "hardware=tpu_v5p", "hardware.chips=64",
-                                              "train.seq_len=131072"])
+        c = compose(
+            "plan_config",
+            overrides=["model=llama3_70b", "hardware=tpu_v5p", "hardware.chips=64", "train.seq_len=131072"],
+        )
         report = run(c, tmp_path)
         assert (tmp_path / "plan.json").exists() and report["n_devices"] == 64
         c = compose("plan_config", overrides=["experiment=longctx_14m_tpu7"])
@@ -336,37 +357,56 @@ def test_plan_entry_point(tmp_path):
     assert cost.kv_cache_bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim) == 327_680
 
 
-@pytest.mark.parametrize("override,match", [
-    ("hardware.chips=-8", r"hardware.chips=-8: must be >= 1"),
-    ("hardware.chips=64.5", r"hardware.chips=64.5: must be a whole number"),
-    ("train.global_batch=0", r"train.global_batch=0: must be >= 1"),
-    ("train.seq_len=-5", r"train.seq_len=-5: must be >= 1"),
-    ("planner.rows=everything", r"planner.rows='everything': use best .* or all"),
-    # tpu_v5p runs splash, which lcx.train refuses blocks of other than multiples of 128: so does lcx.plan
-    ("plan.attention.block_q_dkv=100", r"kernel='splash' needs plan.attention.block_q_dkv to be a positive multiple "
-                                       r"of 128 tokens .* got 100"),
-])
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("hardware.chips=-8", r"hardware.chips=-8: must be >= 1"),
+        ("hardware.chips=64.5", r"hardware.chips=64.5: must be a whole number"),
+        ("train.global_batch=0", r"train.global_batch=0: must be >= 1"),
+        ("train.seq_len=-5", r"train.seq_len=-5: must be >= 1"),
+        ("planner.rows=everything", r"planner.rows='everything': use best .* or all"),
+        # tpu_v5p runs splash, which lcx.train refuses blocks of other than multiples of 128: so does lcx.plan
+        (
+            "plan.attention.block_q_dkv=100",
+            r"kernel='splash' needs plan.attention.block_q_dkv to be a positive multiple "
+            r"of 128 tokens .* got 100",
+        ),
+    ],
+)
 def test_plan_entry_point_refuses_impossible_values(tmp_path, override, match):
     from hydra import compose, initialize_config_dir
 
     from lcx.plan import run
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        c = compose("plan_config", overrides=["model=llama3_70b", "hardware=tpu_v5p", "hardware.chips=64",
-                                              "train.seq_len=131072", override])
+        c = compose(
+            "plan_config",
+            overrides=["model=llama3_70b", "hardware=tpu_v5p", "hardware.chips=64", "train.seq_len=131072", override],
+        )
     with pytest.raises(ValueError, match=match):
         run(c, tmp_path)
     assert not (tmp_path / "plan.json").exists()  # refused before anything is priced or written
 
 
-@pytest.mark.parametrize("overrides,match", [
-    (["hardware.chips=3"], r"no plan applies to 4,096 tokens x 1 sequence on 3 chips = 3 devices: P=3: 4,096 tokens "
-                           r"is not a multiple of P=3 \(contiguous layout\) nor of 2P=6 \(zigzag\).*use "
-                           r"hardware.chips=2 or 4, or train.seq_len=4092 or 4098"),
-    (["train.seq_len=4100"], r"P=8: 4,100 tokens .*use hardware.cpu_devices=5 or 10, or train.seq_len=4096 or 4112"),
-    (["model=llama3_1_8b_longctx", "hardware=tpu7", "hardware.chips=3", "train.seq_len=131072"],
-     r"on 3 chips = 6 devices: P=6: .*nor of 2P=12.*use hardware.chips=2 or 4, or train.seq_len=131064 or 131076"),
-])
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (
+            ["hardware.chips=3"],
+            r"no plan applies to 4,096 tokens x 1 sequence on 3 chips = 3 devices: P=3: 4,096 tokens "
+            r"is not a multiple of P=3 \(contiguous layout\) nor of 2P=6 \(zigzag\).*use "
+            r"hardware.chips=2 or 4, or train.seq_len=4092 or 4098",
+        ),
+        (
+            ["train.seq_len=4100"],
+            r"P=8: 4,100 tokens .*use hardware.cpu_devices=5 or 10, or train.seq_len=4096 or 4112",
+        ),
+        (
+            ["model=llama3_1_8b_longctx", "hardware=tpu7", "hardware.chips=3", "train.seq_len=131072"],
+            r"on 3 chips = 6 devices: P=6: .*nor of 2P=12.*use hardware.chips=2 or 4, or train.seq_len=131064 or 131076",
+        ),
+    ],
+)
 def test_plan_entry_point_says_why_no_candidate_exists(tmp_path, overrides, match):
     # it printed an empty table and a blank recommendation, exited 0 and wrote recommendation: null
     from hydra import compose, initialize_config_dir
@@ -427,10 +467,14 @@ def test_host_transfer_bytes_and_time():
     # lcx.training.step: parameters in once at the step's start (the device copy serves the
     # forward, backward and update) and out once; AdamW's two moments in for the update and out
     assert e.host_bytes == 2 * p + 2 * 2 * p
-    assert cost.estimate(cfg, plan, t7, 128, policy=cost.ActivationPolicy("full", offload_params=True),
-                         **kw).host_bytes == 2 * p
-    assert cost.estimate(cfg, plan, t7, 128, policy=cost.ActivationPolicy("full", offload_optimizer=True),
-                         **kw).host_bytes == 2 * 2 * p
+    assert (
+        cost.estimate(cfg, plan, t7, 128, policy=cost.ActivationPolicy("full", offload_params=True), **kw).host_bytes
+        == 2 * p
+    )
+    assert (
+        cost.estimate(cfg, plan, t7, 128, policy=cost.ActivationPolicy("full", offload_optimizer=True), **kw).host_bytes
+        == 2 * 2 * p
+    )
     # nothing offloaded, nothing moved
     assert cost.estimate(cfg, plan, t7, 128, policy=cost.ActivationPolicy("full"), **kw).host_bytes == 0
 
@@ -442,8 +486,9 @@ def test_planner_offloads_only_where_hbm_needs_it():
     cfg = preset("llama3_1_8b_longctx")
     rec = cost.search(cfg, hw("tpu7"), 128, seq_len=32768, global_batch=1)
     p = rec.best.policy
-    assert not (p.offload_optimizer or p.offload_params or p.decoder_layer_input == "offload"
-                or p.context == "offload"), p.label
+    assert not (
+        p.offload_optimizer or p.offload_params or p.decoder_layer_input == "offload" or p.context == "offload"
+    ), p.label
     assert rec.best.est.host_bytes == 0
     offloaded = [c for c in rec.candidates if c.policy.offload_optimizer and c.context_degree == 128]
     assert offloaded and all(c.est.exposed_host_time > 0 for c in offloaded)

@@ -23,22 +23,29 @@ import vocab_tiling_offload as vto  # noqa: E402
 # lcx.models.remat_policy added those, the backward rebuilt them from the kernel's saved logits
 # tiles, 2.1 GiB per device for the ring at 16384 tokens); dots_with_no_batch_dims_saveable
 # differs from dots_saveable only in attention, priced on the ring
-@pytest.mark.parametrize("strategy,remat", [
-    *((s, r) for r in ("full", "none", "dots_saveable") for s in ("allgather", "a2a", "ring", "usp")),
-    ("ring", "dots_with_no_batch_dims_saveable")])
+@pytest.mark.parametrize(
+    "strategy,remat",
+    [
+        *((s, r) for r in ("full", "none", "dots_saveable") for s in ("allgather", "a2a", "ring", "usp")),
+        ("ring", "dots_with_no_batch_dims_saveable"),
+    ],
+)
 def test_ledger_within_15_percent_of_compiled(devices, strategy, remat):
     with jax.numpy_dtype_promotion("standard"):  # optax's Adam: float ** int32 step
         row = lvc.compare(strategy, 4096, remat)
     assert abs(row["ratio"] - 1) <= 0.15, row
 
 
-@pytest.mark.parametrize("T,N,K,H,block,dkv", [
-    (2048, 4, 1, 32, 512, (None, None)),
-    (4096, 8, 2, 64, 256, (None, None)),
-    # the backward on its own blocks (plan.attention.block_q_dkv / block_kv_dkv): its tiles
-    # [b, k, bk, G bq] are 1/8 of the 512 x 512 ones, so the ledger must price them, not those
-    (2048, 8, 2, 64, 512, (256, 128)),
-])
+@pytest.mark.parametrize(
+    "T,N,K,H,block,dkv",
+    [
+        (2048, 4, 1, 32, 512, (None, None)),
+        (4096, 8, 2, 64, 256, (None, None)),
+        # the backward on its own blocks (plan.attention.block_q_dkv / block_kv_dkv): its tiles
+        # [b, k, bk, G bq] are 1/8 of the 512 x 512 ones, so the ledger must price them, not those
+        (2048, 8, 2, 64, 512, (256, 128)),
+    ],
+)
 def test_kernel_backward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block, dkv):
     # lcx.cost.memory.kernel_backward_bytes against the xla kernel's backward compiled alone (one
     # device, float32, causal): temporaries + its outputs (dq, dk, dv) + the incoming dout
@@ -55,9 +62,20 @@ def test_kernel_backward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block, 
     fn = jax.jit(lambda q, k, v, p, s, o, l, do: kern.backward(q, k, v, p, p, s, s, o, l, do, mask=CAUSAL))
     m = fn.lower(q, kv, kv, pos, pos, q, lse, q).compile().memory_analysis()
     compiled = m.temp_size_in_bytes + m.output_size_in_bytes + T * N * H * 4
-    ledger = kernel_backward_bytes(kernel="xla", local_batch=1, q_len=T, kv_len=T, q_heads=N, kv_heads=K, head_dim=H,
-                                   block_q=block, block_kv=block, block_q_dkv=dkv[0], block_kv_dkv=dkv[1],
-                                   dtype="float32")
+    ledger = kernel_backward_bytes(
+        kernel="xla",
+        local_batch=1,
+        q_len=T,
+        kv_len=T,
+        q_heads=N,
+        kv_heads=K,
+        head_dim=H,
+        block_q=block,
+        block_kv=block,
+        block_q_dkv=dkv[0],
+        block_kv_dkv=dkv[1],
+        dtype="float32",
+    )
     assert abs(ledger / compiled - 1) <= 0.10, (ledger, compiled)
 
 
@@ -77,8 +95,9 @@ def test_kernel_forward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block):
     fn = jax.jit(lambda q, k, v, p, s: kern.forward(q, k, v, p, p, s, s, mask=CAUSAL))
     m = fn.lower(q, kv, kv, pos, pos).compile().memory_analysis()
     compiled = m.temp_size_in_bytes + m.output_size_in_bytes
-    ledger = kernel_forward_bytes(kernel="xla", local_batch=1, q_len=T, kv_len=T, q_heads=N, kv_heads=K, head_dim=H,
-                                  block_q=block, block_kv=block)
+    ledger = kernel_forward_bytes(
+        kernel="xla", local_batch=1, q_len=T, kv_len=T, q_heads=N, kv_heads=K, head_dim=H, block_q=block, block_kv=block
+    )
     assert abs(ledger / compiled - 1) <= 0.10, (ledger, compiled)
 
 
@@ -146,10 +165,16 @@ def test_live_peak_of_a_compiled_step(devices):
 # and optimizer + parameter host offload, compiled only. The last row has 4,096 tokens per tile,
 # where XLA:CPU fuses the loss backward into one in-place YNNPACK fusion (three logits tiles,
 # not four). experiments/vocab_tiling_offload.py prints the replica's own table (V = 128,256).
-@pytest.mark.parametrize("tiles,offload,overrides", [
-    (1, False, ()), (1, True, ()), (4, False, ()), (4, True, ()),
-    (1, True, ("train.seq_len=32768",)),
-])
+@pytest.mark.parametrize(
+    "tiles,offload,overrides",
+    [
+        (1, False, ()),
+        (1, True, ()),
+        (4, False, ()),
+        (4, True, ()),
+        (1, True, ("train.seq_len=32768",)),
+    ],
+)
 def test_vocab_tiling_and_offload_within_15_percent_of_compiled(devices, tiles, offload, overrides):
     row = vto.compare(tiles, offload, ("model.vocab_size=4096", "train.seq_len=2048", *overrides))
     assert abs(row["ratio_device"] - 1) <= 0.15, row

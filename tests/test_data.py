@@ -170,7 +170,7 @@ def test_batches_cover_each_epoch_exactly_once():
 def test_determinism_and_seed_dependence():
     a, b, c = make(0), make(0), make(1)
     for _ in range(7):
-        x, y, z = next(a), next(b), next(c)
+        x, y, _z = next(a), next(b), next(c)
         for k in BATCH_KEYS:
             np.testing.assert_array_equal(x[k], y[k])
     assert any(not np.array_equal(next(a)["tokens"], next(c)["tokens"]) for _ in range(3))

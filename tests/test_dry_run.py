@@ -24,6 +24,7 @@ def _config(*overrides):
 @pytest.fixture
 def no_devices(monkeypatch):
     """A dry run must not ask JAX for a device (a TPU slice's count is not this machine's)."""
+
     def refuse(*a, **k):
         raise AssertionError("the dry run asked JAX for its devices")
 
@@ -39,10 +40,13 @@ def _dry_run(cfg, tmp_path):
     return report, out.getvalue()
 
 
-@pytest.mark.parametrize("experiment,n,seq,local,hbm", [
-    ("longctx_14m_tpu7", 128, 14_680_064, 114_688, 96.00),
-    ("longctx_4m_v5p", 64, 4_194_304, 65_536, 95.00),
-])
+@pytest.mark.parametrize(
+    "experiment,n,seq,local,hbm",
+    [
+        ("longctx_14m_tpu7", 128, 14_680_064, 114_688, 96.00),
+        ("longctx_4m_v5p", 64, 4_194_304, 65_536, 95.00),
+    ],
+)
 def test_published_recipes_pass_at_their_chip_counts(experiment, n, seq, local, hbm, tmp_path, no_devices):
     report, text = _dry_run(_config(f"experiment={experiment}"), tmp_path)
     assert report["n_devices"] == n and report["fits"] is True and report["memory_checked"] is True
@@ -50,8 +54,15 @@ def test_published_recipes_pass_at_their_chip_counts(experiment, n, seq, local, 
     assert f"against: HBM {hbm:.2f} GiB per device" in text
     assert text.rstrip().endswith("nothing was compiled and no device was used")
     # the anatomy lists every component, with where it lives
-    for row in ("parameters", "gradients", "optimizer state", "saved activations", "block backward",
-                "attention backward", "logits"):
+    for row in (
+        "parameters",
+        "gradients",
+        "optimizer state",
+        "saved activations",
+        "block backward",
+        "attention backward",
+        "logits",
+    ):
         assert f"  {row} " in text, row
     m = report["memory_bytes_per_device"]
     assert 0 < m["total"] <= hbm * GiB and m["host"] <= report["host_limit_bytes"]
@@ -85,9 +96,12 @@ def test_cpu_dry_run_validates_the_simulated_devices(tmp_path, no_devices, monke
 
 def test_tiling_that_does_not_divide_the_local_sequence_names_the_nearest(tmp_path, no_devices):
     # 14,680,064 / 128 = 114,688 = 2^14 x 7 local tokens: 15 does not divide it, 14 and 16 do
-    with pytest.raises(ValueError, match=r"memory.vocab_tiling=15 does not divide the local sequence of 114,688 "
-                                         r"tokens .*nearest valid N is 14 \(valid neighbours: 14, 16\): use "
-                                         r"memory.vocab_tiling=14"):
+    with pytest.raises(
+        ValueError,
+        match=r"memory.vocab_tiling=15 does not divide the local sequence of 114,688 "
+        r"tokens .*nearest valid N is 14 \(valid neighbours: 14, 16\): use "
+        r"memory.vocab_tiling=14",
+    ):
         _dry_run(_config("experiment=longctx_14m_tpu7", "memory.vocab_tiling=15"), tmp_path)
 
 
@@ -95,9 +109,12 @@ def test_untiled_logits_are_refused_with_a_tiling_hydra_accepts(tmp_path, no_dev
     from lcx.training.preflight import resolve
 
     cfg = _config("experiment=longctx_14m_tpu7", "memory.vocab_tiling=1")
-    with pytest.raises(ValueError, match=r"does not fit: .* GiB of HBM per device, but hardware.hbm_bytes is "
-                                         r"96.00 GiB; the largest part is logits .*use vocabulary tiling "
-                                         r"\(memory.vocab_tiling=(\d+): .*then it fits\)") as e:
+    with pytest.raises(
+        ValueError,
+        match=r"does not fit: .* GiB of HBM per device, but hardware.hbm_bytes is "
+        r"96.00 GiB; the largest part is logits .*use vocabulary tiling "
+        r"\(memory.vocab_tiling=(\d+): .*then it fits\)",
+    ) as e:
         _dry_run(cfg, tmp_path)
     n = int(str(e.value).split("memory.vocab_tiling=")[1].split(":")[0])
     assert 114_688 % n == 0
@@ -107,10 +124,19 @@ def test_untiled_logits_are_refused_with_a_tiling_hydra_accepts(tmp_path, no_dev
 
 def test_state_advice_offers_only_offloads_that_lower_the_estimate(tmp_path, no_devices):
     # Llama 3.1 8B on one v5p chip: parameters, gradients and AdamW state alone exceed 95 GiB
-    cfg = _config("model=llama3_1_8b", "hardware=tpu_v5p", "hardware.chips=1", "plan=ring_cp", "train.seq_len=4096",
-                  "train.global_batch=1")
-    with pytest.raises(ValueError, match=r"the parameters, gradients and AdamW state alone need .* use host offload "
-                                         r"of the optimizer \(memory.offload_optimizer=true: ") as e:
+    cfg = _config(
+        "model=llama3_1_8b",
+        "hardware=tpu_v5p",
+        "hardware.chips=1",
+        "plan=ring_cp",
+        "train.seq_len=4096",
+        "train.global_batch=1",
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"the parameters, gradients and AdamW state alone need .* use host offload "
+        r"of the optimizer \(memory.offload_optimizer=true: ",
+    ) as e:
         _dry_run(cfg, tmp_path)
     from lcx.training.memcheck import memory_check
     from lcx.training.preflight import resolve
@@ -120,20 +146,34 @@ def test_state_advice_offers_only_offloads_that_lower_the_estimate(tmp_path, no_
     for key in ("offload_optimizer", "offload_params"):
         import dataclasses
 
-        c = memory_check(cfg, ctx["model_cfg"], ctx["plan"], 1, memory=ctx["memory"],
-                         policy=dataclasses.replace(base.policy, **{key: True}))
+        c = memory_check(
+            cfg,
+            ctx["model_cfg"],
+            ctx["plan"],
+            1,
+            memory=ctx["memory"],
+            policy=dataclasses.replace(base.policy, **{key: True}),
+        )
         assert (f"memory.{key}=true" in str(e.value)) == (c.need < base.need), key
 
 
 def test_accelerator_preset_without_chips_is_refused(tmp_path, no_devices):
-    with pytest.raises(ValueError, match=r"train.dry_run=true with hardware=tpu7 needs the slice's size: set "
-                                         r"hardware.chips=<chips>"):
+    with pytest.raises(
+        ValueError,
+        match=r"train.dry_run=true with hardware=tpu7 needs the slice's size: set "
+        r"hardware.chips=<chips>",
+    ):
         _dry_run(_config("hardware=tpu7", "plan=ring_cp"), tmp_path)
 
 
 def _cli(tmp_path, *overrides):
-    return subprocess.run([sys.executable, "-m", "lcx.train", "train.dry_run=true", f"hydra.run.dir={tmp_path}",
-                           *overrides], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "lcx.train", "train.dry_run=true", f"hydra.run.dir={tmp_path}", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 def test_cli_dry_run_of_the_14m_recipe_exits_0_on_this_cpu_machine(tmp_path):
@@ -155,6 +195,9 @@ def test_cli_dry_run_that_does_not_fit_exits_2_with_one_line(tmp_path):
 
 def test_a_host_overflow_names_the_largest_host_part(tmp_path, no_devices):
     # 4 sequences of the 4M recipe: the offloaded block inputs and contexts overflow the host share
-    with pytest.raises(ValueError, match=r"of offloaded bytes per device, but its share of host memory is .*"
-                                         r"the largest part is activations offloaded to host"):
+    with pytest.raises(
+        ValueError,
+        match=r"of offloaded bytes per device, but its share of host memory is .*"
+        r"the largest part is activations offloaded to host",
+    ):
         _dry_run(_config("experiment=longctx_4m_v5p", "train.global_batch=4"), tmp_path)

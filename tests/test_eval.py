@@ -24,11 +24,21 @@ def checkpoint(tmp_path_factory, devices):
 
     root = tmp_path_factory.mktemp("passkey")
     with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "model=tiny", "plan=allgather", "data=passkey", "train.seq_len=256", "train.global_batch=2",
-            "train.steps=2", "train.warmup_steps=1", "train.eval_every=0", f"checkpoint.dir={root / 'ckpt'}",
-            "checkpoint.every=0",
-        ])
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                "model=tiny",
+                "plan=allgather",
+                "data=passkey",
+                "train.seq_len=256",
+                "train.global_batch=2",
+                "train.steps=2",
+                "train.warmup_steps=1",
+                "train.eval_every=0",
+                f"checkpoint.dir={root / 'ckpt'}",
+                "checkpoint.every=0",
+            ],
+        )
     with jax.numpy_dtype_promotion("standard"):  # optax's Adam: float ** int32 step
         train(cfg, root / "run", devices)
     return root / "ckpt"
@@ -42,14 +52,19 @@ def _eval_config(*overrides):
 def test_eval_grid_json_and_heatmap(checkpoint, tmp_path, devices):
     from lcx.eval import run_eval
 
-    cfg = _eval_config(f"checkpoint.dir={checkpoint}", "eval.lengths=[256,512]", "eval.depths=[0.0,1.0]",
-                       "eval.per_depth=3")
+    cfg = _eval_config(
+        f"checkpoint.dir={checkpoint}", "eval.lengths=[256,512]", "eval.depths=[0.0,1.0]", "eval.per_depth=3"
+    )
     rep = run_eval(cfg, tmp_path, devices)
     saved = json.loads((tmp_path / "eval.json").read_text())
     assert saved["step"] == 2 and saved["train_seq_len"] == 256 and saved["plan"] == "allgather"
     res = saved["results"]
-    assert [(r["seq_len"], r["depth"], r["rows"]) for r in res] == [(256, 0.0, 3), (256, 1.0, 3), (512, 0.0, 3),
-                                                                    (512, 1.0, 3)]
+    assert [(r["seq_len"], r["depth"], r["rows"]) for r in res] == [
+        (256, 0.0, 3),
+        (256, 1.0, 3),
+        (512, 0.0, 3),
+        (512, 1.0, 3),
+    ]
     for r in res:
         assert 0 <= r["exact_match"] <= r["digit_accuracy"] <= 1 and np.isfinite(r["answer_nll"])
     # depth 0 puts the key far from the question, depth 1 right before it
@@ -77,9 +92,20 @@ def test_each_length_is_validated_against_the_plan(checkpoint, tmp_path, devices
 def test_cli_writes_eval_json(checkpoint, tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     p = subprocess.run(
-        [sys.executable, "-m", "lcx.eval", f"checkpoint.dir={checkpoint}", "eval.lengths=[256]", "eval.depths=[0.5]",
-         "eval.per_depth=2", f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "lcx.eval",
+            f"checkpoint.dir={checkpoint}",
+            "eval.lengths=[256]",
+            "eval.depths=[0.5]",
+            "eval.per_depth=2",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "exact match" in p.stderr
@@ -88,8 +114,9 @@ def test_cli_writes_eval_json(checkpoint, tmp_path):
 
 
 def test_heatmap_is_a_png_and_names_the_extra_without_matplotlib(tmp_path, monkeypatch):
-    results = [{"seq_len": s, "depth": d, "exact_match": x} for s, d, x in
-               [(256, 0.0, 0.0), (256, 1.0, 1.0), (512, 0.0, 0.5)]]  # (512, 1.0) missing: NaN cell
+    results = [
+        {"seq_len": s, "depth": d, "exact_match": x} for s, d, x in [(256, 0.0, 0.0), (256, 1.0, 1.0), (512, 0.0, 0.5)]
+    ]  # (512, 1.0) missing: NaN cell
     assert write_heatmap(results, tmp_path / "h.png") == "matplotlib"
     assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: import raises

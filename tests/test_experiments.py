@@ -33,8 +33,19 @@ def test_multirun_leaves_a_run_dir_per_job(tmp_path):
     (Hydra's basic launcher; the first job fixes 8 devices) and each leaves its own run directory
     with metrics.jsonl and a run_info.json that names what reproduces it."""
     sweep = tmp_path / "mr"
-    cmd = [sys.executable, "-m", "lcx.train", "-m", "plan=allgather,ring", "train.seq_len=256,512", "train.steps=1",
-           "train.eval_every=0", "data=passkey", "model.n_layers=1", f"hydra.sweep.dir={sweep}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lcx.train",
+        "-m",
+        "plan=allgather,ring",
+        "train.seq_len=256,512",
+        "train.steps=1",
+        "train.eval_every=0",
+        "data=passkey",
+        "model.n_layers=1",
+        f"hydra.sweep.dir={sweep}",
+    ]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -98,7 +109,7 @@ def test_passkey_repeats_filler_and_loss_on_all():
     again = passkey_example(600, "90817", 0.3, 42, filler="repeats", loss_on="all")
     np.testing.assert_array_equal(ex.arrays["tokens"], again.arrays["tokens"])  # seeded by the offset
     # each filler sentence is written twice in a row
-    first = text[len("There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "):]
+    first = text[len("There is important info hidden inside a lot of irrelevant text. Find it and memorize it. ") :]
     sent = first[: first.index(". ") + 2]
     assert first.startswith(sent + sent)
     ev = PasskeyEval(seq_len=600, global_batch=2, depths=[0.5], per_depth=2, filler="repeats")
@@ -141,8 +152,14 @@ def test_passkey_eval_and_make_data_dispatch():
     last = ev[1]
     assert last["loss_mask"][2:].sum() == 0 and last["loss_mask"][:2].sum() == 10  # padding rows carry no loss
     assert [e.depth for e in ev.examples] == [0.0] * 3 + [1.0] * 3
-    d = make_data({"name": "passkey", "digits": 5, "eval_depths": [0.5], "eval_per_depth": 2}, seq_len=256,
-                  global_batch=2, layout="zigzag", context_degree=2, seed=0)
+    d = make_data(
+        {"name": "passkey", "digits": 5, "eval_depths": [0.5], "eval_per_depth": 2},
+        seq_len=256,
+        global_batch=2,
+        layout="zigzag",
+        context_degree=2,
+        seed=0,
+    )
     assert next(d.train)["tokens"].shape == (2, 256) and len(list(d.val_batches())) == 1
     assert FILLER.count("<") == 0 and not any(ch.isdigit() for ch in FILLER)
 
@@ -150,8 +167,10 @@ def test_passkey_eval_and_make_data_dispatch():
 # ------------------------------------------------------------------ gathering scripts on synthetic runs
 def _fake_run(d: pathlib.Path, plan: str, seq: int, losses, temp=2**20 * 10, tps=1000.0):
     d.mkdir(parents=True)
-    cfg = {"plan": {"name": plan, "attention": {"strategy": plan}, "mesh": {"data": 2, "context": 4}},
-           "train": {"seq_len": seq, "global_batch": 2}}
+    cfg = {
+        "plan": {"name": plan, "attention": {"strategy": plan}, "mesh": {"data": 2, "context": 4}},
+        "train": {"seq_len": seq, "global_batch": 2},
+    }
     (d / "run_info.json").write_text(json.dumps({"config": cfg, "mesh": {"data": 2, "context": 4}}))
     lines = []
     for i, l in enumerate(losses, 1):
@@ -228,13 +247,25 @@ def test_ledger_vs_compiled_partial_run_writes_no_csv(tmp_path, monkeypatch, cap
     committed = tmp_path / "committed.csv"
     committed.write_text("the committed rows\n")
     monkeypatch.setattr(lvc, "CSV", committed)
-    monkeypatch.setattr(lvc, "compare", lambda name, S, remat, diagnostics: dict(
-        strategy=name, seq_len=S, remat=remat, ledger_mib=1.0, compiled_mib=1.0, ratio=1.0,
-        **(dict(live_peak_mib=1.0, ratio_live=1.0, memopt_mib=1.0, ratio_memopt=1.0) if diagnostics else {})))
+    monkeypatch.setattr(
+        lvc,
+        "compare",
+        lambda name, S, remat, diagnostics: dict(
+            strategy=name,
+            seq_len=S,
+            remat=remat,
+            ledger_mib=1.0,
+            compiled_mib=1.0,
+            ratio=1.0,
+            **(dict(live_peak_mib=1.0, ratio_live=1.0, memopt_mib=1.0, ratio_memopt=1.0) if diagnostics else {}),
+        ),
+    )
     assert lvc.main(["--seq-len", "4096", "--strategy", "ring", "--remat", "full", "none", "--no-diagnostics"]) == 0
     assert committed.read_text() == "the committed rows\n"
-    assert "partial run (--seq-len, --remat, --strategy, --diagnostics not the defaults): no CSV written" in \
-        capsys.readouterr().out
+    assert (
+        "partial run (--seq-len, --remat, --strategy, --diagnostics not the defaults): no CSV written"
+        in capsys.readouterr().out
+    )
     mine = tmp_path / "mine.csv"
     assert lvc.main(["--seq-len", "4096", "--strategy", "ring", "--remat", "full", "--csv", str(mine)]) == 0
     assert mine.read_text().count("\n") == 2 and committed.read_text() == "the committed rows\n"
@@ -249,5 +280,6 @@ def test_memory_vs_degree_run_with_overrides_writes_nothing(tmp_path, monkeypatc
     monkeypatch.setattr(mvd, "run", lambda overrides: [])
     assert mvd.main(["memory_vs_degree.seq_lens=[4096]"]) == 0
     assert not list(tmp_path.iterdir())
-    assert "partial run (overrides ['memory_vs_degree.seq_lens=[4096]']): no CSV or PNG written" in capsys.readouterr().out
-
+    assert (
+        "partial run (overrides ['memory_vs_degree.seq_lens=[4096]']): no CSV or PNG written" in capsys.readouterr().out
+    )

@@ -16,9 +16,9 @@ from omegaconf import OmegaConf, open_dict
 
 from lcx.sharding import PlanError
 from lcx.training.checkpoint import Checkpoints
-from lcx.training.resume import CheckpointMismatchError, check_compatible
-from lcx.training.preflight import setup
 from lcx.training.optim import make_optimizer
+from lcx.training.preflight import setup
+from lcx.training.resume import CheckpointMismatchError, check_compatible
 from lcx.training.schedule import run_schedule, stage_config, stages_from_config
 
 YARN = {"rope_scaling_type": "yarn", "rope_scaling_factor": 2.0, "rope_original_max_len": 128}
@@ -51,8 +51,15 @@ def _meta(ckpt, step):
 
 def test_two_stage_schedule_hands_over_through_the_checkpoint(tmp_path, devices, caplog):
     ckpt = tmp_path / "ckpt"
-    cfg = _config("model=tiny", "plan=allgather", "train.global_batch=2", "train.eval_every=0",
-                  f"checkpoint.dir={ckpt}", "checkpoint.every=0", stages=STAGES)
+    cfg = _config(
+        "model=tiny",
+        "plan=allgather",
+        "train.global_batch=2",
+        "train.eval_every=0",
+        f"checkpoint.dir={ckpt}",
+        "checkpoint.every=0",
+        stages=STAGES,
+    )
     # optax's Adam bias correction computes `float ** int32 step`, which strict promotion refuses
     with caplog.at_level(logging.WARNING, logger="lcx.training.resume"), jax.numpy_dtype_promotion("standard"):
         out = run_schedule(cfg, tmp_path / "run", devices)
@@ -121,8 +128,11 @@ def test_shipped_experiment_composes_and_validates(devices):
 def test_checkpoints_accept_rope_changes_only():
     saved = {"config": {"model": {"d_model": 128, "rope_theta": 1e4, "rope_scaling_type": None, "remat": "none"}}}
     # RoPE fields (and fields an older checkpoint lacks, such as rope_beta_fast) may differ
-    check_compatible(saved, {"d_model": 128, "rope_theta": 5e5, "rope_scaling_type": "yarn", "rope_beta_fast": 32.0,
-                             "remat": "full"}, where="ckpt/2")
+    check_compatible(
+        saved,
+        {"d_model": 128, "rope_theta": 5e5, "rope_scaling_type": "yarn", "rope_beta_fast": 32.0, "remat": "full"},
+        where="ckpt/2",
+    )
     with pytest.raises(CheckpointMismatchError, match="model.d_model=128 but this run has model.d_model=64"):
         check_compatible(saved, {"d_model": 64, "rope_scaling_type": "yarn", "rope_theta": 1e4}, where="ckpt/2")
 
@@ -140,10 +150,20 @@ def test_generated_passkey_stream_continues_across_a_length_change(tmp_path, dev
     """data=passkey draws each row from (seed, row index): stage two continues at the next row
     at its own length (with another batch size) instead of refusing the checkpoint's seq_len."""
     ckpt = tmp_path / "ckpt"
-    stages = [{"name": "short", "seq_len": 256, "steps": 1, "lr": 3e-3, "warmup_steps": 1, "global_batch": 4},
-              {"name": "long", "seq_len": 512, "steps": 1, "lr": 1e-3, "warmup_steps": 1, "model": YARN}]
-    cfg = _config("model=tiny", "data=passkey", "plan=allgather", "train.global_batch=2", "train.eval_every=0",
-                  f"checkpoint.dir={ckpt}", "checkpoint.every=0", stages=stages)
+    stages = [
+        {"name": "short", "seq_len": 256, "steps": 1, "lr": 3e-3, "warmup_steps": 1, "global_batch": 4},
+        {"name": "long", "seq_len": 512, "steps": 1, "lr": 1e-3, "warmup_steps": 1, "model": YARN},
+    ]
+    cfg = _config(
+        "model=tiny",
+        "data=passkey",
+        "plan=allgather",
+        "train.global_batch=2",
+        "train.eval_every=0",
+        f"checkpoint.dir={ckpt}",
+        "checkpoint.every=0",
+        stages=stages,
+    )
     with jax.numpy_dtype_promotion("standard"):
         out = run_schedule(cfg, tmp_path / "run", devices)
     assert [(s["first_step"], s["last_step"]) for s in out] == [(1, 1), (2, 2)]

@@ -20,22 +20,40 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # the smallest real run: one layer, generated data, 256 tokens, no evaluation
-FAST = ["model=tiny", "model.n_layers=1", "data=passkey", "train.seq_len=256", "train.global_batch=2",
-        "train.eval_every=0", "train.warmup_steps=0"]
+FAST = [
+    "model=tiny",
+    "model.n_layers=1",
+    "data=passkey",
+    "train.seq_len=256",
+    "train.global_batch=2",
+    "train.eval_every=0",
+    "train.warmup_steps=0",
+]
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     cache = tmp_path_factory.mktemp("xla_cache")
-    e = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    e = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=str(cache),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
     e.pop("XLA_FLAGS", None)
     return e
 
 
 def _cli(args, cwd, env, module="lcx.train") -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait(p: subprocess.Popen, timeout=300) -> tuple[int, str]:
@@ -58,8 +76,13 @@ def test_concurrent_runs_and_a_sweep_lose_nothing(tmp_path, env):
     checkpoint directory (job 1 resumed job 0's final checkpoint and wrote no metrics)."""
     sweep = tmp_path / "mr"
     procs = [_cli([*FAST, "train.steps=2", f"train.seed={s}"], tmp_path, env) for s in (1, 2)]
-    procs.append(_cli(["-m", *FAST, "train.lr=3e-3,1e-3", "checkpoint.dir=ckpt", "train.steps=2",
-                       f"hydra.sweep.dir={sweep}"], tmp_path, env))
+    procs.append(
+        _cli(
+            ["-m", *FAST, "train.lr=3e-3,1e-3", "checkpoint.dir=ckpt", "train.steps=2", f"hydra.sweep.dir={sweep}"],
+            tmp_path,
+            env,
+        )
+    )
     for p in procs:
         rc, err = _wait(p)
         assert rc == 0, err[-3000:]
@@ -84,9 +107,14 @@ def test_concurrent_runs_and_a_sweep_lose_nothing(tmp_path, env):
     # refused, both before compiling: another run's directory, and job 0's checkpoint resumed
     # with another learning rate (quoted: the job directory's name holds '=')
     first, before, ck = runs[0], (runs[0] / "metrics.jsonl").read_text(), jobs[0] / "ckpt"
-    refused = [_cli([*FAST, "train.steps=1", f"hydra.run.dir={first}"], tmp_path, env),
-               _cli([*FAST, "train.lr=5e-3", "train.steps=3", f"checkpoint.dir='{ck}'",
-                     f"hydra.run.dir={tmp_path / 'resume'}"], tmp_path, env)]
+    refused = [
+        _cli([*FAST, "train.steps=1", f"hydra.run.dir={first}"], tmp_path, env),
+        _cli(
+            [*FAST, "train.lr=5e-3", "train.steps=3", f"checkpoint.dir='{ck}'", f"hydra.run.dir={tmp_path / 'resume'}"],
+            tmp_path,
+            env,
+        ),
+    ]
     (rc1, err1), (rc2, err2) = (_wait(p) for p in refused)
     assert rc1 == 2 and "already holds another run's metrics.jsonl" in err1 and "train.reuse_run_dir=true" in err1, err1
     assert (first / "metrics.jsonl").read_text() == before  # untouched
@@ -136,8 +164,10 @@ def test_config_changes_name_every_training_key_and_allow_extensions():
     assert config_changes(saved, {**saved, "data": {"name": "passkey", "digits": 7}}, 4) == ["data.digits: 5 -> 7"]
     # a length-extension stage starting at the checkpoint's step changes its own keys on purpose
     assert config_changes(saved, now(seq_len=512, lr=1e-3, steps=8, schedule_start=4), 4) == []
-    assert config_changes(saved, now(seq_len=512, schedule_start=4), 6) == ["train.schedule_start: None -> 4",
-                                                                            "train.seq_len: 256 -> 512"]
+    assert config_changes(saved, now(seq_len=512, schedule_start=4), 6) == [
+        "train.schedule_start: None -> 4",
+        "train.seq_len: 256 -> 512",
+    ]
 
 
 def test_check_resumable_refuses_changes_and_shared_sweep_dirs(caplog):
@@ -168,8 +198,9 @@ def small_disk(tmp_path):
             pytest.skip("a full-disk test mounts a tmpfs, which needs root")
         mnt = tmp_path / f"disk{len(mounts)}"
         mnt.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True,
-                           text=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True, text=True
+        )
         if r.returncode:
             pytest.skip(f"mounting a tmpfs is not permitted here: {r.stderr.strip()}")
         mounts.append(mnt)
@@ -188,7 +219,7 @@ def test_a_save_that_fills_the_disk_is_never_listed_and_can_be_retried(small_dis
     import jax
     import jax.numpy as jnp
 
-    from lcx.training.checkpoint import CheckpointSaveError, Checkpoints
+    from lcx.training.checkpoint import Checkpoints, CheckpointSaveError
     from lcx.training.state import TrainState
 
     ck = small_disk(600 << 10) / "ck"  # 600 KiB: the small state fits, the 1.6 MB one does not
@@ -199,16 +230,23 @@ def test_a_save_that_fills_the_disk_is_never_listed_and_can_be_retried(small_dis
         c.save(TrainState(params=small, opt_state={}, step=1), {"loss": 1.0})
         c.wait()
         assert c.steps() == [1]
-        assert c.save(TrainState(params=big, opt_state={}, step=2), {"loss": 2.0})  # returns at once; the write fails in the background
+        assert c.save(
+            TrainState(params=big, opt_state={}, step=2), {"loss": 2.0}
+        )  # returns at once; the write fails in the background
         assert c.steps() == [1] and c.latest_step() == 1  # in flight or failed: never listed
-        with pytest.raises(CheckpointSaveError, match=r"checkpoint of step 2 .*failed.*No space left on device.*"
-                                                      r"the checkpoints kept are steps \[1\]"):
+        with pytest.raises(
+            CheckpointSaveError,
+            match=r"checkpoint of step 2 .*failed.*No space left on device.*"
+            r"the checkpoints kept are steps \[1\]",
+        ):
             c.check(wait=True)
         assert c.steps() == [1] and _tmp_dirs(ck) == []  # the partial step's files are gone
         # a good older checkpoint is what a resume gets
         r = c.restore_latest(TrainState(params={"w": jax.ShapeDtypeStruct((16,), jnp.float32)}, opt_state={}))
         assert r.step == 1 and r.state.step == 1 and float(r.state.params["w"][3]) == 3.0
-        assert c.save(TrainState(params=small, opt_state={}, step=2), {"loss": 2.0})  # the failed step can be saved again (was "already saved")
+        assert c.save(
+            TrainState(params=small, opt_state={}, step=2), {"loss": 2.0}
+        )  # the failed step can be saved again (was "already saved")
         c.wait()
         assert c.steps() == [1, 2]
         # a failure found by the next save is raised there, naming its own step, once
@@ -236,18 +274,30 @@ def test_training_stops_at_the_step_after_a_failed_save(tmp_path, small_disk, de
     from omegaconf import OmegaConf
 
     from lcx.models import ModelConfig
-    from lcx.training.checkpoint import CheckpointSaveError, Checkpoints
+    from lcx.training.checkpoint import Checkpoints, CheckpointSaveError
     from lcx.training.loop import train
 
     with initialize_config_module("lcx.conf", version_base="1.3"):
-        c = compose("config", overrides=[*FAST, "train.steps=3", "checkpoint.every=1", "checkpoint.keep=3",
-                                         f"checkpoint.dir={tmp_path / 'disk0' / 'ck'}"])
+        c = compose(
+            "config",
+            overrides=[
+                *FAST,
+                "train.steps=3",
+                "checkpoint.every=1",
+                "checkpoint.keep=3",
+                f"checkpoint.dir={tmp_path / 'disk0' / 'ck'}",
+            ],
+        )
     # room for one checkpoint (float32 parameters and AdamW's two moments, plus orbax's metadata)
     # and a half: step 1 fits, step 2 (written while step 1 is kept) does not
     n = ModelConfig.from_dict(OmegaConf.to_container(c.model, resolve=True)).n_params
     ck = small_disk(int(1.5 * (3 * 4 * n + (64 << 10))) // 4096 * 4096) / "ck"
-    with jax.numpy_dtype_promotion("standard"), pytest.raises(  # as the CLI runs (the suite is strict)
-            CheckpointSaveError, match=r"checkpoint of step 2 .*No space left on device"):
+    with (
+        jax.numpy_dtype_promotion("standard"),
+        pytest.raises(  # as the CLI runs (the suite is strict)
+            CheckpointSaveError, match=r"checkpoint of step 2 .*No space left on device"
+        ),
+    ):
         train(c, tmp_path / "run", devices)
     assert _steps(tmp_path / "run") == [1, 2, 3]  # raised during step 3, the step after the save
     r = Checkpoints(ck, read_only=True)

@@ -133,13 +133,25 @@ def test_config_mapping_llama31_8b_equals_the_preset():
     cfg = hf_config(META_LLAMA31_8B, dtype="bfloat16", remat="full", name="llama3_1_8b")
     assert cfg == lm.preset("llama3_1_8b")
     yarn = hf_config(
-        {**META_LLAMA31_8B, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
-                                             "mscale": 1.0, "mscale_all_dim": 1.0}}
+        {
+            **META_LLAMA31_8B,
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32768,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+        }
     )
     assert yarn.rope_scaling_type == "yarn" and yarn.rope_original_max_len == 32768
     assert yarn.rope_attention_factor == 1.0  # mscale / mscale_all_dim, DeepSeek-style
-    derived = hf_config({**META_LLAMA31_8B, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6,
-                                                                "original_max_position_embeddings": 32768}})
+    derived = hf_config(
+        {
+            **META_LLAMA31_8B,
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "original_max_position_embeddings": 32768},
+        }
+    )
     assert derived.rope_scaling_factor == 4.0 and derived.rope_theta == 1e6  # 131072 / 32768
 
 
@@ -169,8 +181,12 @@ def test_missing_and_misshapen_tensors_are_refused_before_reading(tmp_path, devi
         load_hf_llama(d, bind(ONE, devices[:1]))
     bad = tmp_path / "bad"
     bad.mkdir()
-    (bad / "config.json").write_text(json.dumps({**json.loads((FIX / "config.json").read_text()), "intermediate_size": 96}))
+    (bad / "config.json").write_text(
+        json.dumps({**json.loads((FIX / "config.json").read_text()), "intermediate_size": 96})
+    )
     for f in FIX.glob("model*"):
         (bad / f.name).symlink_to(f)
-    with pytest.raises(HFImportError, match=r"gate_proj.weight has shape \[128, 64\] but config.json implies \[96, 64\]"):
+    with pytest.raises(
+        HFImportError, match=r"gate_proj.weight has shape \[128, 64\] but config.json implies \[96, 64\]"
+    ):
         load_hf_llama(bad, bind(ONE, devices[:1]))

@@ -36,7 +36,10 @@ def test_two_processes_match_one_process(tmp_path):
     single = tmp_path / "single"
     r = subprocess.run(
         [sys.executable, "-m", "lcx.train", *COMMON, f"hydra.run.dir={single}"],
-        capture_output=True, text=True, timeout=600, env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -46,14 +49,20 @@ def test_two_processes_match_one_process(tmp_path):
         procs.append(
             subprocess.Popen(
                 [
-                    sys.executable, "-m", "lcx.train", *COMMON,
+                    sys.executable,
+                    "-m",
+                    "lcx.train",
+                    *COMMON,
                     "hardware.cpu_devices=4",
                     f"distributed.coordinator_address=127.0.0.1:{port}",
                     "distributed.num_processes=2",
                     f"distributed.process_id={pid}",
                     f"hydra.run.dir={tmp_path / f'proc{pid}'}",
                 ],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
             )
         )
     outs = [p.communicate(timeout=600) for p in procs]

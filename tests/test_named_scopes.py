@@ -26,6 +26,18 @@ def test_every_module_call_is_named():
     text = forward.lower(params).as_text(debug_info=True)  # op locations carry the name stack
     # a loc's name is the op's name stack; inside the layer scan it restarts at the scan body
     stacks = [loc.split("/") for loc in re.findall(r'loc\("([^"]*)"', text)]
-    for scope in ("lcx.Llama", "lcx.Llama.features", "lcx.Embedding", "lcx.Block", "lcx.RMSNorm", "lcx.Attention",
-                  "qkv_proj", "o_proj", "lcx.MLP", "lcx.Llama.logits"):
-        assert any(scope in stack[:-1] for stack in stacks), f"no op under jax.named_scope({scope!r}) in the lowered forward pass"
+    for scope in (
+        "lcx.Llama",
+        "lcx.Llama.features",
+        "lcx.Embedding",
+        "lcx.Block",
+        "lcx.RMSNorm",
+        "lcx.Attention",
+        "qkv_proj",
+        "o_proj",
+        "lcx.MLP",
+        "lcx.Llama.logits",
+    ):
+        assert any(scope in stack[:-1] for stack in stacks), (
+            f"no op under jax.named_scope({scope!r}) in the lowered forward pass"
+        )

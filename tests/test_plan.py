@@ -17,7 +17,15 @@ RING = Plan(
     attention=AttentionConfig(strategy="ring"),
     name="ring",
 )
-LLAMA_8B_DIMS = {"heads": 32, "kv_heads": 8, "head_dim": 128, "embed": 4096, "mlp": 14336, "vocab": 128256, "layers": 32}
+LLAMA_8B_DIMS = {
+    "heads": 32,
+    "kv_heads": 8,
+    "head_dim": 128,
+    "embed": 4096,
+    "mlp": 14336,
+    "vocab": 128256,
+    "layers": 32,
+}
 
 
 def test_plan_is_frozen_hashable_and_normalised():
@@ -172,12 +180,20 @@ def test_usp_needs_both_axes():
     with pytest.raises(PlanError, match="strategy 'usp' needs the sequence split over exactly two mesh axes"):
         Plan(mesh={"ulysses": 2, "ring": 4}, activations={"seq": "ring"}, attention=AttentionConfig(strategy="usp"))
     with pytest.raises(PlanError, match="missing"):
-        Plan(mesh={"ulysses": 2, "context": 4}, activations={"seq": ["ulysses", "context"]}, attention=AttentionConfig(strategy="usp"))
+        Plan(
+            mesh={"ulysses": 2, "context": 4},
+            activations={"seq": ["ulysses", "context"]},
+            attention=AttentionConfig(strategy="usp"),
+        )
     for order in (["ulysses", "ring"], ["ring", "ulysses"]):
         p = Plan(mesh={"ulysses": 2, "ring": 4}, activations={"seq": order}, attention=AttentionConfig(strategy="usp"))
         p.validate(8, dims={"heads": 8, "kv_heads": 2}, seq_len=64)
     # Ulysses degree of USP is only the ulysses axis: 4 would not divide 2 kv heads... but 2 does
-    p = Plan(mesh={"ulysses": 4, "ring": 2}, activations={"seq": ["ulysses", "ring"]}, attention=AttentionConfig(strategy="usp", allow_kv_replication=False))
+    p = Plan(
+        mesh={"ulysses": 4, "ring": 2},
+        activations={"seq": ["ulysses", "ring"]},
+        attention=AttentionConfig(strategy="usp", allow_kv_replication=False),
+    )
     with pytest.raises(PlanError, match="Ulysses degree 4"):
         p.validate(8, dims={"heads": 8, "kv_heads": 2})
 
@@ -218,8 +234,15 @@ def test_attention_blocks_default_per_hardware(hardware, block):
 
     with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"hardware={hardware}", "plan=ring"])
-        explicit = compose(config_name="config", overrides=[f"hardware={hardware}", "plan=ring", "plan.attention.block_q=256",
-                                                            "plan.attention.block_kv_dkv=128"])
+        explicit = compose(
+            config_name="config",
+            overrides=[
+                f"hardware={hardware}",
+                "plan=ring",
+                "plan.attention.block_q=256",
+                "plan.attention.block_kv_dkv=128",
+            ],
+        )
     p = plan_from_config(cfg.plan, default_block=cfg.hardware.attention_block)
     assert (p.attention.block_q, p.attention.block_kv) == (block, block)
     # the backward's blocks are no hardware default: null means the forward's blocks
@@ -233,8 +256,11 @@ def test_backward_blocks_round_trip_and_stay_null_when_null():
     """plan.attention.block_q_dkv / block_kv_dkv: set, they round-trip through the Hydra-style
     dict; null, they stay None (the forward's blocks), NOT the hardware's default block; 0 is
     refused with the key and the value named."""
-    node = {"mesh": {"context": 8}, "activations": {"seq": "context"},
-            "attention": {"strategy": "ring", "block_q": 256, "block_q_dkv": 128, "block_kv_dkv": 64}}
+    node = {
+        "mesh": {"context": 8},
+        "activations": {"seq": "context"},
+        "attention": {"strategy": "ring", "block_q": 256, "block_q_dkv": 128, "block_kv_dkv": 64},
+    }
     p = plan_from_config(node, default_block=1024)
     a = p.attention
     assert (a.block_q, a.block_kv, a.block_q_dkv, a.block_kv_dkv) == (256, 1024, 128, 64)
@@ -255,7 +281,9 @@ def test_attention_kernel_defaults_per_hardware(hardware, kernel):
 
     with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"hardware={hardware}", "plan=ring"])
-        explicit = compose(config_name="config", overrides=[f"hardware={hardware}", "plan=ring", "plan.attention.kernel=xla"])
+        explicit = compose(
+            config_name="config", overrides=[f"hardware={hardware}", "plan=ring", "plan.attention.kernel=xla"]
+        )
     assert cfg.plan.attention.kernel is None
     p = plan_from_config(cfg.plan, default_kernel=cfg.hardware.attention_kernel)
     assert p.attention.kernel == kernel
@@ -289,19 +317,31 @@ def _longctx():
 def test_missing_in_lcx_lists_only_what_lcx_train_cannot_run():
     from lcx.cost import ActivationPolicy, missing_in_lcx
 
-    runs = [ActivationPolicy("custom", decoder_layer_input="offload", context="offload", offload_optimizer=True,
-                             offload_params=True, vocab_tiling=16),
-            ActivationPolicy("full", decoder_layer_input="offload", vocab_tiling=7),
-            ActivationPolicy("none", offload_optimizer=True)]
+    runs = [
+        ActivationPolicy(
+            "custom",
+            decoder_layer_input="offload",
+            context="offload",
+            offload_optimizer=True,
+            offload_params=True,
+            vocab_tiling=16,
+        ),
+        ActivationPolicy("full", decoder_layer_input="offload", vocab_tiling=7),
+        ActivationPolicy("none", offload_optimizer=True),
+    ]
     assert all(missing_in_lcx(p) == [] for p in runs)
     assert missing_in_lcx(ActivationPolicy("dots_saveable", decoder_layer_input="offload")) == [
-        "block-input offload under remat=dots_saveable"]
+        "block-input offload under remat=dots_saveable"
+    ]
 
 
-@pytest.mark.parametrize("hardware,n,seq,batch,local", [
-    ("tpu7", 128, 14_680_064, 1, 114_688),   # experiment=longctx_14m_tpu7
-    ("tpu_v5p", 64, 4_194_304, 2, 131_072),  # experiment=longctx_4m_v5p (recommended: data 2 x context 32)
-])
+@pytest.mark.parametrize(
+    "hardware,n,seq,batch,local",
+    [
+        ("tpu7", 128, 14_680_064, 1, 114_688),  # experiment=longctx_14m_tpu7
+        ("tpu_v5p", 64, 4_194_304, 2, 131_072),  # experiment=longctx_4m_v5p (recommended: data 2 x context 32)
+    ],
+)
 def test_maxtext_cases_get_a_runnable_recommendation_with_tiling_and_offload(hardware, n, seq, batch, local):
     from lcx import cost
 
@@ -342,10 +382,18 @@ def test_train_overrides_are_what_hydra_and_lcx_train_accept():
     from lcx.training.memcheck import memory_policy
     from lcx.training.preflight import resolve
 
-    pols = [cost.ActivationPolicy("custom", decoder_layer_input="offload", context="offload", offload_optimizer=True,
-                                  offload_params=True, vocab_tiling=16),
-            cost.ActivationPolicy("full", decoder_layer_input="offload", vocab_tiling=16),
-            cost.ActivationPolicy("full")]
+    pols = [
+        cost.ActivationPolicy(
+            "custom",
+            decoder_layer_input="offload",
+            context="offload",
+            offload_optimizer=True,
+            offload_params=True,
+            vocab_tiling=16,
+        ),
+        cost.ActivationPolicy("full", decoder_layer_input="offload", vocab_tiling=16),
+        cost.ActivationPolicy("full"),
+    ]
     for pol in pols:
         ov = train_overrides(pol)
         with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
@@ -353,8 +401,11 @@ def test_train_overrides_are_what_hydra_and_lcx_train_accept():
         ctx = resolve(cfg, 128, run_memory_check=False)
         got = memory_policy(ctx["model_cfg"], ctx["memory"])
         # full with the block input offloaded is custom with everything else recomputed
-        want = pol if pol.remat == "custom" or pol.decoder_layer_input == "device" else \
-            dataclasses.replace(pol, remat="custom")
+        want = (
+            pol
+            if pol.remat == "custom" or pol.decoder_layer_input == "device"
+            else dataclasses.replace(pol, remat="custom")
+        )
         assert got == want, (ov, got.label, want.label)
     with pytest.raises(ValueError, match="lcx.train cannot run it"):
         train_overrides(cost.ActivationPolicy("dots_saveable", decoder_layer_input="offload"))
@@ -391,8 +442,10 @@ def test_planner_hints_need_nothing_lcx_train_lacks():
 
     conf = pathlib.Path(__file__).resolve().parent.parent / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        c = compose("plan_config", overrides=["hardware=tpu_v5p", "model=llama3_70b", "hardware.chips=8",
-                                              "train.seq_len=1048576"])
+        c = compose(
+            "plan_config",
+            overrides=["hardware=tpu_v5p", "model=llama3_70b", "hardware.chips=8", "train.seq_len=1048576"],
+        )
     rec = run(c)
     assert rec["recommendation"] is None
     hint = next(r for r in rec["reasons"] if r.startswith("nothing fits"))

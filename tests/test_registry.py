@@ -47,8 +47,11 @@ def _plan(strategy: str, kernel: str = "xla", **attention) -> Plan:
     # 2 x 4 devices: the tiny model's 4 heads allow a Ulysses degree of 4
     mesh = (("data", 2), ("ulysses", 2), ("ring", 2)) if strategy == "usp" else (("data", 2), ("context", 4))
     seq = ("ulysses", "ring") if strategy == "usp" else "context"
-    return Plan(mesh=mesh, activations={"batch": "data", "seq": seq},
-                attention=AttentionConfig(strategy=strategy, kernel=kernel, **attention))
+    return Plan(
+        mesh=mesh,
+        activations={"batch": "data", "seq": seq},
+        attention=AttentionConfig(strategy=strategy, kernel=kernel, **attention),
+    )
 
 
 def _overridden_concrete_methods(cls: type) -> list[str]:
@@ -96,9 +99,17 @@ def test_every_registry_lists_the_same_kernel_names_and_prices_them():
             assert isinstance(priced, int) and priced >= 0
         assert cls.backward_bytes(call, blocks) >= cls.prologue_bytes(call)
         # the ledger's by-name functions read the same class
-        assert cost.memory.kernel_forward_bytes(kernel=name, local_batch=1, q_len=512, kv_len=4096, q_heads=4,
-                                                kv_heads=1, head_dim=32, block_q=256,
-                                                block_kv=256) == cls.forward_bytes(call, blocks)
+        assert cost.memory.kernel_forward_bytes(
+            kernel=name,
+            local_batch=1,
+            q_len=512,
+            kv_len=4096,
+            q_heads=4,
+            kv_heads=1,
+            head_dim=32,
+            block_q=256,
+            block_kv=256,
+        ) == cls.forward_bytes(call, blocks)
 
 
 def test_registered_classes_are_final_and_override_no_concrete_method():
@@ -108,25 +119,36 @@ def test_registered_classes_are_final_and_override_no_concrete_method():
 
 
 # -------------------------------------------------------------------------- unknown names
-@pytest.mark.parametrize("lookup", [
-    lambda: get_strategy("cp9"),
-    lambda: AttentionConfig(strategy="cp9"),
-    lambda: cost.attention_working_bytes(TINY, strategy="cp9", kernel="xla", seq_len=64, local_batch=1,
-                                         context_degree=1),
-])
+@pytest.mark.parametrize(
+    "lookup",
+    [
+        lambda: get_strategy("cp9"),
+        lambda: AttentionConfig(strategy="cp9"),
+        lambda: cost.attention_working_bytes(
+            TINY, strategy="cp9", kernel="xla", seq_len=64, local_batch=1, context_degree=1
+        ),
+    ],
+)
 def test_unknown_strategy_raises_with_the_choices(lookup):
-    with pytest.raises(ValueError, match=r"unknown attention strategy 'cp9'; choose one of \('allgather', 'ring', "
-                                         r"'a2a', 'usp'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown attention strategy 'cp9'; choose one of \('allgather', 'ring', "
+        r"'a2a', 'usp'\)",
+    ):
         lookup()
 
 
-@pytest.mark.parametrize("lookup", [
-    lambda: get_kernel("cudnn"),
-    lambda: make_kernel("cudnn", 64, 64),
-    lambda: AttentionConfig(kernel="cudnn"),
-    lambda: cost.memory.kernel_forward_bytes(kernel="cudnn", local_batch=1, q_len=8, kv_len=8, q_heads=1, kv_heads=1,
-                                             head_dim=8),
-])
+@pytest.mark.parametrize(
+    "lookup",
+    [
+        lambda: get_kernel("cudnn"),
+        lambda: make_kernel("cudnn", 64, 64),
+        lambda: AttentionConfig(kernel="cudnn"),
+        lambda: cost.memory.kernel_forward_bytes(
+            kernel="cudnn", local_batch=1, q_len=8, kv_len=8, q_heads=1, kv_heads=1, head_dim=8
+        ),
+    ],
+)
 def test_unknown_kernel_raises_with_the_choices(lookup):
     with pytest.raises(ValueError, match=r"unknown attention kernel 'cudnn'; choose one of \('xla', 'splash'"):
         lookup()
@@ -161,8 +183,9 @@ class Halves(AbstractStrategy):
 
     def __call__(self, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks=None, return_lse=False):
         k, v, k_pos, k_seg = (lax.all_gather(x, self.axes, axis=1, tiled=True) for x in (k, v, k_pos, k_seg))
-        return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks,
-                               return_lse=return_lse)
+        return flash_attention(
+            q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse
+        )
 
     @classmethod
     def check_plan_axes(cls, plan):
@@ -216,8 +239,11 @@ def test_a_fifth_strategy_is_one_class_and_one_registry_entry(monkeypatch, devic
     with pytest.raises(PlanError, match="halves: needs an even number of heads, got 3"):
         plan.validate(8, dims={**TINY.dims(), "heads": 3})
     with pytest.raises(PlanError, match="halves: split the sequence over mesh axis 'context'"):
-        Plan(mesh=(("data", 8),), activations={"batch": "data", "seq": "data"},
-             attention=AttentionConfig(strategy="halves"))
+        Plan(
+            mesh=(("data", 8),),
+            activations={"batch": "data", "seq": "data"},
+            attention=AttentionConfig(strategy="halves"),
+        )
     # the ledger prices it from the class: its buffers, residuals and traffic
     est = cost.estimate(TINY, plan, HW, 8, seq_len=4096, global_batch=2, policy=POLICY)
     ag = cost.estimate(TINY, _plan("allgather"), HW, 8, seq_len=4096, global_batch=2, policy=POLICY)
@@ -232,17 +258,29 @@ def test_a_fifth_strategy_is_one_class_and_one_registry_entry(monkeypatch, devic
     assert "halves" in {p.attention.strategy for p, _ in candidate_plans(TINY, 8, 4096, 2)}
     # and attention() runs it (all-gather program) against the dense reference
     q, k, v = (jax.random.normal(jax.random.key(i), (2, 64, n, 8), jnp.float32) for i, n in enumerate((2, 1, 1)))
-    out = attention(q, k, v, plan=bind(dataclasses.replace(plan, attention=dataclasses.replace(
-        plan.attention, layout="contiguous", block_q=16, block_kv=16)), devices), mask=Mask(causal=True))
+    out = attention(
+        q,
+        k,
+        v,
+        plan=bind(
+            dataclasses.replace(
+                plan, attention=dataclasses.replace(plan.attention, layout="contiguous", block_q=16, block_kv=16)
+            ),
+            devices,
+        ),
+        mask=Mask(causal=True),
+    )
     ref = reference_attention(q, k, v, mask=Mask(causal=True))
     np.testing.assert_allclose(out, ref, atol=2e-6, rtol=0)
 
 
-
-@pytest.mark.parametrize("strategy,scopes", [
-    ("ring", ("lcx.Ring", "lcx.XlaKernel.forward_step", "lcx.XlaKernel.backward_step")),
-    ("allgather", ("lcx.AllGather", "lcx.XlaKernel.forward", "lcx.XlaKernel.backward")),
-])
+@pytest.mark.parametrize(
+    "strategy,scopes",
+    [
+        ("ring", ("lcx.Ring", "lcx.XlaKernel.forward_step", "lcx.XlaKernel.backward_step")),
+        ("allgather", ("lcx.AllGather", "lcx.XlaKernel.forward", "lcx.XlaKernel.backward")),
+    ],
+)
 def test_strategy_and_kernel_calls_are_named_scopes(devices, strategy, scopes):
     """Profiles read as the architecture does: the strategy call runs under
     ``jax.named_scope("lcx.<Strategy>")`` and each kernel call under ``lcx.<Kernel>.<pass>``."""

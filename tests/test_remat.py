@@ -52,7 +52,9 @@ def _batch(B: int, T: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     tok = jnp.asarray(rng.integers(0, CFG.vocab_size, (B, T)).astype(np.int32))
     # two documents per row: the document mask is exercised too
-    pos = jnp.asarray(np.tile(np.concatenate([np.arange(T // 2 + 1), np.arange(T - T // 2 - 1)]), (B, 1)).astype(np.int32))
+    pos = jnp.asarray(
+        np.tile(np.concatenate([np.arange(T // 2 + 1), np.arange(T - T // 2 - 1)]), (B, 1)).astype(np.int32)
+    )
     seg = jnp.asarray(np.tile((np.arange(T) > T // 2).astype(np.int32), (B, 1)))
     return tok, pos, seg
 
@@ -114,8 +116,9 @@ def _scan_residuals(changes, plan, B=1, T=12):
     return out
 
 
-@pytest.mark.parametrize("changes", [OFFLOAD, DEVICE, dict(remat="custom", remat_layer_input="offload",
-                                                           remat_context="device")])
+@pytest.mark.parametrize(
+    "changes", [OFFLOAD, DEVICE, dict(remat="custom", remat_layer_input="offload", remat_context="device")]
+)
 def test_ledger_counts_exactly_the_saved_residuals(one_device, changes):
     B, T = 1, 12
     res = _scan_residuals(changes, one_device, B, T)
@@ -154,8 +157,11 @@ def test_kept_context_skips_the_attention_replay(one_device):
         ca = f.lower(_model(changes)).compile().cost_analysis()
         return (ca[0] if isinstance(ca, list) else ca)["flops"]
 
-    replay, kept, kept_qkv = flops(dict(remat="custom")), flops(dict(remat="custom", remat_context="offload")), \
-        flops(dict(remat="custom", remat_context="device", remat_qkv="device"))
+    replay, kept, kept_qkv = (
+        flops(dict(remat="custom")),
+        flops(dict(remat="custom", remat_context="offload")),
+        flops(dict(remat="custom", remat_context="device", remat_qkv="device")),
+    )
     assert kept < replay and kept_qkv < kept
 
 
@@ -163,8 +169,11 @@ def test_kept_context_skips_the_attention_replay(one_device):
 def test_ledger_moves_offloaded_bytes_to_host():
     cfg = lm.preset("llama3_1_8b_longctx")
     D, N, K, H, L = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.n_layers
-    plan = Plan(mesh=(("data", 1), ("context", 64)), activations={"batch": "data", "seq": ("context",)},
-                attention=AttentionConfig(strategy="ring"))
+    plan = Plan(
+        mesh=(("data", 1), ("context", 64)),
+        activations={"batch": "data", "seq": ("context",)},
+        attention=AttentionConfig(strategy="ring"),
+    )
     kw = dict(seq_len=4_194_304, global_batch=1, dtype="bfloat16")
     tokens = 4_194_304 // 64
 
@@ -181,8 +190,13 @@ def test_ledger_moves_offloaded_bytes_to_host():
     assert ctx.activations == 0 and ctx.host == L * tokens * (2 * D + 4 * (N * H + N))
     assert mem(remat="custom").activations == mem(remat="full").activations == L * tokens * 2 * D
     p = cost.ActivationPolicy.from_model(cfg.replace(remat="custom", remat_qkv="offload"), offload_optimizer=True)
-    assert (p.remat, p.decoder_layer_input, p.context, p.qkv, p.offload_optimizer) == \
-        ("custom", "device", "remat", "offload", True)
+    assert (p.remat, p.decoder_layer_input, p.context, p.qkv, p.offload_optimizer) == (
+        "custom",
+        "device",
+        "remat",
+        "offload",
+        True,
+    )
     assert p.label == "custom,ctx=remat,qkv=offload,opt>host"
     assert cost.ActivationPolicy.from_model(cfg) == cost.ActivationPolicy("full")
 

@@ -84,12 +84,30 @@ def test_yarn_ramp_of_a_128k_model():
     np.testing.assert_allclose(f[40:], base[40:] / 4, rtol=1e-15)
     np.testing.assert_allclose(f[31], base[31] * (9 / 17) + base[31] / 4 * (8 / 17), rtol=1e-15)
     assert rc.attention_scaling == pytest.approx(0.1 * math.log(4) + 1)  # 1.1386
-    assert RopeConfig(head_dim=8, theta=1e4, scaling_type="yarn", factor=4.0, attention_factor=1.0).attention_scaling == 1
+    assert (
+        RopeConfig(head_dim=8, theta=1e4, scaling_type="yarn", factor=4.0, attention_factor=1.0).attention_scaling == 1
+    )
     assert RopeConfig(head_dim=8, theta=1e4, scaling_type="llama3", factor=8.0).attention_scaling == 1
 
 
-POSITIONS = [0, 1, 255, 256, 257, 4095, 65_537, 1_000_003, 8_388_609, 14_000_000, 14_000_001, 16_777_217,
-             2**31 - 2, 2**31 - 1, -1, -257]
+POSITIONS = [
+    0,
+    1,
+    255,
+    256,
+    257,
+    4095,
+    65_537,
+    1_000_003,
+    8_388_609,
+    14_000_000,
+    14_000_001,
+    16_777_217,
+    2**31 - 2,
+    2**31 - 1,
+    -1,
+    -257,
+]
 
 
 def wrapped_error(angle32, angle64):
@@ -103,8 +121,9 @@ def exact_phase(positions, freq):
     with decimal.localcontext() as ctx:
         ctx.prec = 50
         two_pi = decimal.Decimal("6.28318530717958647692528676655900576839433879875021164194988918")
-        return np.array([[float(decimal.Decimal(int(p)) * decimal.Decimal(float(f)) % two_pi) for f in freq]
-                         for p in positions])
+        return np.array(
+            [[float(decimal.Decimal(int(p)) * decimal.Decimal(float(f)) % two_pi) for f in freq] for p in positions]
+        )
 
 
 @pytest.mark.parametrize("scaling", [None, "llama3", "yarn"])
@@ -116,14 +135,21 @@ def test_phases_are_exact_at_long_positions(scaling):
     spacing near pi (1.19e-7 rad); with a fused multiply-add (XLA under jit) once. The float32
     product ``p * f`` misses by up to ~0.5 rad at 14M tokens (checked below).
     """
-    freq = lm.rope_frequencies(128, theta=500_000.0, scaling_factor=None if scaling is None else 8.0,
-                               original_max_len=8192, scaling_type=scaling)
+    freq = lm.rope_frequencies(
+        128,
+        theta=500_000.0,
+        scaling_factor=None if scaling is None else 8.0,
+        original_max_len=8192,
+        scaling_type=scaling,
+    )
     rng = np.random.default_rng(0)
     pos = np.concatenate([POSITIONS, rng.integers(-(2**31) + 1, 2**31, 48)])
     ref = exact_phase(pos, freq)
     angles = check(rope_angles)
-    for got in (angles(jnp.asarray(pos, jnp.int32), freq),
-                jax.jit(lambda p: angles(p, freq))(jnp.asarray(pos, jnp.int32))):
+    for got in (
+        angles(jnp.asarray(pos, jnp.int32), freq),
+        jax.jit(lambda p: angles(p, freq))(jnp.asarray(pos, jnp.int32)),
+    ):
         assert got.dtype == jnp.float32 and got.shape == (len(pos), 64)
         err = wrapped_error(got, ref)
         assert err.max() < 2.5e-7, (err.max(), pos[err.max(1).argmax()])
@@ -162,8 +188,10 @@ def test_yarn_scales_attention_logits_by_the_factor_squared():
     rc = cfg.rope
     q, k = jax.random.normal(jax.random.key(1), (2, 1, 1, 1, 16))
     pq, pk = jnp.array([[30]], jnp.int32), jnp.array([[7]], jnp.int32)
-    scaled = jnp.sum(lm.rope(q, pq, rc.frequencies(), scale=rc.attention_scaling) *
-                     lm.rope(k, pk, rc.frequencies(), scale=rc.attention_scaling))
+    scaled = jnp.sum(
+        lm.rope(q, pq, rc.frequencies(), scale=rc.attention_scaling)
+        * lm.rope(k, pk, rc.frequencies(), scale=rc.attention_scaling)
+    )
     plain = jnp.sum(lm.rope(q, pq, rc.frequencies()) * lm.rope(k, pk, rc.frequencies()))
     np.testing.assert_allclose(scaled, plain * (0.1 * math.log(4) + 1) ** 2, rtol=1e-5)
 
@@ -171,8 +199,9 @@ def test_yarn_scales_attention_logits_by_the_factor_squared():
 def test_config_fields_and_checks():
     c = lm.ModelConfig(rope_scaling_factor=8.0)
     assert c.rope_scaling_type == "llama3"  # a factor alone means Llama 3.1 scaling, as before
-    assert lm.preset("llama3_1_8b").rope == RopeConfig(head_dim=128, theta=500_000.0, scaling_type="llama3",
-                                                       factor=8.0, original_max_len=8192)
+    assert lm.preset("llama3_1_8b").rope == RopeConfig(
+        head_dim=128, theta=500_000.0, scaling_type="llama3", factor=8.0, original_max_len=8192
+    )
     assert lm.preset("llama3_70b").rope.scaling_type is None
     with pytest.raises(ValueError, match="rope_scaling_type='yarn' needs model.rope_scaling_factor"):
         lm.ModelConfig(rope_scaling_type="yarn")

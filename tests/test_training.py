@@ -135,11 +135,14 @@ def test_invalid_plan_exits_fast_without_compiling(tmp_path):
     assert time.time() - t0 < 60
 
 
-@pytest.mark.parametrize("override,match", [
-    ("train.seq_len=512.5", r"train.seq_len=512.5: must be a whole number"),  # was run as 512 tokens
-    ("train.global_batch=abc", r"train.global_batch='abc': must be a whole number"),
-    ("train.steps=0", r"train.steps=0: must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("train.seq_len=512.5", r"train.seq_len=512.5: must be a whole number"),  # was run as 512 tokens
+        ("train.global_batch=abc", r"train.global_batch='abc': must be a whole number"),
+        ("train.steps=0", r"train.steps=0: must be >= 1"),
+    ],
+)
 def test_settings_that_are_not_whole_numbers_are_refused(override, match, devices):
     from lcx.training.preflight import setup
 
@@ -173,11 +176,14 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(devices, monkeypatch
     import lcx.cost
     from lcx.training.preflight import setup
 
-    with pytest.raises(ValueError, match=r"model=llama3_70b does not fit: the cost ledger estimates .* GiB per device x 8 "
-                                         r"simulated CPU devices = .* of host RAM, but this machine has .* available.*"
-                                         r"state alone need .* of host RAM \(summed over the 8 simulated devices, however "
-                                         r"they are sharded\), so model=llama3_70b cannot fit on this machine: use a "
-                                         r"smaller model \(e.g. model=tiny\). train.check_memory=false skips this check"):
+    with pytest.raises(
+        ValueError,
+        match=r"model=llama3_70b does not fit: the cost ledger estimates .* GiB per device x 8 "
+        r"simulated CPU devices = .* of host RAM, but this machine has .* available.*"
+        r"state alone need .* of host RAM \(summed over the 8 simulated devices, however "
+        r"they are sharded\), so model=llama3_70b cannot fit on this machine: use a "
+        r"smaller model \(e.g. model=tiny\). train.check_memory=false skips this check",
+    ):
         setup(_config("model=llama3_70b"), devices)
     setup(_config("model=llama3_70b", "train.check_memory=false"), devices)  # the escape hatch
     # an accelerator preset: each device's estimate against its HBM
@@ -188,8 +194,11 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(devices, monkeypatch
     monkeypatch.setattr(lcx.cost, "host_memory_available", lambda: (1 << 30, "test"))
     setup(_config(), devices)
     monkeypatch.setattr(lcx.cost, "host_memory_available", lambda: (256 << 20, "test"))
-    with pytest.raises(ValueError, match=r"model=tiny does not fit: .* but this machine has 0.25 GiB available \(test\); "
-                                         r"the largest part is saved activations.*remat.*") as e:
+    with pytest.raises(
+        ValueError,
+        match=r"model=tiny does not fit: .* but this machine has 0.25 GiB available \(test\); "
+        r"the largest part is saved activations.*remat.*",
+    ) as e:
         setup(_config(), devices)
     # on cpu the devices share the RAM: no advice that leaves the sum over devices where it is, no
     # model=tiny for the tiny model, and Hydra's own form of each override printed
@@ -200,5 +209,7 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(devices, monkeypatch
     setup(_config("+plan.params.embed=[data,context]", "model.remat=full", "train.seq_len=512"), devices)
     # a string is not a boolean: train.check_memory=no reached the check as the truthy "no"
     for v in ("'no'", "'off'", "0"):
-        with pytest.raises(ValueError, match=rf"train.check_memory={v}: must be true or false .*train.check_memory=false"):
+        with pytest.raises(
+            ValueError, match=rf"train.check_memory={v}: must be true or false .*train.check_memory=false"
+        ):
             setup(_config(f"train.check_memory={v.strip(chr(39))}"), devices)

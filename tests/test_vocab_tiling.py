@@ -15,11 +15,12 @@ from lcx.models import ModelConfig, init_model, model_shardings
 from lcx.sharding import bind
 from lcx.sharding.config import preset
 from lcx.training.memory import MemoryOptions
-from lcx.training.step import is_arraylike, loss_function, make_steps, put_batch
 from lcx.training.optim import make_optimizer
+from lcx.training.step import is_arraylike, loss_function, make_steps, put_batch
 
-SMALL = ModelConfig.from_dict(dict(name="small", vocab_size=512, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                                   head_dim=8, mlp_dim=64))
+SMALL = ModelConfig.from_dict(
+    dict(name="small", vocab_size=512, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64)
+)
 
 
 def _config(*overrides):
@@ -39,8 +40,13 @@ def _batch(B, S, layout, degree, V):
     pos = np.concatenate([np.arange(b - a, dtype=np.int32) for a, b in zip(cuts, cuts[1:])])
     mask = np.ones(S, np.float32)
     mask[-9:] = 0.0
-    batch = {"tokens": tok[:, :-1], "targets": tok[:, 1:], "positions": np.tile(pos, (B, 1)),
-             "segment_ids": np.tile(seg, (B, 1)), "loss_mask": np.tile(mask, (B, 1))}
+    batch = {
+        "tokens": tok[:, :-1],
+        "targets": tok[:, 1:],
+        "positions": np.tile(pos, (B, 1)),
+        "segment_ids": np.tile(seg, (B, 1)),
+        "loss_mask": np.tile(mask, (B, 1)),
+    }
     return {k: np.asarray(apply_layout(v, layout, degree, axis=1)) for k, v in batch.items()}
 
 
@@ -58,10 +64,17 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-@pytest.mark.parametrize("plan_name,layout,tiles", [
-    ("allgather", "zigzag", 4), ("a2a", "contiguous", 2), ("ring", "zigzag", 8), ("usp", "contiguous", 4),
-    ("ring_cp", "contiguous", 16), ("fsdp_ring", "zigzag", 4),
-])
+@pytest.mark.parametrize(
+    "plan_name,layout,tiles",
+    [
+        ("allgather", "zigzag", 4),
+        ("a2a", "contiguous", 2),
+        ("ring", "zigzag", 8),
+        ("usp", "contiguous", 4),
+        ("ring_cp", "contiguous", 16),
+        ("fsdp_ring", "zigzag", 4),
+    ],
+)
 def test_tiled_loss_and_grads_equal_untiled(devices, plan_name, layout, tiles):
     plan = preset(plan_name)
     plan = dataclasses.replace(plan, attention=dataclasses.replace(plan.attention, layout=layout))
@@ -100,14 +113,21 @@ def test_no_whole_logits_buffer_in_the_compiled_step(devices, tiles):
     psh = model_shardings(model, mp)
     opt, _ = make_optimizer(lr=1e-3, steps=10, warmup_steps=1)
     steps = make_steps(model, opt, mp, psh, MemoryOptions(vocab_tiling=tiles))
-    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          eqx.filter(model, is_arraylike), steps.param_shardings)
-    opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                             jax.eval_shape(opt.init, params), steps.opt_shardings)
+    params = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        eqx.filter(model, is_arraylike),
+        steps.param_shardings,
+    )
+    opt_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        jax.eval_shape(opt.init, params),
+        steps.opt_shardings,
+    )
     S, T, V = 2048, 256, 4096
-    batch = {k: jax.ShapeDtypeStruct((1, S), np.float32 if k == "loss_mask" else np.int32,
-                                     sharding=steps.batch_sharding)
-             for k in ("tokens", "targets", "positions", "segment_ids", "loss_mask")}
+    batch = {
+        k: jax.ShapeDtypeStruct((1, S), np.float32 if k == "loss_mask" else np.int32, sharding=steps.batch_sharding)
+        for k in ("tokens", "targets", "positions", "segment_ids", "loss_mask")
+    }
     with jax.numpy_dtype_promotion("standard"):  # optax's bias correction: float ** int32 step
         text = steps.train.lower(params, opt_state, batch).compile().as_text()
     sizes = [int(np.prod(d)) for _, d in _hlo_shapes(text)]
@@ -124,17 +144,23 @@ def test_tiling_that_does_not_divide_the_local_sequence_is_refused(devices):
 
     # 4096 tokens over context 4: 1024 local tokens; 48 does not divide 1024, 32 and 64 do
     cfg = _config("memory.vocab_tiling=48")
-    with pytest.raises(ValueError, match=r"memory.vocab_tiling=48 does not divide the local sequence of 1,024 tokens"
-                                         r".*nearest valid N is 32.*valid neighbours: 32, 64"):
+    with pytest.raises(
+        ValueError,
+        match=r"memory.vocab_tiling=48 does not divide the local sequence of 1,024 tokens"
+        r".*nearest valid N is 32.*valid neighbours: 32, 64",
+    ):
         setup(cfg, devices)
 
 
-@pytest.mark.parametrize("override,match", [
-    ("memory.vocab_tiling=0", "must be a whole number >= 1"),
-    ("memory.offload_params=off", "must be true or false"),
-    ("+memory.vocab_tilling=4", "unknown key"),
-    ("+memory.remat=full", "set model.remat instead"),
-])
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("memory.vocab_tiling=0", "must be a whole number >= 1"),
+        ("memory.offload_params=off", "must be true or false"),
+        ("+memory.vocab_tilling=4", "unknown key"),
+        ("+memory.remat=full", "set model.remat instead"),
+    ],
+)
 def test_bad_memory_options_are_refused(devices, override, match):
     from lcx.training.preflight import setup
 

@@ -43,9 +43,9 @@ from lcx.attention.kernels import KERNELS as KERNELS
 from lcx.attention.kernels import AbstractKernel as AbstractKernel
 from lcx.attention.kernels import BlockSizes as BlockSizes
 from lcx.attention.kernels import Kernel as Kernel
-from lcx.attention.kernels import get_kernel as get_kernel
 from lcx.attention.kernels import KernelNotAvailableError as KernelNotAvailableError
 from lcx.attention.kernels import XlaKernel as XlaKernel
+from lcx.attention.kernels import get_kernel as get_kernel
 from lcx.attention.kernels import make_kernel as make_kernel
 from lcx.attention.masks import CAUSAL as CAUSAL
 from lcx.attention.masks import FULL as FULL
@@ -54,12 +54,12 @@ from lcx.attention.reference import reference_attention as reference_attention
 from lcx.attention.sinks import merge_sinks as merge_sinks
 from lcx.attention.sinks import sinks_grad as sinks_grad
 from lcx.attention.strategies import STRATEGIES as STRATEGIES
-from lcx.attention.strategies import AbstractStrategy as AbstractStrategy
-from lcx.attention.strategies import get_strategy as get_strategy
 from lcx.attention.strategies import USP as USP
+from lcx.attention.strategies import AbstractStrategy as AbstractStrategy
 from lcx.attention.strategies import AllGather as AllGather
 from lcx.attention.strategies import Ring as Ring
 from lcx.attention.strategies import Strategy as Strategy
 from lcx.attention.strategies import Ulysses as Ulysses
+from lcx.attention.strategies import get_strategy as get_strategy
 from lcx.attention.strategies import merge_partials as merge_partials
 from lcx.attention.strategies import ring_attention as ring_attention

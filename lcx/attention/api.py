@@ -178,7 +178,9 @@ def build_strategy(
 
     q_spec = plan.activation_spec((ax.BATCH, ax.SEQ, ax.HEADS, ax.HEAD_DIM))
     if rules.get(ax.HEAD_DIM):
-        raise ValueError(f"attention cannot split head_dim (plan.activations.head_dim -> {rules[ax.HEAD_DIM]}); remove that rule")
+        raise ValueError(
+            f"attention cannot split head_dim (plan.activations.head_dim -> {rules[ax.HEAD_DIM]}); remove that rule"
+        )
     # K/V heads follow the query heads' mesh axes whatever the kv_heads rule says: each device
     # must hold exactly the kv heads its query heads use (head n -> kv head n // G).
     kv_spec = PartitionSpec(*q_spec)
@@ -237,8 +239,17 @@ def _layout_positions(mp: MeshPlan, B: int, T: int) -> Int[Array, "B T"]:
 
 # What attention() does not do, by the argument names other libraries use for it.
 _NOT_SUPPORTED = {
-    ("dropout_rate", "dropout", "dropout_p", "attn_dropout", "dropout_rng", "rng", "key", "deterministic",
-     "inference"): "attention dropout (none: apply dropout outside attention, or train without it)",
+    (
+        "dropout_rate",
+        "dropout",
+        "dropout_p",
+        "attn_dropout",
+        "dropout_rng",
+        "rng",
+        "key",
+        "deterministic",
+        "inference",
+    ): "attention dropout (none: apply dropout outside attention, or train without it)",
     ("scale", "softmax_scale", "sm_scale", "scaling"): "a softmax scale other than 1/sqrt(head_dim) (scale q instead)",
     ("logits_soft_cap", "attn_logits_soft_cap", "soft_cap", "softcap", "logit_cap"): "logit soft-capping",
     ("bias", "attn_bias", "alibi_slopes", "mask_bias"): (
@@ -257,7 +268,9 @@ def _unsupported_message(unsupported) -> str:
     for name in names:
         for aliases, what in _NOT_SUPPORTED.items():
             if name in aliases:
-                why.append(f"{name}=: lcx attention has no {what}" if "mask options" not in what else f"{name}=: {what}")
+                why.append(
+                    f"{name}=: lcx attention has no {what}" if "mask options" not in what else f"{name}=: {what}"
+                )
                 break
         else:
             why.append(f"{name}=: not an argument of attention()")

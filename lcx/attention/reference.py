@@ -48,7 +48,7 @@ def reference_attention(
       JAX's own rules in both outputs.
     """
     B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
+    K = k.shape[2]
     if N % K:
         raise ValueError(f"query heads {N} must be a multiple of kv heads {K} (GQA)")
     G = N // K

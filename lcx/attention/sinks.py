@@ -65,7 +65,9 @@ def row_sinks(sinks: Float[Array, " N"], q_seg: Int[Array, "B T"]) -> Float[Arra
     return jnp.where((q_seg < 0)[..., None], -jnp.inf, sinks.astype(_F32)[None, None, :])
 
 
-def sinks_grad(delta: Float[Array, "B T N"], lse: Float[Array, "B T N"], sinks: Float[Array, " N"]) -> Float[Array, " N"]:
+def sinks_grad(
+    delta: Float[Array, "B T N"], lse: Float[Array, "B T N"], sinks: Float[Array, " N"]
+) -> Float[Array, " N"]:
     """Gradient of the sink logits from this device's rows.
 
     Args:

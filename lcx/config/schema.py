@@ -194,8 +194,13 @@ DATA_SCHEMAS: dict[str, type] = {"stdlib": StdlibDataSchema, "text": TextDataSch
 """The schema of each data config, by its ``data.name``."""
 
 SECTIONS: dict[str, type] = {
-    "train": TrainSchema, "checkpoint": CheckpointSchema, "memory": MemorySchema, "eval": EvalSchema,
-    "distributed": DistributedSchema, "hardware": HardwareSchema, "planner": PlannerSchema,
+    "train": TrainSchema,
+    "checkpoint": CheckpointSchema,
+    "memory": MemorySchema,
+    "eval": EvalSchema,
+    "distributed": DistributedSchema,
+    "hardware": HardwareSchema,
+    "planner": PlannerSchema,
 }
 
 
@@ -204,10 +209,12 @@ def register_schemas() -> None:
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    for name, node in {**SECTIONS, "eval_checkpoint": EvalCheckpointSchema,
-                       **{f"data_{k}": v for k, v in DATA_SCHEMAS.items()}}.items():
+    for name, node in {
+        **SECTIONS,
+        "eval_checkpoint": EvalCheckpointSchema,
+        **{f"data_{k}": v for k, v in DATA_SCHEMAS.items()},
+    }.items():
         cs.store(group="schema", name=name, node=node)
-
 
 
 # -- the check ------------------------------------------------------------------------------------
@@ -235,8 +242,10 @@ def nearest(key: str, valid: Sequence[str]) -> str | None:
 def unknown_key_message(section: str, key: str, valid: Sequence[str], tool: str = "lcx") -> str:
     near = nearest(key, valid)
     hint = f"did you mean {section}.{near}? " if near else ""
-    return (f"{section}.{key}: unknown key; {hint}{tool} reads {', '.join(f'{section}.{k}' for k in sorted(valid))} "
-            f"(a misspelt key is refused, never ignored)")
+    return (
+        f"{section}.{key}: unknown key; {hint}{tool} reads {', '.join(f'{section}.{k}' for k in sorted(valid))} "
+        f"(a misspelt key is refused, never ignored)"
+    )
 
 
 def _check_value(key: str, value: Any, tp: Any) -> Any:
@@ -308,8 +317,10 @@ def check_section(node: Any, schema: type, section: str, *, complete: bool = Tru
             if k in out:
                 continue
             if f.default is REQUIRED and f.default_factory is REQUIRED:
-                raise ValueError(f"{section}.{k} is missing: {tool} needs it (add {section}.{k}=<value>, or "
-                                 f"compose the config from conf/)")
+                raise ValueError(
+                    f"{section}.{k} is missing: {tool} needs it (add {section}.{k}=<value>, or "
+                    f"compose the config from conf/)"
+                )
             out[k] = f.default
     return out
 
@@ -380,9 +391,24 @@ def check_overrides(argv: Sequence[str], tool: str = "lcx") -> None:
 
 
 __all__ = [
-    "CheckpointSchema", "DATA_SCHEMAS", "DistributedSchema", "EvalCheckpointSchema", "EvalSchema", "HardwareSchema",
-    "MemorySchema", "PasskeyDataSchema", "PlannerSchema", "SECTIONS", "StdlibDataSchema", "TextDataSchema",
+    "CheckpointSchema",
+    "DATA_SCHEMAS",
+    "DistributedSchema",
+    "EvalCheckpointSchema",
+    "EvalSchema",
+    "HardwareSchema",
+    "MemorySchema",
+    "PasskeyDataSchema",
+    "PlannerSchema",
+    "SECTIONS",
+    "StdlibDataSchema",
+    "TextDataSchema",
     "TrainSchema",
-    "check_overrides", "check_section", "check_train_config", "data_schema", "nearest", "register_schemas",
+    "check_overrides",
+    "check_section",
+    "check_train_config",
+    "data_schema",
+    "nearest",
+    "register_schemas",
     "unknown_key_message",
 ]

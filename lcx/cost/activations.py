@@ -25,8 +25,15 @@ def param_arrays(cfg: ModelDims, param_dtype: str = "float32", *, tie_embeddings
     head), so :func:`lcx.sharding.describe.describe` can lay them out
     without building a model.
     """
-    D, N, K, H, F, V, L = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim,
-                           cfg.vocab_size, cfg.n_layers)
+    D, N, K, H, F, V, L = (
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        cfg.mlp_dim,
+        cfg.vocab_size,
+        cfg.n_layers,
+    )
     b = dtype_bytes(param_dtype)
     E, Hd, Hs, Kv, M, Vo, Ly = ax.EMBED, ax.HEAD_DIM, ax.HEADS, ax.KV_HEADS, ax.MLP, ax.VOCAB, ax.LAYERS
     out = [
@@ -74,7 +81,9 @@ def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, byte
     return 2 * n_layers * n_kv_heads * head_dim * bytes_per_element
 
 
-def saved_bytes_per_token_per_layer(cfg: ModelDims, policy: ActivationPolicy, dtype: str = "bfloat16") -> tuple[int, int]:
+def saved_bytes_per_token_per_layer(
+    cfg: ModelDims, policy: ActivationPolicy, dtype: str = "bfloat16"
+) -> tuple[int, int]:
     """Bytes one token leaves saved for the backward pass in one block: (on device, on host).
 
     Counted from the block of ``lcx.models.llama`` with activations in ``dtype`` (a bytes):
@@ -132,7 +141,9 @@ def _non_mlp_residual_bytes_per_token(cfg: ModelDims, dtype: str) -> int:
     return full - 6 * cfg.mlp_dim * dtype_bytes(dtype)
 
 
-def layer_working_bytes_per_token(cfg: ModelDims, policy: ActivationPolicy | None = None, dtype: str = "bfloat16") -> int:
+def layer_working_bytes_per_token(
+    cfg: ModelDims, policy: ActivationPolicy | None = None, dtype: str = "bfloat16"
+) -> int:
     """Bytes per token live in the MLP phase of one block's backward, beyond the saved activations
     (as saved) and beyond the attention's own residuals
     (:func:`~lcx.cost.attention_memory.attention_kernel_residual_bytes`).
@@ -174,8 +185,9 @@ def layer_working_bytes_per_token(cfg: ModelDims, policy: ActivationPolicy | Non
     return _non_mlp_residual_bytes_per_token(cfg, dtype) + replay * F * a + 5 * F * a + 2 * cfg.d_model * a
 
 
-def attention_residual_bytes_per_token(cfg: ModelDims, policy: ActivationPolicy | None = None,
-                                       dtype: str = "bfloat16") -> int:
+def attention_residual_bytes_per_token(
+    cfg: ModelDims, policy: ActivationPolicy | None = None, dtype: str = "bfloat16"
+) -> int:
     """Bytes per token of the block's residuals live while its attention is differentiated (the
     MLP's are dead by then): the attention norm's output ``D a`` (for the q/k/v weight
     gradients), q, k, v after RoPE ``(N + 2K) H a`` and the flash residuals, float32 output and
@@ -197,8 +209,15 @@ compiled step (3,584 tokens: four tiles; 4,096: three untiled, two tiled; V = 4,
 128,256 alike), not read from XLA's source."""
 
 
-def logits_phase_bytes(cfg: ModelDims, *, tokens: int, vocab_tiling: int = 1, head_copy: bool = True,
-                       dtype: str = "bfloat16", xla_cpu: bool = False) -> int:
+def logits_phase_bytes(
+    cfg: ModelDims,
+    *,
+    tokens: int,
+    vocab_tiling: int = 1,
+    head_copy: bool = True,
+    dtype: str = "bfloat16",
+    xla_cpu: bool = False,
+) -> int:
     """Peak bytes of the loss phase on one device beyond the state and saved activations: the
     backward of the output head and loss (``lcx.training.step``'s ``loss_fn``), between the layer
     scan's forward and its backward.

@@ -31,16 +31,30 @@ from lcx.cost.dtypes import dtype_bytes
 from lcx.cost.flops import ModelDims
 
 
-def attention_shard(cfg: ModelDims, *, seq_len: int, local_batch: int, context_degree: int, ulysses_degree: int = 1,
-                    tensor_degree: int = 1, dtype: str = "bfloat16") -> AttentionShard:
+def attention_shard(
+    cfg: ModelDims,
+    *,
+    seq_len: int,
+    local_batch: int,
+    context_degree: int,
+    ulysses_degree: int = 1,
+    tensor_degree: int = 1,
+    dtype: str = "bfloat16",
+) -> AttentionShard:
     """One attention layer on one device (:class:`AttentionShard`) for ``cfg``.
 
     Raises:
       ValueError: an unknown dtype.
     """
-    return AttentionShard.from_model(cfg, seq_len=seq_len, local_batch=local_batch, context_degree=context_degree,
-                                     ulysses_degree=ulysses_degree, tensor_degree=tensor_degree,
-                                     act_bytes=dtype_bytes(dtype))
+    return AttentionShard.from_model(
+        cfg,
+        seq_len=seq_len,
+        local_batch=local_batch,
+        context_degree=context_degree,
+        ulysses_degree=ulysses_degree,
+        tensor_degree=tensor_degree,
+        act_bytes=dtype_bytes(dtype),
+    )
 
 
 def kernel_call(strategy: type[AbstractStrategy], s: AttentionShard) -> KernelCall:
@@ -49,15 +63,17 @@ def kernel_call(strategy: type[AbstractStrategy], s: AttentionShard) -> KernelCa
     return KernelCall(s.local_batch, tq, tk, nq, nk, s.head_dim, s.act_bytes)
 
 
-def layer_forward_bytes(strategy: type[AbstractStrategy], kernel: type[AbstractKernel], s: AttentionShard,
-                        blocks: BlockSizes) -> int:
+def layer_forward_bytes(
+    strategy: type[AbstractStrategy], kernel: type[AbstractKernel], s: AttentionShard, blocks: BlockSizes
+) -> int:
     """Peak transient bytes of one attention layer's forward: the strategy's buffers plus the
     kernel's forward on the shape it is called with."""
     return int(strategy.buffer_bytes(s, backward=False) + kernel.forward_bytes(kernel_call(strategy, s), blocks))
 
 
-def layer_backward_bytes(strategy: type[AbstractStrategy], kernel: type[AbstractKernel], s: AttentionShard,
-                         blocks: BlockSizes) -> int:
+def layer_backward_bytes(
+    strategy: type[AbstractStrategy], kernel: type[AbstractKernel], s: AttentionShard, blocks: BlockSizes
+) -> int:
     """Peak transient bytes of one attention layer's backward beyond the residuals it reads: the
     strategy's buffers plus the kernel's backward (on its backward blocks)."""
     return int(strategy.buffer_bytes(s, backward=True) + kernel.backward_bytes(kernel_call(strategy, s), blocks))
@@ -70,9 +86,17 @@ def layer_prologue_bytes(strategy: type[AbstractStrategy], kernel: type[Abstract
 
 
 # -------------------------------------------------------------------------- by name (public, keywords)
-def attention_kernel_residual_bytes(cfg: ModelDims, *, strategy: str, seq_len: int, local_batch: int,
-                                    context_degree: int, ulysses_degree: int = 1, tensor_degree: int = 1,
-                                    dtype: str = "bfloat16") -> int:
+def attention_kernel_residual_bytes(
+    cfg: ModelDims,
+    *,
+    strategy: str,
+    seq_len: int,
+    local_batch: int,
+    context_degree: int,
+    ulysses_degree: int = 1,
+    tensor_degree: int = 1,
+    dtype: str = "bfloat16",
+) -> int:
     """Bytes a strategy's attention residuals exceed the local q, k, v (which the layer's saved
     set already counts): what the kernel's custom VJP saves is the K/V it was CALLED with
     (:meth:`~lcx.attention.strategies.AbstractStrategy.residual_bytes`; module docstring).
@@ -80,14 +104,33 @@ def attention_kernel_residual_bytes(cfg: ModelDims, *, strategy: str, seq_len: i
     Raises:
       ValueError: unknown strategy or dtype.
     """
-    s = attention_shard(cfg, seq_len=seq_len, local_batch=local_batch, context_degree=context_degree,
-                        ulysses_degree=ulysses_degree, tensor_degree=tensor_degree, dtype=dtype)
+    s = attention_shard(
+        cfg,
+        seq_len=seq_len,
+        local_batch=local_batch,
+        context_degree=context_degree,
+        ulysses_degree=ulysses_degree,
+        tensor_degree=tensor_degree,
+        dtype=dtype,
+    )
     return get_strategy(strategy).residual_bytes(s)
 
 
-def kernel_backward_bytes(*, kernel: str, local_batch: int, q_len: int, kv_len: int, q_heads: int, kv_heads: int,
-                          head_dim: int, block_q: int = 512, block_kv: int = 512, block_q_dkv: int | None = None,
-                          block_kv_dkv: int | None = None, dtype: str = "bfloat16") -> int:
+def kernel_backward_bytes(
+    *,
+    kernel: str,
+    local_batch: int,
+    q_len: int,
+    kv_len: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_q: int = 512,
+    block_kv: int = 512,
+    block_q_dkv: int | None = None,
+    block_kv_dkv: int | None = None,
+    dtype: str = "bfloat16",
+) -> int:
     """Bytes one attention kernel's backward call holds besides its inputs (q, k, v, out, lse):
     :meth:`~lcx.attention.kernels.XlaKernel.backward_bytes` and the like.
 
@@ -98,8 +141,9 @@ def kernel_backward_bytes(*, kernel: str, local_batch: int, q_len: int, kv_len: 
     return get_kernel(kernel).backward_bytes(call, BlockSizes(block_q, block_kv, block_q_dkv, block_kv_dkv))
 
 
-def kernel_backward_prologue_bytes(*, kernel: str, local_batch: int, q_len: int, kv_len: int, q_heads: int,
-                                   kv_heads: int, head_dim: int) -> int:
+def kernel_backward_prologue_bytes(
+    *, kernel: str, local_batch: int, q_len: int, kv_len: int, q_heads: int, kv_heads: int, head_dim: int
+) -> int:
     """Bytes of an attention kernel's backward that do not depend on the incoming cotangent, so
     XLA creates them as soon as their inputs exist -- during the MLP's backward, before
     attention's own phase (its schedulers start independent work early: XLA:CPU's default
@@ -111,8 +155,18 @@ def kernel_backward_prologue_bytes(*, kernel: str, local_batch: int, q_len: int,
     return get_kernel(kernel).prologue_bytes(KernelCall(local_batch, q_len, kv_len, q_heads, kv_heads, head_dim))
 
 
-def kernel_forward_bytes(*, kernel: str, local_batch: int, q_len: int, kv_len: int, q_heads: int, kv_heads: int,
-                         head_dim: int, block_q: int = 512, block_kv: int = 512) -> int:
+def kernel_forward_bytes(
+    *,
+    kernel: str,
+    local_batch: int,
+    q_len: int,
+    kv_len: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_q: int = 512,
+    block_kv: int = 512,
+) -> int:
     """Bytes one attention kernel's forward call holds besides its inputs
     (:meth:`~lcx.attention.kernels.XlaKernel.forward_bytes` and the like).
 
@@ -123,22 +177,48 @@ def kernel_forward_bytes(*, kernel: str, local_batch: int, q_len: int, kv_len: i
     return get_kernel(kernel).forward_bytes(call, BlockSizes(block_q, block_kv))
 
 
-def attention_prologue_bytes(cfg: ModelDims, *, strategy: str, kernel: str, seq_len: int, local_batch: int,
-                             context_degree: int, ulysses_degree: int = 1, tensor_degree: int = 1) -> int:
+def attention_prologue_bytes(
+    cfg: ModelDims,
+    *,
+    strategy: str,
+    kernel: str,
+    seq_len: int,
+    local_batch: int,
+    context_degree: int,
+    ulysses_degree: int = 1,
+    tensor_degree: int = 1,
+) -> int:
     """:func:`kernel_backward_prologue_bytes` of ``strategy``'s kernel call on one device
     (:func:`layer_prologue_bytes`).
 
     Raises:
       ValueError: unknown strategy or kernel.
     """
-    s = attention_shard(cfg, seq_len=seq_len, local_batch=local_batch, context_degree=context_degree,
-                        ulysses_degree=ulysses_degree, tensor_degree=tensor_degree)
+    s = attention_shard(
+        cfg,
+        seq_len=seq_len,
+        local_batch=local_batch,
+        context_degree=context_degree,
+        ulysses_degree=ulysses_degree,
+        tensor_degree=tensor_degree,
+    )
     return layer_prologue_bytes(get_strategy(strategy), get_kernel(kernel), s)
 
 
-def attention_forward_bytes(cfg: ModelDims, *, strategy: str, kernel: str, seq_len: int, local_batch: int,
-                            context_degree: int, ulysses_degree: int = 1, tensor_degree: int = 1, block_q: int = 512,
-                            block_kv: int = 512, dtype: str = "bfloat16") -> int:
+def attention_forward_bytes(
+    cfg: ModelDims,
+    *,
+    strategy: str,
+    kernel: str,
+    seq_len: int,
+    local_batch: int,
+    context_degree: int,
+    ulysses_degree: int = 1,
+    tensor_degree: int = 1,
+    block_q: int = 512,
+    block_kv: int = 512,
+    dtype: str = "bfloat16",
+) -> int:
     """Peak transient bytes of ONE attention layer's forward on one device
     (:func:`layer_forward_bytes`). Its phase matters when the forward's blocks are larger than
     the backward's (``plan.attention.block_*_dkv``).
@@ -146,15 +226,34 @@ def attention_forward_bytes(cfg: ModelDims, *, strategy: str, kernel: str, seq_l
     Raises:
       ValueError: unknown strategy, kernel or dtype.
     """
-    s = attention_shard(cfg, seq_len=seq_len, local_batch=local_batch, context_degree=context_degree,
-                        ulysses_degree=ulysses_degree, tensor_degree=tensor_degree, dtype=dtype)
+    s = attention_shard(
+        cfg,
+        seq_len=seq_len,
+        local_batch=local_batch,
+        context_degree=context_degree,
+        ulysses_degree=ulysses_degree,
+        tensor_degree=tensor_degree,
+        dtype=dtype,
+    )
     return layer_forward_bytes(get_strategy(strategy), get_kernel(kernel), s, BlockSizes(block_q, block_kv))
 
 
-def attention_working_bytes(cfg: ModelDims, *, strategy: str, kernel: str, seq_len: int, local_batch: int,
-                            context_degree: int, ulysses_degree: int = 1, tensor_degree: int = 1, block_q: int = 512,
-                            block_kv: int = 512, block_q_dkv: int | None = None, block_kv_dkv: int | None = None,
-                            dtype: str = "bfloat16") -> int:
+def attention_working_bytes(
+    cfg: ModelDims,
+    *,
+    strategy: str,
+    kernel: str,
+    seq_len: int,
+    local_batch: int,
+    context_degree: int,
+    ulysses_degree: int = 1,
+    tensor_degree: int = 1,
+    block_q: int = 512,
+    block_kv: int = 512,
+    block_q_dkv: int | None = None,
+    block_kv_dkv: int | None = None,
+    dtype: str = "bfloat16",
+) -> int:
     """Peak transient bytes of ONE attention layer's backward on one device, beyond the
     residuals it reads (q, k, v, flash output and logsumexp of the local tokens: see
     :func:`~lcx.cost.activations.attention_residual_bytes_per_token`): the strategy's buffers
@@ -165,7 +264,14 @@ def attention_working_bytes(cfg: ModelDims, *, strategy: str, kernel: str, seq_l
     Raises:
       ValueError: unknown strategy, kernel or dtype.
     """
-    s = attention_shard(cfg, seq_len=seq_len, local_batch=local_batch, context_degree=context_degree,
-                        ulysses_degree=ulysses_degree, tensor_degree=tensor_degree, dtype=dtype)
+    s = attention_shard(
+        cfg,
+        seq_len=seq_len,
+        local_batch=local_batch,
+        context_degree=context_degree,
+        ulysses_degree=ulysses_degree,
+        tensor_degree=tensor_degree,
+        dtype=dtype,
+    )
     blocks = BlockSizes(block_q, block_kv, block_q_dkv, block_kv_dkv)
     return layer_backward_bytes(get_strategy(strategy), get_kernel(kernel), s, blocks)

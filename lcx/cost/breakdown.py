@@ -111,10 +111,14 @@ class MemoryBreakdown:
         return d
 
 
-def param_bytes_per_device(plan: Plan, n_devices: int, cfg: ModelDims, param_dtype: str = "float32",
-                           *, tie_embeddings: bool = False) -> int:
+def param_bytes_per_device(
+    plan: Plan, n_devices: int, cfg: ModelDims, param_dtype: str = "float32", *, tie_embeddings: bool = False
+) -> int:
     """Bytes of parameters per device under the plan's parameter rules (ceil-divided shards)."""
-    return sum(r.bytes_per_device for r in layout_arrays(plan, n_devices, param_arrays(cfg, param_dtype, tie_embeddings=tie_embeddings)))
+    return sum(
+        r.bytes_per_device
+        for r in layout_arrays(plan, n_devices, param_arrays(cfg, param_dtype, tie_embeddings=tie_embeddings))
+    )
 
 
 def memory_breakdown(
@@ -189,8 +193,15 @@ def memory_breakdown(
     head_copy = head.bytes_per_device < head.global_bytes or dtype_bytes(dtype) != dtype_bytes(param_dtype)
     a = plan.attention
     strategy, kernel = get_strategy(a.strategy), get_kernel(a.kernel)
-    s = attention_shard(cfg, seq_len=seq_len, local_batch=b, context_degree=P,
-                        ulysses_degree=strategy.all_to_all_degree(a, shape), tensor_degree=tp, dtype=dtype)
+    s = attention_shard(
+        cfg,
+        seq_len=seq_len,
+        local_batch=b,
+        context_degree=P,
+        ulysses_degree=strategy.all_to_all_degree(a, shape),
+        tensor_degree=tp,
+        dtype=dtype,
+    )
     # the attention call's residuals beyond the local q/k/v (gathered K/V, post-all-to-all k/v):
     # with remat: none every layer saves them; otherwise the replay rebuilds them for the block
     # being differentiated, live in both of its backward phases
@@ -207,8 +218,9 @@ def memory_breakdown(
     att = layer_backward_bytes(strategy, kernel, s, a.blocks)
     prologue = layer_prologue_bytes(strategy, kernel, s)
     att_fwd = layer_forward_bytes(strategy, kernel, s, a.blocks)
-    logits = logits_phase_bytes(cfg, tokens=tokens, vocab_tiling=policy.vocab_tiling, head_copy=head_copy, dtype=dtype,
-                                xla_cpu=not memory_kinds)
+    logits = logits_phase_bytes(
+        cfg, tokens=tokens, vocab_tiling=policy.vocab_tiling, head_copy=head_copy, dtype=dtype, xla_cpu=not memory_kinds
+    )
     return MemoryBreakdown(
         params=params_dev,
         grads=p,

@@ -118,12 +118,25 @@ def comm_bytes(
     data = math.prod(shape[m] for m in plan.batch_axes)
     tp = math.prod(shape[m] for m in plan.activation_rules.get(ax.HEADS, ()))
     b = max(1, global_batch // data)
-    replay = 1 if (policy.remat in ("full", "dots_with_no_batch_dims_saveable")
-                   or (policy.remat == "custom" and not policy.keeps_context)) else 0
+    replay = (
+        1
+        if (
+            policy.remat in ("full", "dots_with_no_batch_dims_saveable")
+            or (policy.remat == "custom" and not policy.keeps_context)
+        )
+        else 0
+    )
     # the strategy's own collectives (:meth:`AbstractStrategy.traffic`; none at P = 1)
     strategy = get_strategy(plan.attention.strategy)
-    s = attention_shard(cfg, seq_len=seq_len, local_batch=b, context_degree=P,
-                        ulysses_degree=strategy.all_to_all_degree(plan.attention, shape), tensor_degree=tp, dtype=dtype)
+    s = attention_shard(
+        cfg,
+        seq_len=seq_len,
+        local_batch=b,
+        context_degree=P,
+        ulysses_degree=strategy.all_to_all_degree(plan.attention, shape),
+        tensor_degree=tp,
+        dtype=dtype,
+    )
     att = strategy.traffic(s, layers=cfg.n_layers, replay=replay)
     # parameters: sharded axes -> all-gather (fwd + bwd) and reduce-scatter; replicated -> all-reduce
     p_local = param_bytes_per_device(plan, n_devices, cfg, param_dtype, tie_embeddings=tie_embeddings)
@@ -137,5 +150,12 @@ def comm_bytes(
         grad += full * (n_shard - 1) / n_shard
     if n_repl > 1:
         grad += 2 * p_local * (n_repl - 1) / n_repl
-    return CommBytes(all_gather=att.all_gather, param_gather=pg, all_to_all=att.all_to_all, ring=att.ring,
-                     grad_reduction=grad, ring_hops=att.ring_hops, ring_hop_bytes=att.ring_hop_bytes)
+    return CommBytes(
+        all_gather=att.all_gather,
+        param_gather=pg,
+        all_to_all=att.all_to_all,
+        ring=att.ring,
+        grad_reduction=grad,
+        ring_hops=att.ring_hops,
+        ring_hop_bytes=att.ring_hop_bytes,
+    )

@@ -229,7 +229,9 @@ def head_replay_flops(cfg: ModelDims, seq_len: int, global_batch: int, vocab_til
     return 2.0 * seq_len * global_batch * cfg.d_model * cfg.vocab_size if vocab_tiling > 1 else 0.0
 
 
-def prefill_flops_per_layer(d_model: int, params_per_layer: int, n_tokens: int, *, causal: bool = True) -> tuple[float, float]:
+def prefill_flops_per_layer(
+    d_model: int, params_per_layer: int, n_tokens: int, *, causal: bool = True
+) -> tuple[float, float]:
     """Forward FLOPs of one block on ``n_tokens`` tokens: (linear, quadratic).
 
     Linear ``2 n P_layer`` (``25.5 n d^2`` for Llama 3 70B, whose ``P_layer = 12.75 d^2``);

@@ -57,7 +57,9 @@ class Hardware:
 
     def __post_init__(self):
         if self.peak_flops_per_device <= 0:
-            raise ValueError(f"hardware.peak_flops_per_device must be positive FLOP/s, got {self.peak_flops_per_device}")
+            raise ValueError(
+                f"hardware.peak_flops_per_device must be positive FLOP/s, got {self.peak_flops_per_device}"
+            )
         if self.devices_per_chip < 1 or self.ici_links_per_chip < 1:
             raise ValueError(
                 f"hardware.devices_per_chip ({self.devices_per_chip}) and ici_links_per_chip "
@@ -166,7 +168,10 @@ def host_memory_available() -> tuple[int, str] | None:
         except (OSError, ValueError, AttributeError):
             pass
     cg = pathlib.Path("/sys/fs/cgroup")
-    for limit, usage in (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+    for limit, usage in (
+        ("memory.max", "memory.current"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ):
         try:
             lim = (cg / limit).read_text().strip()
             if lim == "max" or int(lim) >= 1 << 60:  # no limit (v1 writes a huge number)

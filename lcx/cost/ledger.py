@@ -142,8 +142,16 @@ def mfu(model_flops_per_step: float, step_time_s: float, peak_flops_per_device: 
     return model_flops_per_step / (step_time_s * peak_flops_per_device * n_devices)
 
 
-def step_metrics(cfg: ModelDims, seq_len: int, global_batch: int, step_time_s: float, hw: Hardware,
-                 n_devices: int, *, window: int | None = None) -> dict[str, float]:
+def step_metrics(
+    cfg: ModelDims,
+    seq_len: int,
+    global_batch: int,
+    step_time_s: float,
+    hw: Hardware,
+    n_devices: int,
+    *,
+    window: int | None = None,
+) -> dict[str, float]:
     """The trainer's throughput metrics for a measured step time.
 
     Returns:
@@ -179,8 +187,11 @@ def host_transfer_bytes(mem: MemoryBreakdown, policy: ActivationPolicy) -> float
     p = mem.grads
     state_on_host = (p if policy.offload_params else 0) + (2 * p if policy.offload_optimizer else 0)
     activations_on_host = max(0, mem.host - state_on_host)
-    return 2.0 * activations_on_host + (2.0 * p if policy.offload_params else 0.0) + (
-        2.0 * 2 * p if policy.offload_optimizer else 0.0)
+    return (
+        2.0 * activations_on_host
+        + (2.0 * p if policy.offload_params else 0.0)
+        + (2.0 * 2 * p if policy.offload_optimizer else 0.0)
+    )
 
 
 def estimate(
@@ -216,13 +227,37 @@ def estimate(
       PlanError: the plan does not fit ``n_devices``.
     """
     flops = training_flops(cfg, seq_len, global_batch, window=window)
-    rec = recompute_flops(cfg, seq_len, global_batch, policy.remat, keep_context=policy.keeps_context,
-                          vocab_tiling=policy.vocab_tiling, window=window)
-    mem = memory_breakdown(cfg, plan, n_devices, seq_len=seq_len, global_batch=global_batch, policy=policy,
-                           dtype=dtype, param_dtype=param_dtype,
-                           tie_embeddings=tie_embeddings)
-    com = comm_bytes(cfg, plan, n_devices, seq_len=seq_len, global_batch=global_batch, policy=policy, dtype=dtype,
-                     param_dtype=param_dtype, tie_embeddings=tie_embeddings)
+    rec = recompute_flops(
+        cfg,
+        seq_len,
+        global_batch,
+        policy.remat,
+        keep_context=policy.keeps_context,
+        vocab_tiling=policy.vocab_tiling,
+        window=window,
+    )
+    mem = memory_breakdown(
+        cfg,
+        plan,
+        n_devices,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        policy=policy,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        tie_embeddings=tie_embeddings,
+    )
+    com = comm_bytes(
+        cfg,
+        plan,
+        n_devices,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        policy=policy,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        tie_embeddings=tie_embeddings,
+    )
     P = plan.context_degree(n_devices)
     a = plan.attention
     strategy = get_strategy(a.strategy)
@@ -248,9 +283,14 @@ def estimate(
     hop = strategy.ring_hop(seq_len, P, U, cfg.n_heads, cfg.n_kv_heads)
     if hop is not None:
         block = hop.block
-        cmin = ring_overlap_min_block(peak, p2p_bw, n_heads=hop.n_heads, n_kv_heads=hop.n_kv_heads,
-                                      bytes_per_element=2 if dtype != "float32" else 4,
-                                      causal=a.layout == "zigzag")
+        cmin = ring_overlap_min_block(
+            peak,
+            p2p_bw,
+            n_heads=hop.n_heads,
+            n_kv_heads=hop.n_kv_heads,
+            bytes_per_element=2 if dtype != "float32" else 4,
+            causal=a.layout == "zigzag",
+        )
     else:
         block, cmin = 0, 0.0
     host = hw.host_memory_per_device
@@ -259,10 +299,22 @@ def estimate(
     host_time = host_bytes / host_bw if host_bw else 0.0
     exposed_host = max(0.0, host_time - (t_att + t_lin))
     return Estimate(
-        flops=flops, recompute_flops=rec, memory=mem, comm=com, compute_time=t_att + t_lin, comm_time=comm_time,
-        exposed_comm_time=exposed, ring_block=block, ring_min_block=cmin, n_devices=n_devices,
-        peak_flops_per_device=peak, hbm_bytes=hw.hbm_bytes, host_bytes_per_device=host,
-        tokens_per_step=seq_len * global_batch, host_bytes=host_bytes, host_time=host_time,
+        flops=flops,
+        recompute_flops=rec,
+        memory=mem,
+        comm=com,
+        compute_time=t_att + t_lin,
+        comm_time=comm_time,
+        exposed_comm_time=exposed,
+        ring_block=block,
+        ring_min_block=cmin,
+        n_devices=n_devices,
+        peak_flops_per_device=peak,
+        hbm_bytes=hw.hbm_bytes,
+        host_bytes_per_device=host,
+        tokens_per_step=seq_len * global_batch,
+        host_bytes=host_bytes,
+        host_time=host_time,
         exposed_host_time=exposed_host,
     )
 
@@ -276,4 +328,3 @@ def _linear_recompute(cfg, seq_len, global_batch, policy) -> float:
     f = forward_flops(cfg, seq_len, global_batch)
     head = 2.0 * seq_len * global_batch * cfg.d_model * cfg.vocab_size
     return lin * (f.linear - head) + head_replay_flops(cfg, seq_len, global_batch, policy.vocab_tiling)
-

@@ -19,38 +19,89 @@ from lcx.cost.hardware import Hardware
 from lcx.cost.policy import ActivationPolicy
 from lcx.cost.report import (
     MAX_CHIP_FACTOR as MAX_CHIP_FACTOR,
+)
+from lcx.cost.report import (
     NEAR_LIMIT as NEAR_LIMIT,
+)
+from lcx.cost.report import (
     FitHint as FitHint,
+)
+from lcx.cost.report import (
     explain as explain,
+)
+from lcx.cost.report import (
     no_candidates_reason as no_candidates_reason,
+)
+from lcx.cost.report import (
     nothing_fits as nothing_fits,
+)
+from lcx.cost.report import (
     recommended_degree as recommended_degree,
+)
+from lcx.cost.report import (
     table as table,
+)
+from lcx.cost.report import (
     what_would_fit as what_would_fit,
 )
 from lcx.cost.search import (
     LCX_REMAT as LCX_REMAT,
+)
+from lcx.cost.search import (
     Candidate as Candidate,
+)
+from lcx.cost.search import (
     Choice as Choice,
+)
+from lcx.cost.search import (
     Recommendation as Recommendation,
+)
+from lcx.cost.search import (
     candidate_plans as candidate_plans,
+)
+from lcx.cost.search import (
     choose as choose,
+)
+from lcx.cost.search import (
     default_policies as default_policies,
+)
+from lcx.cost.search import (
     divisors as divisors,
+)
+from lcx.cost.search import (
     fits as fits,
+)
+from lcx.cost.search import (
     missing_in_lcx as missing_in_lcx,
+)
+from lcx.cost.search import (
     price as price,
+)
+from lcx.cost.search import (
     rank as rank,
+)
+from lcx.cost.search import (
     train_overrides as train_overrides,
+)
+from lcx.cost.search import (
     valid_tiling as valid_tiling,
 )
 from lcx.sharding.plan import AttentionConfig
 
 
-def search(cfg, hw: Hardware, n_devices: int, *, seq_len: int, global_batch: int, dtype: str = "bfloat16",
-           param_dtype: str = "float32", attention: AttentionConfig | None = None,
-           policies: Sequence[ActivationPolicy] | None = None,
-           window: int | None = None) -> Recommendation:
+def search(
+    cfg,
+    hw: Hardware,
+    n_devices: int,
+    *,
+    seq_len: int,
+    global_batch: int,
+    dtype: str = "bfloat16",
+    param_dtype: str = "float32",
+    attention: AttentionConfig | None = None,
+    policies: Sequence[ActivationPolicy] | None = None,
+    window: int | None = None,
+) -> Recommendation:
     """Price every candidate and recommend one (see the module docstring for the rule).
 
     Args:
@@ -79,5 +130,15 @@ def search(cfg, hw: Hardware, n_devices: int, *, seq_len: int, global_batch: int
     return Recommendation(choice.best, choice.best_runnable, tuple(cands), tuple(reasons))
 
 
-__all__ = ["Candidate", "Recommendation", "candidate_plans", "default_policies", "missing_in_lcx", "search", "table",
-           "recommended_degree", "train_overrides", "valid_tiling"]
+__all__ = [
+    "Candidate",
+    "Recommendation",
+    "candidate_plans",
+    "default_policies",
+    "missing_in_lcx",
+    "search",
+    "table",
+    "recommended_degree",
+    "train_overrides",
+    "valid_tiling",
+]

@@ -30,8 +30,16 @@ from lcx.sharding import Plan, PlanError
 from lcx.sharding.plan import AttentionConfig
 
 
-def no_candidates_reason(cfg, n_devices: int, seq_len: int, global_batch: int, *, devices_per_chip: int = 1,
-                         chips_key: str = "hardware.chips", attention: AttentionConfig | None = None) -> str:
+def no_candidates_reason(
+    cfg,
+    n_devices: int,
+    seq_len: int,
+    global_batch: int,
+    *,
+    devices_per_chip: int = 1,
+    chips_key: str = "hardware.chips",
+    attention: AttentionConfig | None = None,
+) -> str:
     """Why :func:`candidate_plans` is empty here, and the nearest chip counts and sequence lengths
     at which it is not (for an error message; call it only when there is no candidate).
 
@@ -47,24 +55,29 @@ def no_candidates_reason(cfg, n_devices: int, seq_len: int, global_batch: int, *
     why = []
     for P in degrees:
         if seq_len % P:
-            why.append(f"P={P}: {seq_len:,} tokens is not a multiple of P={P} (contiguous layout) nor of 2P={2 * P} "
-                       f"(zigzag)")
+            why.append(
+                f"P={P}: {seq_len:,} tokens is not a multiple of P={P} (contiguous layout) nor of 2P={2 * P} (zigzag)"
+            )
             continue
         # the sequence splits; then every strategy failed for its own reason: collect them
         errs = set()
         for strat, sm in strategy_meshes(n_devices // P, P):
             for layout in ("zigzag", "contiguous"):
-                att = dataclasses.replace(attention or AttentionConfig(), strategy=strat, layout=layout,
-                                          **dict(sm.attention))
+                att = dataclasses.replace(
+                    attention or AttentionConfig(), strategy=strat, layout=layout, **dict(sm.attention)
+                )
                 try:
                     Plan(mesh=sm.mesh, activations=(("batch", "data"), ("seq", sm.seq)), attention=att).validate(
-                        n_devices, dims=dims or None, seq_len=seq_len, global_batch=global_batch)
+                        n_devices, dims=dims or None, seq_len=seq_len, global_batch=global_batch
+                    )
                 except PlanError as e:
                     errs.add(f"{sm.name}/{layout}: {e}")
         why.append(f"P={P}: " + "; ".join(sorted(errs)))
     if len(degrees) < len(divisors(n_devices)):
-        why.append(f"no other context degree: the data degree ({n_devices} devices / P) must divide "
-                   f"train.global_batch={global_batch}")
+        why.append(
+            f"no other context degree: the data degree ({n_devices} devices / P) must divide "
+            f"train.global_batch={global_batch}"
+        )
 
     def has(n: int, s: int) -> bool:
         return bool(candidate_plans(cfg, n, s, global_batch, attention=attention))
@@ -79,15 +92,25 @@ def no_candidates_reason(cfg, n_devices: int, seq_len: int, global_batch: int, *
     if near_chips:
         fixes.append(f"{chips_key}=" + " or ".join(str(c) for c in near_chips))
     if near_seq:
-        fixes.append("train.seq_len=" + " or ".join(f"{s}" for s in near_seq)
-                     + f" (multiples of 2 x {n_devices} devices)")
-    return (f"no plan applies to {seq_len:,} tokens x {global_batch} sequence{'s' * (global_batch > 1)} on {chips} "
-            f"chips = {n_devices} devices: " + "; ".join(why)
-            + (f"; use {', or '.join(fixes)}" if fixes else ""))
+        fixes.append(
+            "train.seq_len=" + " or ".join(f"{s}" for s in near_seq) + f" (multiples of 2 x {n_devices} devices)"
+        )
+    return (
+        f"no plan applies to {seq_len:,} tokens x {global_batch} sequence{'s' * (global_batch > 1)} on {chips} "
+        f"chips = {n_devices} devices: " + "; ".join(why) + (f"; use {', or '.join(fixes)}" if fixes else "")
+    )
 
 
-def nothing_fits(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int,
-                 pols: Sequence[ActivationPolicy], cands: Sequence[Candidate], **kw) -> list[str]:
+def nothing_fits(
+    cfg,
+    hw: Hardware,
+    n_devices: int,
+    seq_len: int,
+    global_batch: int,
+    pols: Sequence[ActivationPolicy],
+    cands: Sequence[Candidate],
+    **kw,
+) -> list[str]:
     """Sentences for a search where no candidate fits: the smallest footprint, and what would fit
     (for lcx.train's own policies too, when the first hint needs one it lacks)."""
     reasons: list[str] = []
@@ -97,18 +120,30 @@ def nothing_fits(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: 
         reasons.append(
             f"nothing fits: the smallest footprint is {_gib(smallest.est.memory.total)} per device "
             f"({_where(smallest)}, {smallest.policy.label}; largest part: {_largest_part(smallest)}) against "
-            f"{_gib(hw.hbm_bytes)} of {_limit_name(hw)}; "
-            + hint.text)
+            f"{_gib(hw.hbm_bytes)} of {_limit_name(hw)}; " + hint.text
+        )
         runnable_pols = [p for p in pols if not missing_in_lcx(p)]
         if hint.needs_missing and runnable_pols:
             # a hint lcx.train cannot run needs its runnable counterpart next to it
-            reasons.append(what_would_fit(cfg, hw, n_devices, seq_len, global_batch, runnable_pols,
-                                          what="a plan lcx.train runs today", **kw).text)
+            reasons.append(
+                what_would_fit(
+                    cfg, hw, n_devices, seq_len, global_batch, runnable_pols, what="a plan lcx.train runs today", **kw
+                ).text
+            )
     return reasons
 
 
-def explain(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int, pols: Sequence[ActivationPolicy],
-            cands: Sequence[Candidate], choice: Choice, **kw) -> list[str]:
+def explain(
+    cfg,
+    hw: Hardware,
+    n_devices: int,
+    seq_len: int,
+    global_batch: int,
+    pols: Sequence[ActivationPolicy],
+    cands: Sequence[Candidate],
+    choice: Choice,
+    **kw,
+) -> list[str]:
     """Sentences explaining ``choice`` among ``cands`` (what :func:`~lcx.cost.search.choose`
     picked): the degree, the plan and its numbers, margins, ring overlap, layout, host offload,
     the runners-up and what lcx.train needs to run it."""
@@ -118,8 +153,13 @@ def explain(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int, 
     smaller = [P for P in degrees if P < p_min]
     reasons.append(
         f"smallest context degree that fits: {p_min}"
-        + (f" (degrees {smaller} do not fit in {_gib(hw.hbm_bytes)} per device with any strategy or policy)"
-           if smaller else " (the only degree this batch and device count allow)" if len(degrees) == 1 else "")
+        + (
+            f" (degrees {smaller} do not fit in {_gib(hw.hbm_bytes)} per device with any strategy or policy)"
+            if smaller
+            else " (the only degree this batch and device count allow)"
+            if len(degrees) == 1
+            else ""
+        )
     )
     e = best.est
     reasons.append(
@@ -128,19 +168,27 @@ def explain(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int, 
         f"{e.exposed_comm_time:,.2f} s exposed communication"
         + (f", {e.exposed_host_time:,.2f} s exposed host transfer" if e.exposed_host_time else "")
         + f"), {_gib(e.memory.total)} per device, "
-        f"roofline MFU {100 * e.mfu:.1f}%")
+        f"roofline MFU {100 * e.mfu:.1f}%"
+    )
     near = _near_limit(best, hw)
     if near:
         roomy = next((c for c in at if not _near_limit(c, hw)), None)
         reasons.append(
-            near + (f"; the fastest plan at this degree with that margin: {_where(roomy)}, {roomy.policy.label}: "
-                    f"{roomy.est.step_time:,.1f} s/step, {_gib(roomy.est.memory.total)} per device"
-                    + (f" (it needs {_lacks(roomy)})" if _lacks(roomy) else "") if roomy else ""))
+            near
+            + (
+                f"; the fastest plan at this degree with that margin: {_where(roomy)}, {roomy.policy.label}: "
+                f"{roomy.est.step_time:,.1f} s/step, {_gib(roomy.est.memory.total)} per device"
+                + (f" (it needs {_lacks(roomy)})" if _lacks(roomy) else "")
+                if roomy
+                else ""
+            )
+        )
     if e.overlap is not None:
         reasons.append(
             f"ring overlap {'holds' if e.overlap else 'FAILS'}: {e.ring_block:,} tokens per hop vs c_min = "
             f"{e.ring_min_block:,.0f} (F/B with the GQA factor"
-            + (", causal zigzag: half the pairs per hop)" if best.plan.attention.layout == "zigzag" else ")"))
+            + (", causal zigzag: half the pairs per hop)" if best.plan.attention.layout == "zigzag" else ")")
+        )
     a = best.plan.attention
     strategy = get_strategy(a.strategy)
     imbalanced = strategy.imbalance_degree(p_min, strategy.all_to_all_degree(a, dict(best.plan.mesh))) > 1
@@ -149,43 +197,58 @@ def explain(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int, 
         reasons.append(
             f"{seq_len:,} tokens is not a multiple of 2P = {2 * p_min}, so the zigzag layout is impossible and the "
             f"contiguous layout costs a causal imbalance of up to (2P-1)/P; use train.seq_len={lo:,} or "
-            f"{lo + 2 * p_min:,} to balance the work")
+            f"{lo + 2 * p_min:,} to balance the work"
+        )
     if e.host_bytes:
         reasons.append(
             f"host offload moves {_gib(e.host_bytes)} per device per step: {e.host_time:,.2f} s over the host link"
-            + (f" ({e.exposed_host_time:,.2f} s not hidden behind compute)" if hw.host_bandwidth_per_chip
-               else " (not priced: hardware.host_bandwidth_per_chip is unknown)"))
+            + (
+                f" ({e.exposed_host_time:,.2f} s not hidden behind compute)"
+                if hw.host_bandwidth_per_chip
+                else " (not priced: hardware.host_bandwidth_per_chip is unknown)"
+            )
+        )
     # one line per (strategy, param sharding): two rows that differ only in how the parameters
     # are sharded must be told apart
     others: dict[tuple[str, str], Candidate] = {}
     for c in at[1:]:
         others.setdefault((c.plan.name, c.param_sharding), c)
     for c in list(others.values())[:4]:
-        reasons.append(f"  vs {c.plan.name}, params {c.param_sharding} ({c.policy.label}): "
-                       f"{c.est.step_time:,.1f} s/step, {_gib(c.est.memory.total)}")
+        reasons.append(
+            f"  vs {c.plan.name}, params {c.param_sharding} ({c.policy.label}): "
+            f"{c.est.step_time:,.1f} s/step, {_gib(c.est.memory.total)}"
+        )
     rb = choice.best_runnable
     if best.runnable_in_lcx:
-        reasons.append(f"lcx.train trains it with: {' '.join(train_overrides(best.policy))} (on the mesh and "
-                       f"parameter sharding above)")
+        reasons.append(
+            f"lcx.train trains it with: {' '.join(train_overrides(best.policy))} (on the mesh and "
+            f"parameter sharding above)"
+        )
     if rb is not None and rb is not best:
         reasons.append(
             f"the recommendation needs {', '.join(missing_in_lcx(best.policy))}, which lcx.train lacks; the best "
             f"plan lcx.train runs today: {_where(rb)}, {rb.policy.label} (context degree {rb.context_degree}): "
             f"{rb.est.step_time:,.1f} s/step, {_gib(rb.est.memory.total)} per device, roofline MFU "
-            f"{100 * rb.est.mfu:.1f}%")
+            f"{100 * rb.est.mfu:.1f}%"
+        )
     elif rb is None:
         runnable_pols = [p for p in pols if not missing_in_lcx(p)]
         own = [c for c in cands if c.runnable_in_lcx]
-        line = (f"the recommendation needs {', '.join(missing_in_lcx(best.policy))}, which lcx.train lacks, and no "
-                f"plan lcx.train runs today fits")
+        line = (
+            f"the recommendation needs {', '.join(missing_in_lcx(best.policy))}, which lcx.train lacks, and no "
+            f"plan lcx.train runs today fits"
+        )
         if not own:
             line += " (no policy it runs was priced)"
         else:
             sm = min(own, key=lambda c: c.est.memory.total)
-            line += (f": its smallest footprint is {_gib(sm.est.memory.total)} per device ({_where(sm)}, "
-                     f"{sm.policy.label}; largest part: {_largest_part(sm)}) against {_gib(hw.hbm_bytes)} of {_limit_name(hw)}; "
-                     + what_would_fit(cfg, hw, n_devices, seq_len, global_batch, runnable_pols,
-                                      what="a plan lcx.train runs", **kw).text)
+            line += (
+                f": its smallest footprint is {_gib(sm.est.memory.total)} per device ({_where(sm)}, "
+                f"{sm.policy.label}; largest part: {_largest_part(sm)}) against {_gib(hw.hbm_bytes)} of {_limit_name(hw)}; "
+                + what_would_fit(
+                    cfg, hw, n_devices, seq_len, global_batch, runnable_pols, what="a plan lcx.train runs", **kw
+                ).text
+            )
         reasons.append(line)
     return reasons
 
@@ -208,8 +271,17 @@ class FitHint:
     needs_missing: bool = False
 
 
-def what_would_fit(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int,
-                   pols: Sequence[ActivationPolicy], *, what: str, **kw) -> FitHint:
+def what_would_fit(
+    cfg,
+    hw: Hardware,
+    n_devices: int,
+    seq_len: int,
+    global_batch: int,
+    pols: Sequence[ActivationPolicy],
+    *,
+    what: str,
+    **kw,
+) -> FitHint:
     """The fewest more chips (doubling up to x :data:`MAX_CHIP_FACTOR`) and the longest sequence
     (a multiple of ``2 n_devices``, bisected) at which one of ``pols`` fits. Each probe is one
     pricing pass (milliseconds); at most ~30 of them."""
@@ -224,10 +296,12 @@ def what_would_fit(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch
         s_k = -(-seq_len // unit_k) * unit_k if seq_len % (n_devices * k) else seq_len
         c = fits(cfg, hw, n_devices * k, s_k, global_batch, pols, **kw)
         if c is not None:
-            parts.append(f"{k}x the chips (hardware.chips={chips * k}"
-                         + (f", train.seq_len={s_k:,}" if s_k != seq_len else "")
-                         + f": {_where(c)}, {c.policy.label}, {c.est.step_time:,.1f} s/step, "
-                         f"{_gib(c.est.memory.total)} per device" + (f"; it needs {_lacks(c)}" if _lacks(c) else "") + ")")
+            parts.append(
+                f"{k}x the chips (hardware.chips={chips * k}"
+                + (f", train.seq_len={s_k:,}" if s_k != seq_len else "")
+                + f": {_where(c)}, {c.policy.label}, {c.est.step_time:,.1f} s/step, "
+                f"{_gib(c.est.memory.total)} per device" + (f"; it needs {_lacks(c)}" if _lacks(c) else "") + ")"
+            )
             needs = needs or bool(_lacks(c))
             break
         k *= 2
@@ -244,15 +318,21 @@ def what_would_fit(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch
             else:
                 hi = mid - 1
     if lo:
-        parts.append(f"train.seq_len <= {lo * unit:,} on {chips} chips"
-                     + (f" (it needs {_lacks(best_lo)})" if _lacks(best_lo) else ""))
+        parts.append(
+            f"train.seq_len <= {lo * unit:,} on {chips} chips"
+            + (f" (it needs {_lacks(best_lo)})" if _lacks(best_lo) else "")
+        )
         needs = needs or bool(_lacks(best_lo))
     if not parts:
         if hw.name == "cpu":
-            return FitHint(f"{what} fits at no shorter sequence on this machine's {chips} simulated devices (more "
-                           "of them share the same RAM): use a smaller model")
-        return FitHint(f"{what} fits neither on up to {MAX_CHIP_FACTOR}x the chips nor at a shorter sequence on "
-                       f"{chips} chips: use a smaller model")
+            return FitHint(
+                f"{what} fits at no shorter sequence on this machine's {chips} simulated devices (more "
+                "of them share the same RAM): use a smaller model"
+            )
+        return FitHint(
+            f"{what} fits neither on up to {MAX_CHIP_FACTOR}x the chips nor at a shorter sequence on "
+            f"{chips} chips: use a smaller model"
+        )
     return FitHint(f"{what} fits with " + " or with ".join(parts), needs)
 
 
@@ -266,9 +346,11 @@ def _near_limit(c: Candidate, hw: Hardware) -> str:
     """A warning sentence when ``c`` fits within :data:`NEAR_LIMIT` of the limit; empty otherwise."""
     if hw.hbm_bytes is None or c.est.memory.total < (1 - NEAR_LIMIT) * hw.hbm_bytes:
         return ""
-    return (f"warning: {_gib(c.est.memory.total)} per device is within {_gib(hw.hbm_bytes - c.est.memory.total)} of "
-            f"the {_gib(hw.hbm_bytes)} of {_limit_name(hw)} (less than a {100 * NEAR_LIMIT:.0f}% margin); the ledger does not count "
-            f"XLA's heap packing loss or collective buffers, so it may not fit in practice")
+    return (
+        f"warning: {_gib(c.est.memory.total)} per device is within {_gib(hw.hbm_bytes - c.est.memory.total)} of "
+        f"the {_gib(hw.hbm_bytes)} of {_limit_name(hw)} (less than a {100 * NEAR_LIMIT:.0f}% margin); the ledger does not count "
+        f"XLA's heap packing loss or collective buffers, so it may not fit in practice"
+    )
 
 
 def _lacks(c: Candidate) -> str:
@@ -288,8 +370,13 @@ def _where(c: Candidate) -> str:
 
 def _largest_part(c: Candidate) -> str:
     m = c.est.memory
-    parts = {"parameter+gradient+optimizer state": m.state, "saved activations": m.activations,
-             "block backward": m.layer_working, "attention": m.attention, "logits": m.logits}
+    parts = {
+        "parameter+gradient+optimizer state": m.state,
+        "saved activations": m.activations,
+        "block backward": m.layer_working,
+        "attention": m.attention,
+        "logits": m.logits,
+    }
     k = max(parts, key=parts.get)
     return f"{k} {_gib(parts[k])}"
 
@@ -307,27 +394,60 @@ def table(rec: Recommendation, *, per_group: bool = True) -> str:
         cur = groups.get(key)
         if cur is None or _better(c, cur):
             groups[key] = c
-    rows = sorted(groups.values() if per_group else rec.candidates,
-                  key=lambda c: (c.context_degree, not c.est.fits, c.est.step_time))
-    hdr = ("strategy", "mesh", "params", "policy", "P", "state", "acts", "work", "total", "host", "compute s",
-           "exp.comm s", "exp.host s", "overlap", "fits", "MFU")
+    rows = sorted(
+        groups.values() if per_group else rec.candidates,
+        key=lambda c: (c.context_degree, not c.est.fits, c.est.step_time),
+    )
+    hdr = (
+        "strategy",
+        "mesh",
+        "params",
+        "policy",
+        "P",
+        "state",
+        "acts",
+        "work",
+        "total",
+        "host",
+        "compute s",
+        "exp.comm s",
+        "exp.host s",
+        "overlap",
+        "fits",
+        "MFU",
+    )
     body = []
     for c in rows:
         e, m = c.est, c.est.memory
-        body.append((
-            c.plan.name + ("*" if c is rec.best else ""), c.mesh_label, c.param_sharding, c.policy.label,
-            str(c.context_degree), _g(m.state), _g(m.activations), _g(m.working),
-            _g(m.total), _g(m.host), f"{e.compute_time:,.2f}", f"{e.exposed_comm_time:,.2f}",
-            f"{e.exposed_host_time:,.2f}",
-            {None: "-", True: "yes", False: "NO"}[e.overlap], "yes" if e.fits else "NO", f"{100 * e.mfu:.1f}%",
-        ))
+        body.append(
+            (
+                c.plan.name + ("*" if c is rec.best else ""),
+                c.mesh_label,
+                c.param_sharding,
+                c.policy.label,
+                str(c.context_degree),
+                _g(m.state),
+                _g(m.activations),
+                _g(m.working),
+                _g(m.total),
+                _g(m.host),
+                f"{e.compute_time:,.2f}",
+                f"{e.exposed_comm_time:,.2f}",
+                f"{e.exposed_host_time:,.2f}",
+                {None: "-", True: "yes", False: "NO"}[e.overlap],
+                "yes" if e.fits else "NO",
+                f"{100 * e.mfu:.1f}%",
+            )
+        )
     w = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(hdr)]
     lines = ["  ".join(h.ljust(x) for h, x in zip(hdr, w)), "  ".join("-" * x for x in w)]
     lines += ["  ".join(v.ljust(x) for v, x in zip(b, w)) for b in body]
-    lines.append("memory in GiB per device: state = params + grads + optimizer on device; acts = saved "
-                 "activations; work = block backward + attention + logits transients; host = offloaded. "
-                 "exp.comm / exp.host: seconds of communication / host transfer not hidden behind compute. "
-                 "* = recommended. MFU: roofline (model FLOPs / peak), an upper bound.")
+    lines.append(
+        "memory in GiB per device: state = params + grads + optimizer on device; acts = saved "
+        "activations; work = block backward + attention + logits transients; host = offloaded. "
+        "exp.comm / exp.host: seconds of communication / host transfer not hidden behind compute. "
+        "* = recommended. MFU: roofline (model FLOPs / peak), an upper bound."
+    )
     return "\n".join(lines)
 
 

@@ -43,8 +43,9 @@ def default_policies(host_offload: bool = True) -> list[ActivationPolicy]:
         out += [
             ActivationPolicy("custom", decoder_layer_input="offload", context="offload"),
             ActivationPolicy("full", decoder_layer_input="offload"),
-            ActivationPolicy("custom", decoder_layer_input="offload", context="offload",
-                             offload_optimizer=True, offload_params=True),
+            ActivationPolicy(
+                "custom", decoder_layer_input="offload", context="offload", offload_optimizer=True, offload_params=True
+            ),
             ActivationPolicy("full", decoder_layer_input="offload", offload_optimizer=True, offload_params=True),
         ]
     # MaxText computes the output head and loss in vocabulary tiles (num_vocab_tiling=16 in its
@@ -103,14 +104,20 @@ def train_overrides(policy: ActivationPolicy) -> list[str]:
     defaults = {"remat_layer_input": "device", "remat_context": "remat", "remat_qkv": "remat"}
     if p.remat == "custom" or p.decoder_layer_input == "offload":
         custom = p.remat == "custom"
-        out = ["model.remat=custom", f"model.remat_layer_input={p.decoder_layer_input}",
-               f"model.remat_context={p.context if custom else 'remat'}",
-               f"model.remat_qkv={p.qkv if custom else 'remat'}"]
+        out = [
+            "model.remat=custom",
+            f"model.remat_layer_input={p.decoder_layer_input}",
+            f"model.remat_context={p.context if custom else 'remat'}",
+            f"model.remat_qkv={p.qkv if custom else 'remat'}",
+        ]
     else:
         # the placements back to their defaults: the experiment a user adds these to may set them
         out = [f"model.remat={p.remat}"] + [f"model.{k}={v}" for k, v in defaults.items()]
-    out += [f"memory.vocab_tiling={p.vocab_tiling}", f"memory.offload_optimizer={str(p.offload_optimizer).lower()}",
-            f"memory.offload_params={str(p.offload_params).lower()}"]
+    out += [
+        f"memory.vocab_tiling={p.vocab_tiling}",
+        f"memory.offload_optimizer={str(p.offload_optimizer).lower()}",
+        f"memory.offload_params={str(p.offload_params).lower()}",
+    ]
     return out
 
 
@@ -187,8 +194,15 @@ def divisors(n: int) -> list[int]:
     return sorted({*small, *(n // d for d in small)})
 
 
-def candidate_plans(cfg, n_devices: int, seq_len: int, global_batch: int, *, attention: AttentionConfig | None = None,
-                    kernel: str | None = None) -> list[tuple[Plan, str]]:
+def candidate_plans(
+    cfg,
+    n_devices: int,
+    seq_len: int,
+    global_batch: int,
+    *,
+    attention: AttentionConfig | None = None,
+    kernel: str | None = None,
+) -> list[tuple[Plan, str]]:
     """Every valid (plan, param sharding) for this model, length, batch and device count.
 
     For every data degree ``d`` dividing the batch (``d P = n``), the meshes each registered
@@ -214,8 +228,13 @@ def candidate_plans(cfg, n_devices: int, seq_len: int, global_batch: int, *, att
                 for layout in ("zigzag", "contiguous"):
                     att = dataclasses.replace(base, strategy=strat, kernel=kern, layout=layout, **dict(sm.attention))
                     try:
-                        plan = Plan(mesh=sm.mesh, params=params, activations=(("batch", "data"), ("seq", sm.seq)),
-                                    attention=att, name=sm.name if layout == "zigzag" else f"{sm.name}(contig)")
+                        plan = Plan(
+                            mesh=sm.mesh,
+                            params=params,
+                            activations=(("batch", "data"), ("seq", sm.seq)),
+                            attention=att,
+                            name=sm.name if layout == "zigzag" else f"{sm.name}(contig)",
+                        )
                         plan.validate(n_devices, dims=dims, seq_len=seq_len, global_batch=global_batch)
                     except PlanError:
                         continue
@@ -230,8 +249,19 @@ def strategy_meshes(data: int, context: int) -> list[tuple[str, SearchMesh]]:
     return [(name, sm) for name, cls in STRATEGIES.items() for sm in cls.search_meshes(data, context)]
 
 
-def price(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int, pols: Sequence[ActivationPolicy], *,
-           dtype: str, param_dtype: str, attention: AttentionConfig | None, window: int | None) -> list[Candidate]:
+def price(
+    cfg,
+    hw: Hardware,
+    n_devices: int,
+    seq_len: int,
+    global_batch: int,
+    pols: Sequence[ActivationPolicy],
+    *,
+    dtype: str,
+    param_dtype: str,
+    attention: AttentionConfig | None,
+    window: int | None,
+) -> list[Candidate]:
     """Every candidate plan of :func:`candidate_plans` priced with every policy of ``pols`` (a
     vocabulary tile count that does not divide the local sequence becomes the nearest that does)."""
     cands: list[Candidate] = []
@@ -246,15 +276,26 @@ def price(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int, po
             if pol not in own:
                 own.append(pol)
         for pol in own:
-            est = estimate(cfg, plan, hw, n_devices, seq_len=seq_len, global_batch=global_batch, policy=pol,
-                           dtype=dtype, param_dtype=param_dtype, window=window,
-                           tie_embeddings=bool(getattr(cfg, "tie_embeddings", False)))
+            est = estimate(
+                cfg,
+                plan,
+                hw,
+                n_devices,
+                seq_len=seq_len,
+                global_batch=global_batch,
+                policy=pol,
+                dtype=dtype,
+                param_dtype=param_dtype,
+                window=window,
+                tie_embeddings=bool(getattr(cfg, "tie_embeddings", False)),
+            )
             cands.append(Candidate(plan, pol, est, sharding))
     return cands
 
 
-def fits(cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int, pols: Sequence[ActivationPolicy],
-         **kw) -> Candidate | None:
+def fits(
+    cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int, pols: Sequence[ActivationPolicy], **kw
+) -> Candidate | None:
     """The fitting candidate with the smallest context degree, then the fastest (None: none fits).
     Keywords: those of :func:`price`."""
     fit = [c for c in price(cfg, hw, n_devices, seq_len, global_batch, pols, **kw) if c.est.fits]

@@ -50,8 +50,7 @@ class Corpus:
     def __post_init__(self):
         if len(self.documents) != len(self.names):
             raise ValueError(
-                f"Corpus needs one name per document, got {len(self.documents)} documents "
-                f"and {len(self.names)} names"
+                f"Corpus needs one name per document, got {len(self.documents)} documents and {len(self.names)} names"
             )
 
     def __len__(self) -> int:
@@ -100,9 +99,7 @@ def stdlib_corpus(root: str | None = None) -> Corpus:
     """
     root = root or sysconfig.get_paths()["stdlib"]
     if not os.path.isdir(root):
-        raise FileNotFoundError(
-            f"standard library directory {root!r} not found; use data=text with your own files"
-        )
+        raise FileNotFoundError(f"standard library directory {root!r} not found; use data=text with your own files")
     rels = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in STDLIB_SKIP_DIRS]
@@ -174,9 +171,7 @@ def _read_jsonl(path: str, text_field: str) -> tuple[list[str], list[str]]:
             )
         value = record[text_field]
         if not isinstance(value, str):
-            raise ValueError(
-                f"{path}:{lineno}: field {text_field!r} is a {type(value).__name__}, not a string"
-            )
+            raise ValueError(f"{path}:{lineno}: field {text_field!r} is a {type(value).__name__}, not a string")
         docs.append(value)
         names.append(f"{path}:{lineno}")
     return docs, names

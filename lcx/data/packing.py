@@ -128,9 +128,7 @@ class Packer:
         """
         order = np.arange(self.num_docs) if order is None else np.asarray(order, dtype=np.int64)
         if order.shape != (self.num_docs,):
-            raise ValueError(
-                f"order must be a permutation of {self.num_docs} documents, got shape {order.shape}"
-            )
+            raise ValueError(f"order must be a permutation of {self.num_docs} documents, got shape {order.shape}")
         ends = np.cumsum(self.lengths[order])
         return EpochIndex(order, ends - self.lengths[order], ends)
 

@@ -85,8 +85,16 @@ def repeats_filler(n: int, seed: int) -> str:
     return "".join(parts)[:n]
 
 
-def passkey_example(seq_len: int, passkey: str, depth: float, filler_offset: int = 0, *,
-                    recall_loss: bool = False, filler: str = "sentences", loss_on: str = "answer") -> PasskeyExample:
+def passkey_example(
+    seq_len: int,
+    passkey: str,
+    depth: float,
+    filler_offset: int = 0,
+    *,
+    recall_loss: bool = False,
+    filler: str = "sentences",
+    loss_on: str = "answer",
+) -> PasskeyExample:
     """Build one row of ``seq_len`` tokens whose answer is ``passkey`` placed at ``depth``.
 
     Args:
@@ -230,8 +238,9 @@ class PasskeyBatches(BatchStream):
         key = _draw(rng, self.digits)
         depth = float(rng.uniform(self.min_depth, self.max_depth))
         offset = int(rng.integers(0, len(FILLER) if self.filler == "sentences" else 2**31))
-        return passkey_example(self.seq_len, key, depth, offset, recall_loss=self.recall_loss, filler=self.filler,
-                               loss_on=self.loss_on)
+        return passkey_example(
+            self.seq_len, key, depth, offset, recall_loss=self.recall_loss, filler=self.filler, loss_on=self.loss_on
+        )
 
     def __next__(self) -> dict[str, np.ndarray]:
         ex = [self.example(self._row + i) for i in range(self.global_batch)]
@@ -260,8 +269,9 @@ class PasskeyBatches(BatchStream):
         (rows are drawn from ``(seed, row index)`` at whatever length the stage asks for)."""
         old_len = state.get("seq_len")
         if old_len is not None and int(old_len) != self.seq_len:
-            log.info("sequence length %s -> %d: generated data continues at row %s", old_len, self.seq_len,
-                     state.get("row"))
+            log.info(
+                "sequence length %s -> %d: generated data continues at row %s", old_len, self.seq_len, state.get("row")
+            )
             state = {**state, "seq_len": self.seq_len}
         self.restore(state)
 
@@ -344,16 +354,28 @@ def passkey_data(cfg_data: Any, spec: BatchSpec) -> Data:
         raise ValueError("data=passkey is byte-level text; keep data.tokenizer=byte")
     digits = int(get("digits", 5))
     train = PasskeyBatches(
-        seq_len=spec.seq_len, global_batch=spec.global_batch, layout=spec.layout, context_degree=spec.context_degree,
-        seed=spec.seed, digits=digits, min_depth=float(get("min_depth", 0.0)), max_depth=float(get("max_depth", 1.0)),
-        recall_loss=bool(get("recall_loss", False)), filler=str(get("filler", "sentences")),
+        seq_len=spec.seq_len,
+        global_batch=spec.global_batch,
+        layout=spec.layout,
+        context_degree=spec.context_degree,
+        seed=spec.seed,
+        digits=digits,
+        min_depth=float(get("min_depth", 0.0)),
+        max_depth=float(get("max_depth", 1.0)),
+        recall_loss=bool(get("recall_loss", False)),
+        filler=str(get("filler", "sentences")),
         loss_on=str(get("loss_on", "answer")),
     )
     depths = get("eval_depths", None)
     val = PasskeyEval(
-        seq_len=spec.seq_len, global_batch=spec.val_global_batch, layout=spec.layout,
-        context_degree=spec.context_degree, digits=digits,
+        seq_len=spec.seq_len,
+        global_batch=spec.val_global_batch,
+        layout=spec.layout,
+        context_degree=spec.context_degree,
+        digits=digits,
         depths=[float(d) for d in depths] if depths is not None else tuple(np.linspace(0, 1, 11)),
-        per_depth=int(get("eval_per_depth", 8)), seed=int(get("split_seed", 0)), filler=str(get("filler", "sentences")),
+        per_depth=int(get("eval_per_depth", 8)),
+        seed=int(get("split_seed", 0)),
+        filler=str(get("filler", "sentences")),
     )
     return Data(train, val, ByteTokenizer())

@@ -203,8 +203,9 @@ class Batches(BatchStream):
             return
         fraction = min(1.0, int(state["row"]) * int(old_len) / max(1, int(state["num_tokens"])))
         row = min(self.rows_per_epoch - 1, int(fraction * self.rows_per_epoch))
-        log.info("sequence length %s -> %d: data continues at row %d of epoch %s", old_len, self.seq_len, row,
-                 state["epoch"])
+        log.info(
+            "sequence length %s -> %d: data continues at row %d of epoch %s", old_len, self.seq_len, row, state["epoch"]
+        )
         self.restore({**state, "seq_len": self.seq_len, "num_tokens": self.num_tokens, "row": row})
 
 
@@ -309,8 +310,7 @@ def data_value(cfg: Any, key: str, default: Any = None) -> Any:
     except Exception as e:  # omegaconf MissingMandatoryValue for `???`
         if type(e).__name__ == "MissingMandatoryValue":
             raise ValueError(
-                f"data.{key} is required for data={data_value(cfg, 'name', '?')}, e.g. "
-                f"data.paths=[a.txt,'docs/*.md']"
+                f"data.{key} is required for data={data_value(cfg, 'name', '?')}, e.g. data.paths=[a.txt,'docs/*.md']"
             ) from None
         raise
     return default if value is None else value
@@ -373,8 +373,19 @@ def corpus_data(cfg_data: Any, spec: BatchSpec) -> Data:
     train_idx, val_idx = split_documents(
         len(docs), float(data_value(cfg_data, "val_fraction", 0.02)), int(data_value(cfg_data, "split_seed", 0))
     )
-    train = Batches([docs[i] for i in train_idx], seq_len=spec.seq_len, global_batch=spec.global_batch,
-                    layout=spec.layout, context_degree=spec.context_degree, seed=spec.seed)
-    val = EvalBatches([docs[i] for i in val_idx], seq_len=spec.seq_len, global_batch=spec.val_global_batch,
-                      layout=spec.layout, context_degree=spec.context_degree)
+    train = Batches(
+        [docs[i] for i in train_idx],
+        seq_len=spec.seq_len,
+        global_batch=spec.global_batch,
+        layout=spec.layout,
+        context_degree=spec.context_degree,
+        seed=spec.seed,
+    )
+    val = EvalBatches(
+        [docs[i] for i in val_idx],
+        seq_len=spec.seq_len,
+        global_batch=spec.val_global_batch,
+        layout=spec.layout,
+        context_degree=spec.context_degree,
+    )
     return Data(train, val, tokenizer)

@@ -61,9 +61,14 @@ def make_data(
     if name not in DATA_SCHEMAS or name not in SOURCES:
         raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
     check_section(cfg_data, DATA_SCHEMAS[name], "data", complete=False, tool="lcx")
-    spec = BatchSpec(seq_len=int(seq_len), global_batch=int(global_batch), layout=layout,
-                     context_degree=int(context_degree), seed=int(seed),
-                     val_global_batch=int(global_batch if val_global_batch is None else val_global_batch))
+    spec = BatchSpec(
+        seq_len=int(seq_len),
+        global_batch=int(global_batch),
+        layout=layout,
+        context_degree=int(context_degree),
+        seed=int(seed),
+        val_global_batch=int(global_batch if val_global_batch is None else val_global_batch),
+    )
     return SOURCES[name](cfg_data, spec)
 
 

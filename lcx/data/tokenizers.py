@@ -52,9 +52,7 @@ class ByteTokenizer(Tokenizer):
     def decode(self, ids) -> str:
         arr = np.asarray(ids)
         if arr.size and (arr.min() < 0 or arr.max() > 255):
-            raise ValueError(
-                f"byte tokenizer ids must lie in [0, 255], got range [{arr.min()}, {arr.max()}]"
-            )
+            raise ValueError(f"byte tokenizer ids must lie in [0, 255], got range [{arr.min()}, {arr.max()}]")
         return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:

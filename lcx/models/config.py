@@ -180,9 +180,7 @@ class ModelConfig:
         for f in ("dtype", "param_dtype"):
             if getattr(self, f) not in DTYPES:
                 raise ValueError(f"model.{f}={getattr(self, f)!r} is unknown; choose one of {DTYPES}")
-        if self.sliding_window is not None and (
-            not isinstance(self.sliding_window, int) or self.sliding_window < 1
-        ):
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window < 1):
             raise ValueError(
                 f"model.sliding_window must be a positive number of tokens or null, got {self.sliding_window!r}"
             )

@@ -296,9 +296,7 @@ def _check_names_and_shapes(files: _Files, cfg: ModelConfig, sources: Mapping[st
     missing = sorted(set(expected) - set(files.where))
     if missing:
         hint = " (the config says tie_word_embeddings=false)" if "lm_head.weight" in missing else ""
-        raise HFImportError(
-            f"{len(missing)} tensors missing from {files.directory}: {', '.join(missing[:5])}{hint}"
-        )
+        raise HFImportError(f"{len(missing)} tensors missing from {files.directory}: {', '.join(missing[:5])}{hint}")
     extra = sorted(k for k in set(files.where) - set(expected) if not k.endswith(_IGNORED_SUFFIXES))
     if extra:
         raise HFImportError(
@@ -310,9 +308,7 @@ def _check_names_and_shapes(files: _Files, cfg: ModelConfig, sources: Mapping[st
             raise HFImportError(f"{name} has shape {list(got)} but config.json implies {list(shape)}")
 
 
-def load_hf_llama(
-    path: str | os.PathLike, plan: MeshPlan, **overrides: Any
-) -> tuple[Llama, ModelConfig]:
+def load_hf_llama(path: str | os.PathLike, plan: MeshPlan, **overrides: Any) -> tuple[Llama, ModelConfig]:
     """A Hugging Face Llama checkpoint as an lcx :class:`Llama`, sharded by ``plan``.
 
     Args:

@@ -38,8 +38,19 @@ from lcx.attention.names import CONTEXT
 from lcx.models.config import ModelConfig
 from lcx.models.rotary import RopeConfig, apply_rope, rope, rope_cos_sin, rope_frequencies
 
-__all__ = ["MLP", "Attention", "Block", "Embedding", "Llama", "RMSNorm", "init_model", "remat_policy",
-           "REMAT_NAMES", "rope", "rope_frequencies"]
+__all__ = [
+    "MLP",
+    "Attention",
+    "Block",
+    "Embedding",
+    "Llama",
+    "RMSNorm",
+    "init_model",
+    "remat_policy",
+    "REMAT_NAMES",
+    "rope",
+    "rope_frequencies",
+]
 from lcx.sharding import MeshPlan
 
 _INIT_STD = 0.02
@@ -86,7 +97,8 @@ def remat_policy(name: str, **placements: str):
         # and the flash output and logsumexp: the custom VJP's residuals are no dots, so the
         # backward would rebuild them from the kernel's saved logits tiles, O(S^2 / P) bytes
         "dots_saveable": jax.checkpoint_policies.save_from_both_policies(
-            jax.checkpoint_policies.dots_saveable, jax.checkpoint_policies.save_only_these_names(CONTEXT)),
+            jax.checkpoint_policies.dots_saveable, jax.checkpoint_policies.save_only_these_names(CONTEXT)
+        ),
         "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
         "custom": None,
     }

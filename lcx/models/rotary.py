@@ -90,9 +90,7 @@ class RopeConfig:
 
     def __post_init__(self):
         if self.scaling_type not in ROPE_SCALING_TYPES:
-            raise ValueError(
-                f"rope scaling type {self.scaling_type!r} is unknown; choose one of {ROPE_SCALING_TYPES}"
-            )
+            raise ValueError(f"rope scaling type {self.scaling_type!r} is unknown; choose one of {ROPE_SCALING_TYPES}")
         if self.scaling_type is not None and self.factor is None:
             raise ValueError(f"rope scaling type {self.scaling_type!r} needs a factor (rope_scaling_factor)")
         if self.scaling_type == "llama3" and not self.high_freq_factor > self.low_freq_factor > 0:
@@ -101,9 +99,7 @@ class RopeConfig:
                 f"({self.low_freq_factor}) > 0"
             )
         if self.scaling_type == "yarn" and not self.beta_fast > self.beta_slow > 0:
-            raise ValueError(
-                f"yarn rope scaling needs beta_fast ({self.beta_fast}) > beta_slow ({self.beta_slow}) > 0"
-            )
+            raise ValueError(f"yarn rope scaling needs beta_fast ({self.beta_fast}) > beta_slow ({self.beta_slow}) > 0")
 
     def frequencies(self) -> np.ndarray:
         """Angular frequencies in radians per token, float64 NumPy ``[H/2]`` (host constants)."""
@@ -118,6 +114,7 @@ class RopeConfig:
             lo, hi = float(self.low_freq_factor), float(self.high_freq_factor)
             smooth = np.clip((ratio - lo) / (hi - lo), 0.0, 1.0)
             return (1.0 - smooth) * freq / s + smooth * freq
+
         # yarn: transformers' find_correction_range with truncate=True (its default)
         def dim(rotations: float) -> float:
             return H * math.log(L / (rotations * 2 * math.pi)) / (2 * math.log(self.theta))
@@ -306,4 +303,3 @@ __all__ = [
     "rope_frequencies",
     "yarn_mscale",
 ]
-

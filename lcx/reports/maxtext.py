@@ -47,37 +47,188 @@ def _recipe(hw, S, B, cp, fsdp, flags, step_s, mfu, **pol) -> MaxTextRecipe:
 
 _C = dict(remat="custom", qkv="remat")  # MaxText's custom: query/key/value_proj recomputed (its default)
 _MAXTEXT: tuple[MaxTextRecipe, ...] = (
-    _recipe("tpu_v5p", 65536, 32, 4, 16, "remat custom, context=device, decoder_layer_input=device", 10.25,
-            "67.3%", **_C, context="device"),
-    _recipe("tpu_v5p", 262144, 8, 16, 4, "remat custom, context=offload, decoder_layer_input=offload", 26.31,
-            "68.1%", **_C, context="offload", decoder_layer_input="offload"),
-    _recipe("tpu_v5p", 1048576, 2, 64, 1, "remat custom, context=offload, decoder_layer_input=device", 95.73,
-            "64.9-68.7%", **_C, context="offload"),
-    _recipe("tpu_v5p", 2097152, 2, 64, 1, "remat custom, context=offload, decoder_layer_input=offload", 357.68,
-            "67.6-69.9%", **_C, context="offload", decoder_layer_input="offload"),
-    _recipe("tpu_v5p", 4194304, 2, 64, 1, "remat custom, context=offload, decoder_layer_input=offload", 1373.73,
-            "69.5-70.3%", **_C, context="offload", decoder_layer_input="offload"),
+    _recipe(
+        "tpu_v5p",
+        65536,
+        32,
+        4,
+        16,
+        "remat custom, context=device, decoder_layer_input=device",
+        10.25,
+        "67.3%",
+        **_C,
+        context="device",
+    ),
+    _recipe(
+        "tpu_v5p",
+        262144,
+        8,
+        16,
+        4,
+        "remat custom, context=offload, decoder_layer_input=offload",
+        26.31,
+        "68.1%",
+        **_C,
+        context="offload",
+        decoder_layer_input="offload",
+    ),
+    _recipe(
+        "tpu_v5p",
+        1048576,
+        2,
+        64,
+        1,
+        "remat custom, context=offload, decoder_layer_input=device",
+        95.73,
+        "64.9-68.7%",
+        **_C,
+        context="offload",
+    ),
+    _recipe(
+        "tpu_v5p",
+        2097152,
+        2,
+        64,
+        1,
+        "remat custom, context=offload, decoder_layer_input=offload",
+        357.68,
+        "67.6-69.9%",
+        **_C,
+        context="offload",
+        decoder_layer_input="offload",
+    ),
+    _recipe(
+        "tpu_v5p",
+        4194304,
+        2,
+        64,
+        1,
+        "remat custom, context=offload, decoder_layer_input=offload",
+        1373.73,
+        "69.5-70.3%",
+        **_C,
+        context="offload",
+        decoder_layer_input="offload",
+    ),
     _recipe("tpu_v5p", 10485760, 1, 64, 1, "remat full", 8056.40, "36.7%", remat="full"),
-    _recipe("tpu_v5p", 14680064, 1, 64, 1, "remat custom, context=remat, decoder_layer_input=offload", 15623.09,
-            "37.1%", **_C, context="remat", decoder_layer_input="offload"),
-    _recipe("tpu7", 65536, 64, 2, 64, "remat custom, context=device, decoder_layer_input=device", 5.31, "51.7%",
-            **_C, context="device"),
-    _recipe("tpu7", 262144, 16, 8, 16, "remat custom, context=device, decoder_layer_input=device", 14.08, "50.7%",
-            **_C, context="device"),
-    _recipe("tpu7", 1048576, 4, 32, 4, "remat custom, context=device, decoder_layer_input=device", 49.58,
-            "50.0-50.9%", **_C, context="device"),
-    _recipe("tpu7", 2097152, 2, 64, 2, "remat custom, context=device, decoder_layer_input=device", 94.60,
-            "50.8-51.0%", **_C, context="device"),
-    _recipe("tpu7", 4194304, 1, 128, 1, "remat custom, context=device, decoder_layer_input=device", 186.48,
-            "50.9%", **_C, context="device"),
-    _recipe("tpu7", 10485760, 1, 128, 1, "remat custom, context=device, decoder_layer_input=device, "
-            "optimizer_memory_host_offload", 1124.12, "52.1-52.5%", **_C, context="device", offload_optimizer=True),
-    _recipe("tpu7", 14680064, 1, 128, 1, "remat custom, context=offload, decoder_layer_input=offload, "
-            "optimizer_memory_host_offload, parameter_memory_host_offload", 2361.05, "48.7-48.8%", **_C,
-            context="offload", decoder_layer_input="offload", offload_optimizer=True, offload_params=True),
-    _recipe("tpu7", 16777216, 1, 128, 1, "remat custom, context=offload, decoder_layer_input=offload, "
-            "optimizer_memory_host_offload, parameter_memory_host_offload", 3082.71, "48.8%", **_C,
-            context="offload", decoder_layer_input="offload", offload_optimizer=True, offload_params=True),
+    _recipe(
+        "tpu_v5p",
+        14680064,
+        1,
+        64,
+        1,
+        "remat custom, context=remat, decoder_layer_input=offload",
+        15623.09,
+        "37.1%",
+        **_C,
+        context="remat",
+        decoder_layer_input="offload",
+    ),
+    _recipe(
+        "tpu7",
+        65536,
+        64,
+        2,
+        64,
+        "remat custom, context=device, decoder_layer_input=device",
+        5.31,
+        "51.7%",
+        **_C,
+        context="device",
+    ),
+    _recipe(
+        "tpu7",
+        262144,
+        16,
+        8,
+        16,
+        "remat custom, context=device, decoder_layer_input=device",
+        14.08,
+        "50.7%",
+        **_C,
+        context="device",
+    ),
+    _recipe(
+        "tpu7",
+        1048576,
+        4,
+        32,
+        4,
+        "remat custom, context=device, decoder_layer_input=device",
+        49.58,
+        "50.0-50.9%",
+        **_C,
+        context="device",
+    ),
+    _recipe(
+        "tpu7",
+        2097152,
+        2,
+        64,
+        2,
+        "remat custom, context=device, decoder_layer_input=device",
+        94.60,
+        "50.8-51.0%",
+        **_C,
+        context="device",
+    ),
+    _recipe(
+        "tpu7",
+        4194304,
+        1,
+        128,
+        1,
+        "remat custom, context=device, decoder_layer_input=device",
+        186.48,
+        "50.9%",
+        **_C,
+        context="device",
+    ),
+    _recipe(
+        "tpu7",
+        10485760,
+        1,
+        128,
+        1,
+        "remat custom, context=device, decoder_layer_input=device, optimizer_memory_host_offload",
+        1124.12,
+        "52.1-52.5%",
+        **_C,
+        context="device",
+        offload_optimizer=True,
+    ),
+    _recipe(
+        "tpu7",
+        14680064,
+        1,
+        128,
+        1,
+        "remat custom, context=offload, decoder_layer_input=offload, "
+        "optimizer_memory_host_offload, parameter_memory_host_offload",
+        2361.05,
+        "48.7-48.8%",
+        **_C,
+        context="offload",
+        decoder_layer_input="offload",
+        offload_optimizer=True,
+        offload_params=True,
+    ),
+    _recipe(
+        "tpu7",
+        16777216,
+        1,
+        128,
+        1,
+        "remat custom, context=offload, decoder_layer_input=offload, "
+        "optimizer_memory_host_offload, parameter_memory_host_offload",
+        3082.71,
+        "48.8%",
+        **_C,
+        context="offload",
+        decoder_layer_input="offload",
+        offload_optimizer=True,
+        offload_params=True,
+    ),
 )
 """MaxText's published long-context runs, each with its whole policy, so that a comparison
 prices the same thing MaxText measured (FIELD_NOTES section 2b)."""
@@ -86,10 +237,13 @@ prices the same thing MaxText measured (FIELD_NOTES section 2b)."""
 def _recipe_plan(r: MaxTextRecipe, attention):
     from lcx.sharding import Plan
 
-    return Plan(mesh=(("data", r.fsdp), ("context", r.context)), params=(("embed", ("data", "context")),),
-                activations=(("batch", "data"), ("seq", "context")),
-                attention=dataclasses.replace(attention, strategy="ring", layout="zigzag"),
-                name=f"maxtext_{r.seq_len}")
+    return Plan(
+        mesh=(("data", r.fsdp), ("context", r.context)),
+        params=(("embed", ("data", "context")),),
+        activations=(("batch", "data"), ("seq", "context")),
+        attention=dataclasses.replace(attention, strategy="ring", layout="zigzag"),
+        name=f"maxtext_{r.seq_len}",
+    )
 
 
 def compare_with_maxtext(rec, model_cfg, hw, n: int, S: int, B: int, attention=None) -> str:
@@ -111,13 +265,20 @@ def compare_with_maxtext(rec, model_cfg, hw, n: int, S: int, B: int, attention=N
         return "MaxText comparison: nothing fits, so there is nothing to compare."
     cases = [r for r in _MAXTEXT if r.hardware == hw.name and r.context * r.fsdp == n]
     if not cases or "longctx" not in model_cfg.name:
-        return ("MaxText comparison: MaxText publishes long-context recipes only for the llama3_1_8b_longctx variant "
-                "on 64 tpu_v5p chips (64 devices) and 64 tpu7 chips (128 devices); none matches this case.")
+        return (
+            "MaxText comparison: MaxText publishes long-context recipes only for the llama3_1_8b_longctx variant "
+            "on 64 tpu_v5p chips (64 devices) and 64 tpu7 chips (128 devices); none matches this case."
+        )
     r = min(cases, key=lambda c: abs(c.seq_len - S))
     att = attention or AttentionConfig()
     pol = ActivationPolicy(**dict(r.policy))
-    kw = dict(policy=pol, dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype, window=model_cfg.sliding_window,
-              tie_embeddings=model_cfg.tie_embeddings)
+    kw = dict(
+        policy=pol,
+        dtype=model_cfg.dtype,
+        param_dtype=model_cfg.param_dtype,
+        window=model_cfg.sliding_window,
+        tie_embeddings=model_cfg.tie_embeddings,
+    )
     gib = lambda b: f"{b / 2**30:,.2f} GiB"  # noqa: E731
 
     def priced(seq, batch):
@@ -129,40 +290,49 @@ def compare_with_maxtext(rec, model_cfg, hw, n: int, S: int, B: int, attention=N
             return None
 
     def mem(e):
-        return (f"{gib(e.memory.total)} HBM + {gib(e.memory.host)} host per device, "
-                + ("fits" if e.fits else "does NOT fit"))
+        return f"{gib(e.memory.total)} HBM + {gib(e.memory.host)} host per device, " + (
+            "fits" if e.fits else "does NOT fit"
+        )
 
     same = (r.seq_len, r.global_batch) == (S, B)
     lines = [
         f"MaxText comparison (like with like): its published {r.hardware} recipe at {r.seq_len:,} tokens x "
-        f"{r.global_batch} sequence{'s' * (r.global_batch > 1)}" + ("" if same else f" (nearest to {S:,} x {B})")
+        f"{r.global_batch} sequence{'s' * (r.global_batch > 1)}"
+        + ("" if same else f" (nearest to {S:,} x {B})")
         + f" on {n // hw.devices_per_chip} chips: ring with load balancing at context {r.context} x fsdp {r.fsdp}, "
         f"{r.flags}, num_vocab_tiling 16 (lcx: {pol.label}); measured {r.step_s:,.2f} s/step, MFU {r.mfu} "
-        "(tpu-recipes README)."]
+        "(tpu-recipes README)."
+    ]
     e_pub = priced(r.seq_len, r.global_batch)
     if e_pub is not None:
         lines.append(
             f"The ledger on that same run (mesh, strategy and policy): roofline {e_pub.step_time:,.1f} s/step (MFU "
             f"{100 * e_pub.mfu:.1f}%), {mem(e_pub)}; measured / roofline = {r.step_s / e_pub.step_time:.2f}: attention "
             f"is {100 * e_pub.flops.attention_fraction:.1f}% of the model FLOPs, so that factor is the splash kernel's "
-            "efficiency on the chip (and what else XLA adds), which the ledger does not model.")
+            "efficiency on the chip (and what else XLA adds), which the ledger does not model."
+        )
     e_here = e_pub if same else priced(S, B)
     b = rec.best
     e = b.est
     rp = b.policy
-    line = (f"lcx recommends {b.plan.name} on {b.mesh_label}, params {b.param_sharding}, {rp.label}: "
-            + ("the same strategy and context degree" if (b.plan.attention.strategy == "ring"
-                                                          and b.context_degree == r.context)
-               else f"context degree {b.context_degree} (the recipe's: {r.context})"))
+    line = f"lcx recommends {b.plan.name} on {b.mesh_label}, params {b.param_sharding}, {rp.label}: " + (
+        "the same strategy and context degree"
+        if (b.plan.attention.strategy == "ring" and b.context_degree == r.context)
+        else f"context degree {b.context_degree} (the recipe's: {r.context})"
+    )
     diff = _policy_difference(rp, pol)
     line += f"; {'the same policy' if not diff else 'its policy differs from the recipe: ' + diff}"
     if e_here is not None:
-        line += (f". At {S:,} x {B}: the recommendation {e.step_time:,.1f} s/step, {gib(e.memory.total)} HBM + "
-                 f"{gib(e.memory.host)} host per device; the recipe's policy on its mesh {e_here.step_time:,.1f} "
-                 f"s/step, {mem(e_here)}")
+        line += (
+            f". At {S:,} x {B}: the recommendation {e.step_time:,.1f} s/step, {gib(e.memory.total)} HBM + "
+            f"{gib(e.memory.host)} host per device; the recipe's policy on its mesh {e_here.step_time:,.1f} "
+            f"s/step, {mem(e_here)}"
+        )
     else:
-        line += f". At {S:,} x {B} the recipe's mesh does not apply; its measured step scaled by (S / {r.seq_len:,})^2 " \
-                f"would take about {r.step_s * (S / r.seq_len) ** 2:,.0f} s"
+        line += (
+            f". At {S:,} x {B} the recipe's mesh does not apply; its measured step scaled by (S / {r.seq_len:,})^2 "
+            f"would take about {r.step_s * (S / r.seq_len) ** 2:,.0f} s"
+        )
     lines.append(line + ".")
     return "\n".join(lines)
 
@@ -181,4 +351,3 @@ def _policy_difference(p, q) -> str:
     if p.vocab_tiling != q.vocab_tiling:
         out.append(f"vocab tiling {p.vocab_tiling} (recipe: {q.vocab_tiling})")
     return ", ".join(out)
-

@@ -50,9 +50,17 @@ def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
     lengths = [int(x) for x in e.lengths] if e.lengths is not None else [S // 2, S, 2 * S]
     digits = int(e.digits if e.digits is not None else (run.get("data") or {}).get("digits", 5))
     batch = int(e.global_batch if e.global_batch is not None else run["train"]["global_batch"])
-    results = passkey_grid(model, mp, lengths=lengths, depths=list(e.depths), per_depth=int(e.per_depth),
-                           global_batch=batch, digits=digits, seed=int(e.seed),
-                           vocab_tiling=int((run.get("memory") or {}).get("vocab_tiling", 1)))
+    results = passkey_grid(
+        model,
+        mp,
+        lengths=lengths,
+        depths=list(e.depths),
+        per_depth=int(e.per_depth),
+        global_batch=batch,
+        digits=digits,
+        seed=int(e.seed),
+        vocab_tiling=int((run.get("memory") or {}).get("vocab_tiling", 1)),
+    )
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     lens, _, v = grid(results)

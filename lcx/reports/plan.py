@@ -143,11 +143,20 @@ def _job(cfg: DictConfig) -> _Job:
         offload_params=bool(mem.get("offload_params", False)),
         vocab_tiling=int(mem.get("vocab_tiling", 1)),
     )
-    return _Job(model=model_cfg, hw=hw, chips=chips,
-                chips_key="hardware.chips" if hwn.get("chips") is not None else "hardware.cpu_devices",
-                devices_per_chip=devices_per_chip, n=n, S=S, B=B, policy=policy, rows=rows,
-                placeholder=hwn.get("peak_flops_per_device") is None and not probe,  # cpu without the probe
-                host_ram=host_ram)
+    return _Job(
+        model=model_cfg,
+        hw=hw,
+        chips=chips,
+        chips_key="hardware.chips" if hwn.get("chips") is not None else "hardware.cpu_devices",
+        devices_per_chip=devices_per_chip,
+        n=n,
+        S=S,
+        B=B,
+        policy=policy,
+        rows=rows,
+        placeholder=hwn.get("peak_flops_per_device") is None and not probe,  # cpu without the probe
+        host_ram=host_ram,
+    )
 
 
 def _header(job: _Job, kv: int) -> list[str]:
@@ -156,21 +165,29 @@ def _header(job: _Job, kv: int) -> list[str]:
     from lcx.training.memcheck import format_count
 
     m, hw, n, S, B, host_ram = job.model, job.hw, job.n, job.S, job.B, job.host_ram
-    lines = [f"lcx.plan: {m.name} ({format_count(m.n_params)} parameters), {hw.name} x {job.chips} chips = {n} "
-             f"devices, {S:,} tokens x {B} sequence{'s' * (B > 1)} per step"]
+    lines = [
+        f"lcx.plan: {m.name} ({format_count(m.n_params)} parameters), {hw.name} x {job.chips} chips = {n} "
+        f"devices, {S:,} tokens x {B} sequence{'s' * (B > 1)} per step"
+    ]
     tf = hw.peak_flops_per_device / 1e12
     if hw.name == "cpu":
-        mem_line = (f"memory: {host_ram[0] / 2**30:,.2f} GiB of host RAM available ({host_ram[1]}), shared by the {n} "
-                    f"simulated devices: {hw.hbm_bytes / 2**30:,.2f} GiB each, the limit 'fits' is judged against"
-                    if host_ram is not None else
-                    "memory: this machine's available RAM cannot be read, so 'fits' is not checked on cpu")
+        mem_line = (
+            f"memory: {host_ram[0] / 2**30:,.2f} GiB of host RAM available ({host_ram[1]}), shared by the {n} "
+            f"simulated devices: {hw.hbm_bytes / 2**30:,.2f} GiB each, the limit 'fits' is judged against"
+            if host_ram is not None
+            else "memory: this machine's available RAM cannot be read, so 'fits' is not checked on cpu"
+        )
     else:
         mem_line = f"HBM {'unlimited' if hw.hbm_bytes is None else f'{hw.hbm_bytes / 2**30:,.1f} GiB'} per device"
-    lines.append(f"  peak {f'{tf:,.1f}' if tf >= 0.1 else f'{tf:.3g}'} TFLOP/s per device"
-                 + (" (a placeholder: planner.probe_cpu=true measures this machine)" if job.placeholder else "")
-                 + (f"\n  {mem_line}" if hw.name == "cpu" else f", {mem_line}"))
-    lines.append(f"  KV per token (16-bit, all layers): {kv:,} bytes = {kv / 2**20:.4g} MiB; {kv * S / 2**30:,.1f} GiB "
-                 f"for the whole sequence")
+    lines.append(
+        f"  peak {f'{tf:,.1f}' if tf >= 0.1 else f'{tf:.3g}'} TFLOP/s per device"
+        + (" (a placeholder: planner.probe_cpu=true measures this machine)" if job.placeholder else "")
+        + (f"\n  {mem_line}" if hw.name == "cpu" else f", {mem_line}")
+    )
+    lines.append(
+        f"  KV per token (16-bit, all layers): {kv:,} bytes = {kv / 2**20:.4g} MiB; {kv * S / 2**30:,.1f} GiB "
+        f"for the whole sequence"
+    )
     return lines
 
 
@@ -192,28 +209,56 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
         MemoryOptions(vocab_tiling=policy.vocab_tiling).check_tiling(S // P, seq_len=S, context_degree=P)
         say(f"== describe(): the given plan (plan={given.name}); parameters from {source}")
         say(describe(given, n, [*arrays, *activation_arrays(m, S, B, m.dtype)]))
-        e = estimate(m, given, hw, n, seq_len=S, global_batch=B, policy=policy, dtype=m.dtype,
-                     param_dtype=m.param_dtype, window=m.sliding_window, tie_embeddings=m.tie_embeddings)
+        e = estimate(
+            m,
+            given,
+            hw,
+            n,
+            seq_len=S,
+            global_batch=B,
+            policy=policy,
+            dtype=m.dtype,
+            param_dtype=m.param_dtype,
+            window=m.sliding_window,
+            tie_embeddings=m.tie_embeddings,
+        )
     except (PlanError, ValueError) as err:
         say(f"== the given plan (plan={given.name}) does not apply here: {err}")
         report["error"] = str(err)
         return report, None
     say("")
     say(f"== ledger of the given plan with {policy.label}")
-    say(f"  model FLOPs/step {e.flops.total:.4e} (linear {e.flops.linear:.3e}, attention {e.flops.attention:.3e} = "
-        f"{100 * e.flops.attention_fraction:.1f}%), recompute {e.recompute_flops:.3e} (not in MFU)")
+    say(
+        f"  model FLOPs/step {e.flops.total:.4e} (linear {e.flops.linear:.3e}, attention {e.flops.attention:.3e} = "
+        f"{100 * e.flops.attention_fraction:.1f}%), recompute {e.recompute_flops:.3e} (not in MFU)"
+    )
     say("  per device: " + ", ".join(f"{k} {v / 2**30:,.2f} GiB" for k, v in e.memory.as_dict().items()))
-    say("  communication per device: " + ", ".join(
-        f"{k} {v / 2**30:,.2f} GiB" for k, v in dataclasses.asdict(e.comm).items() if k not in ("ring_hops", "ring_hop_bytes")))
-    say(f"  compute {e.compute_time:,.2f} s, communication {e.comm_time:,.2f} s ({e.exposed_comm_time:,.2f} s exposed), "
-        f"step {e.step_time:,.2f} s, fits {e.fits}, predicted MFU {100 * e.mfu:.1f}% (roofline)")
+    say(
+        "  communication per device: "
+        + ", ".join(
+            f"{k} {v / 2**30:,.2f} GiB"
+            for k, v in dataclasses.asdict(e.comm).items()
+            if k not in ("ring_hops", "ring_hop_bytes")
+        )
+    )
+    say(
+        f"  compute {e.compute_time:,.2f} s, communication {e.comm_time:,.2f} s ({e.exposed_comm_time:,.2f} s exposed), "
+        f"step {e.step_time:,.2f} s, fits {e.fits}, predicted MFU {100 * e.mfu:.1f}% (roofline)"
+    )
     if e.host_bytes:
-        say(f"  host offload: {e.host_bytes / 2**30:,.2f} GiB per device per step over the host link, "
-            + (f"{e.host_time:,.2f} s ({e.exposed_host_time:,.2f} s not hidden behind compute)"
-               if hw.host_bandwidth_per_chip else "not priced (hardware.host_bandwidth_per_chip is null)"))
+        say(
+            f"  host offload: {e.host_bytes / 2**30:,.2f} GiB per device per step over the host link, "
+            + (
+                f"{e.host_time:,.2f} s ({e.exposed_host_time:,.2f} s not hidden behind compute)"
+                if hw.host_bandwidth_per_chip
+                else "not priced (hardware.host_bandwidth_per_chip is null)"
+            )
+        )
     if e.overlap is not None:
-        say(f"  ring: {e.ring_block:,} tokens per hop, overlap needs >= {e.ring_min_block:,.0f}: "
-            f"{'holds' if e.overlap else 'FAILS'}")
+        say(
+            f"  ring: {e.ring_block:,} tokens per hop, overlap needs >= {e.ring_min_block:,.0f}: "
+            f"{'holds' if e.overlap else 'FAILS'}"
+        )
     report["estimate"] = _est_dict(e)
     return report, e
 
@@ -231,14 +276,32 @@ def _search(job: _Job, given, arrays, say) -> dict[str, Any]:
     from lcx.sharding.describe import describe
 
     m, hw, n, S, B = job.model, job.hw, job.n, job.S, job.B
-    rec = search(m, hw, n, seq_len=S, global_batch=B, dtype=m.dtype, param_dtype=m.param_dtype,
-                 attention=dataclasses.replace(given.attention), window=m.sliding_window)
+    rec = search(
+        m,
+        hw,
+        n,
+        seq_len=S,
+        global_batch=B,
+        dtype=m.dtype,
+        param_dtype=m.param_dtype,
+        attention=dataclasses.replace(given.attention),
+        window=m.sliding_window,
+    )
     if not rec.candidates:
         # an empty table and a blank recommendation say nothing: say which split failed
         from lcx.cost.planner import no_candidates_reason
 
-        raise PlanError(no_candidates_reason(m, n, S, B, devices_per_chip=job.devices_per_chip, chips_key=job.chips_key,
-                                             attention=dataclasses.replace(given.attention)))
+        raise PlanError(
+            no_candidates_reason(
+                m,
+                n,
+                S,
+                B,
+                devices_per_chip=job.devices_per_chip,
+                chips_key=job.chips_key,
+                attention=dataclasses.replace(given.attention),
+            )
+        )
     say(f"== search: {len(rec.candidates)} candidates (strategy x mesh x param sharding x activation policy)")
     say(table(rec, per_group=job.rows != "all"))
     say("")
@@ -288,15 +351,23 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     pub = cfg.get("published")
     if pub and e is not None:
         # the published step is the experiment's own recipe, the given plan and policy priced above
-        say(f"  published (MaxText tpu-recipes, this plan and policy): {float(pub.step_time_s):,.2f} s/step, MFU "
+        say(
+            f"  published (MaxText tpu-recipes, this plan and policy): {float(pub.step_time_s):,.2f} s/step, MFU "
             f"{100 * float(pub.mfu):.2f}%; the ledger's MFU of that step time: "
             f"{100 * e.flops.total / (float(pub.step_time_s) * hw.peak_flops_per_device * n):.2f}%; measured / "
-            f"roofline = {float(pub.step_time_s) / e.step_time:.2f}")
+            f"roofline = {float(pub.step_time_s) / e.step_time:.2f}"
+        )
     say("")
 
     report: dict[str, Any] = {
-        "model": m.to_dict(), "hardware": dataclasses.asdict(hw), "chips": int(job.chips), "n_devices": n,
-        "seq_len": job.S, "global_batch": job.B, "kv_bytes_per_token": kv, "given": given_report,
+        "model": m.to_dict(),
+        "hardware": dataclasses.asdict(hw),
+        "chips": int(job.chips),
+        "n_devices": n,
+        "seq_len": job.S,
+        "global_batch": job.B,
+        "kv_bytes_per_token": kv,
+        "given": given_report,
     }
     if cfg.planner.search:
         report.update(_search(job, given, arrays, say))
@@ -311,11 +382,17 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
 
 def _est_dict(e) -> dict[str, Any]:
     return {
-        "memory_bytes_per_device": e.memory.as_dict(), "comm_bytes_per_device": dataclasses.asdict(e.comm),
-        "model_flops_per_step": e.flops.total, "recompute_flops_per_step": e.recompute_flops,
-        "compute_time_s": e.compute_time, "exposed_comm_time_s": e.exposed_comm_time,
-        "host_bytes_per_device": e.host_bytes, "host_time_s": e.host_time, "exposed_host_time_s": e.exposed_host_time,
+        "memory_bytes_per_device": e.memory.as_dict(),
+        "comm_bytes_per_device": dataclasses.asdict(e.comm),
+        "model_flops_per_step": e.flops.total,
+        "recompute_flops_per_step": e.recompute_flops,
+        "compute_time_s": e.compute_time,
+        "exposed_comm_time_s": e.exposed_comm_time,
+        "host_bytes_per_device": e.host_bytes,
+        "host_time_s": e.host_time,
+        "exposed_host_time_s": e.exposed_host_time,
         "step_time_s": e.step_time,
-        "fits": e.fits, "overlap": e.overlap, "predicted_mfu": e.mfu,
+        "fits": e.fits,
+        "overlap": e.overlap,
+        "predicted_mfu": e.mfu,
     }
-

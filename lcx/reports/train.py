@@ -17,8 +17,10 @@ def done_message(out: dict, steps: int) -> str:
       steps: ``train.steps``.
     """
     if not out["losses"]:
-        return (f"done: checkpoint at step {out['start_step']} already reached train.steps={steps}; nothing to "
-                f"train (raise train.steps to continue); run directory {out['run_dir']}")
+        return (
+            f"done: checkpoint at step {out['start_step']} already reached train.steps={steps}; nothing to "
+            f"train (raise train.steps to continue); run directory {out['run_dir']}"
+        )
     return (
         f"done: final train loss {out['final_loss']:.4f} nats/token"
         + (f", validation loss {out['val_loss']:.4f}" if out["val_loss"] is not None else "")

@@ -60,8 +60,9 @@ def register_schema() -> None:
     ConfigStore.instance().store(group="plan", name="schema", node=PlanSchema)
 
 
-def plan_from_config(node: DictConfig | dict, *, default_block: int = 512, default_kernel: str = "xla",
-                     hardware: Any = None) -> Plan:
+def plan_from_config(
+    node: DictConfig | dict, *, default_block: int = 512, default_kernel: str = "xla", hardware: Any = None
+) -> Plan:
     """Build a :class:`Plan` from a Hydra/OmegaConf ``plan`` node or a plain dict.
 
     ``plan.attention.block_q`` / ``block_kv`` left null take ``default_block`` tokens: the

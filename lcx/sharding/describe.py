@@ -50,9 +50,7 @@ def layout_arrays(plan: Plan, n_devices: int, arrays: Sequence[ArrayInfo]) -> li
         spec = plan.param_spec(a.axes) if a.kind == "param" else plan.activation_spec(a.axes)
         mesh_axes = tuple(_as_axes(s) for s in spec) + ((),) * (len(a.shape) - len(spec))
         shard = tuple(math.ceil(d / math.prod(shape[m] for m in ma)) for d, ma in zip(a.shape, mesh_axes))
-        out.append(
-            ArrayLayout(a, mesh_axes, shard, math.prod(a.shape) * a.itemsize, math.prod(shard) * a.itemsize)
-        )
+        out.append(ArrayLayout(a, mesh_axes, shard, math.prod(a.shape) * a.itemsize, math.prod(shard) * a.itemsize))
     return out
 
 

@@ -136,8 +136,7 @@ class Checkpoints:
         a failed one (orbax lists a step as soon as its save starts). Does not raise a failed
         save's error (:meth:`check` does)."""
         self._collect(block=False)
-        return sorted(s for s in self._manager.all_steps()
-                      if s != self._pending and (self.directory / str(s)).is_dir())
+        return sorted(s for s in self._manager.all_steps() if s != self._pending and (self.directory / str(s)).is_dir())
 
     def latest_step(self) -> int | None:
         s = self.steps()
@@ -208,7 +207,8 @@ class Checkpoints:
         raise CheckpointSaveError(
             f"checkpoint of step {step} in {self.directory} failed: {type(e).__name__}: {cause}. Nothing of it is "
             f"listed or restored; the checkpoints kept are steps {self.steps()}. Fix the cause (e.g. free disk space) "
-            f"and save again: step {step} can be saved anew") from e
+            f"and save again: step {step} can be saved anew"
+        ) from e
 
     def _collect(self, block: bool) -> None:
         """Finish the bookkeeping of the save in flight if it ended (or, ``block``, when it ends)."""

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
-from lcx.training.checkpoint import CheckpointSaveError, Checkpoints
+from lcx.training.checkpoint import Checkpoints, CheckpointSaveError
 from lcx.training.resume import CheckpointConfig
 from lcx.training.signals import StopSignals, exit_after_save
 from lcx.training.state import TrainState
@@ -54,8 +54,9 @@ class Hooks:
     def __init__(self) -> None:
         self._hooks: list[tuple[Callable[[StepInfo], None], int, Callable[[StepInfo], bool] | None]] = []
 
-    def add_hook(self, fn: Callable[[StepInfo], None], *, every: int = 1,
-                 also: Callable[[StepInfo], bool] | None = None) -> None:
+    def add_hook(
+        self, fn: Callable[[StepInfo], None], *, every: int = 1, also: Callable[[StepInfo], bool] | None = None
+    ) -> None:
         """Run ``fn(info)`` after every ``every``-th step, after the last step, and after any step
         for which ``also(info)`` is true.
 
@@ -143,8 +144,14 @@ class CheckpointHook:
       SystemExit: after a stop signal, once the checkpoint is on disk.
     """
 
-    def __init__(self, ckpts: Checkpoints, config: CheckpointConfig, stop: StopSignals,
-                 meta: Callable[[float, float | None], dict[str, Any]], saved_step: int | None):
+    def __init__(
+        self,
+        ckpts: Checkpoints,
+        config: CheckpointConfig,
+        stop: StopSignals,
+        meta: Callable[[float, float | None], dict[str, Any]],
+        saved_step: int | None,
+    ):
         self.ckpts, self.config, self.stop, self.meta = ckpts, config, stop, meta
         self.saved_step = saved_step  # the newest checkpoint written (or being written)
         self._started: int | None = None  # the step whose save is in flight: checked at the next step

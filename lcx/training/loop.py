@@ -87,8 +87,7 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> TrainRe
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     run = prepare(cfg, devices)
-    ckpts = (Checkpoints(run.ckpt.dir, keep=run.ckpt.keep, async_save=run.ckpt.async_save)
-             if run.ckpt.enabled else None)
+    ckpts = Checkpoints(run.ckpt.dir, keep=run.ckpt.keep, async_save=run.ckpt.async_save) if run.ckpt.enabled else None
     state, restored = initial_state(run, ckpts)
     record_run(run, run_dir, state.step, resumed=restored is not None)
     start = state.step
@@ -98,8 +97,16 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> TrainRe
         log.info("checkpoint at step %d already reached train.steps=%d; nothing to train", start, run.total_steps)
         if ckpts is not None:
             ckpts.close()
-        return TrainResult(losses=[], final_loss=None, val_loss=val_loss, state=state, static=run.static,
-                           run_dir=str(run_dir), compile_s=None, start_step=start)
+        return TrainResult(
+            losses=[],
+            final_loss=None,
+            val_loss=val_loss,
+            state=state,
+            static=run.static,
+            run_dir=str(run_dir),
+            compile_s=None,
+            start_step=start,
+        )
     batch = put_batch(next(run.data.train), run.steps.batch_sharding)
     train_c, first = compile_step(run, state, batch, resumed=restored is not None)
     losses: list[float] = []
@@ -108,13 +115,22 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> TrainRe
             stack.callback(ckpts.close)  # an exception still lets an in-flight (good) save finish
         hooks, ckpt_hook = make_hooks(run, run_dir, stack, ckpts, start, resumed=restored is not None)
         for step in range(start + 1, run.total_steps + 1):
-            state, batch, info = train_step(run, train_c, state, batch, step, first if step == start + 1 else {},
-                                            val_loss, ckpts, ckpt_hook)
+            state, batch, info = train_step(
+                run, train_c, state, batch, step, first if step == start + 1 else {}, val_loss, ckpts, ckpt_hook
+            )
             losses.append(info.loss)
             hooks.run(info)
             val_loss = info.val_loss
-    return TrainResult(losses=losses, final_loss=losses[-1], val_loss=val_loss, state=state, static=run.static,
-                       run_dir=str(run_dir), compile_s=first["compile_s"], start_step=start)
+    return TrainResult(
+        losses=losses,
+        final_loss=losses[-1],
+        val_loss=val_loss,
+        state=state,
+        static=run.static,
+        run_dir=str(run_dir),
+        compile_s=first["compile_s"],
+        start_step=start,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +170,14 @@ def prepare(cfg: DictConfig, devices=None) -> Run:
     mp: MeshPlan = ctx["plan"]
     model_cfg, devices = ctx["model_cfg"], ctx["devices"]
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    data = make_data(cfg.data, seq_len=int(t.seq_len), global_batch=int(t.global_batch),
-                     layout=mp.plan.attention.layout, context_degree=mp.context_degree, seed=int(t.seed))
+    data = make_data(
+        cfg.data,
+        seq_len=int(t.seq_len),
+        global_batch=int(t.global_batch),
+        layout=mp.plan.attention.layout,
+        context_degree=mp.context_degree,
+        seed=int(t.seed),
+    )
     hw = hardware_from_config(cfg.hardware, len(devices))
     flops = training_flops(model_cfg, int(t.seq_len), int(t.global_batch), window=model_cfg.sliding_window)
     key = jax.random.key(int(t.seed))
@@ -164,9 +186,25 @@ def prepare(cfg: DictConfig, devices=None) -> Run:
     optimizer, schedule = optimizer_from_config(t)
     # where parameters and optimizer state live between steps: pinned_host when offloaded
     steps = make_steps(abstract, optimizer, mp, model_shardings(abstract, mp), ctx["memory"])
-    return Run(cfg=cfg, resolved=resolved, ckpt=ckpt, mp=mp, model_cfg=model_cfg, devices=devices, data=data,
-               hw=hw, flops=flops, key=key, abstract_params=abstract_params, static=static, optimizer=optimizer,
-               schedule=schedule, steps=steps, t=t, total_steps=int(t.steps))
+    return Run(
+        cfg=cfg,
+        resolved=resolved,
+        ckpt=ckpt,
+        mp=mp,
+        model_cfg=model_cfg,
+        devices=devices,
+        data=data,
+        hw=hw,
+        flops=flops,
+        key=key,
+        abstract_params=abstract_params,
+        static=static,
+        optimizer=optimizer,
+        schedule=schedule,
+        steps=steps,
+        t=t,
+        total_steps=int(t.steps),
+    )
 
 
 def initial_state(run: Run, ckpts: Checkpoints | None) -> tuple[TrainState, Restored | None]:
@@ -180,14 +218,26 @@ def initial_state(run: Run, ckpts: Checkpoints | None) -> tuple[TrainState, Rest
     restored = None
     if ckpts is not None:
         restored = ckpts.restore_latest(
-            lambda: abstract_train_state(run.abstract_params, run.steps.param_shardings, run.optimizer,
-                                         run.mp.replicated(), opt_shardings=run.steps.opt_shardings),
-            check=lambda meta, where: check_resumable(meta, run.resolved, where=where,
-                                                      allow=run.ckpt.allow_config_change, job=multirun_job()),
+            lambda: abstract_train_state(
+                run.abstract_params,
+                run.steps.param_shardings,
+                run.optimizer,
+                run.mp.replicated(),
+                opt_shardings=run.steps.opt_shardings,
+            ),
+            check=lambda meta, where: check_resumable(
+                meta, run.resolved, where=where, allow=run.ckpt.allow_config_change, job=multirun_job()
+            ),
         )
     if restored is None:
-        state = init_train_state(run.model_cfg, run.key, run.optimizer, run.steps,
-                                 rng=jax.random.fold_in(run.key, 1), data=run.data.train.state())
+        state = init_train_state(
+            run.model_cfg,
+            run.key,
+            run.optimizer,
+            run.steps,
+            rng=jax.random.fold_in(run.key, 1),
+            data=run.data.train.state(),
+        )
         return state, None
     run.data.train.resume(restored.meta["data"])
     log.info("resumed from %s at step %d", ckpts.directory / str(restored.step), restored.step)
@@ -225,15 +275,24 @@ def compile_step(run: Run, state: TrainState, batch: dict, *, resumed: bool) -> 
     compiled = run.steps.train.lower(state.params, state.opt_state, batch).compile()
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
-    first = {"compile_s": compile_s,
-             "temp_bytes_per_device": getattr(mem, "temp_size_in_bytes", None) if mem is not None else None}
+    first = {
+        "compile_s": compile_s,
+        "temp_bytes_per_device": getattr(mem, "temp_size_in_bytes", None) if mem is not None else None,
+    }
     if resumed:
         first["resumed_from"] = state.step
     return compiled, first
 
 
-def make_hooks(run: Run, run_dir: pathlib.Path, stack: contextlib.ExitStack, ckpts: Checkpoints | None,
-               start: int, *, resumed: bool) -> tuple[Hooks, CheckpointHook | None]:
+def make_hooks(
+    run: Run,
+    run_dir: pathlib.Path,
+    stack: contextlib.ExitStack,
+    ckpts: Checkpoints | None,
+    start: int,
+    *,
+    resumed: bool,
+) -> tuple[Hooks, CheckpointHook | None]:
     """Phase 5: the hooks, in the order they run after a step: evaluation (every
     ``train.eval_every``), the ``metrics.jsonl`` line (every ``train.log_every`` and at each
     evaluation), the progress bar, checkpoints (with the SIGTERM/SIGINT watcher). What they open
@@ -245,19 +304,29 @@ def make_hooks(run: Run, run_dir: pathlib.Path, stack: contextlib.ExitStack, ckp
     metrics = stack.enter_context((run_dir / "metrics.jsonl").open("a"))
     hooks.add_hook(MetricsHook(metrics), every=max(1, int(run.t.log_every)), also=lambda i: "val_loss" in i.record)
     bar = stack.enter_context(
-        tqdm(total=run.total_steps, initial=start, desc=f"train[{run.mp.plan.name}]", unit="step"))
+        tqdm(total=run.total_steps, initial=start, desc=f"train[{run.mp.plan.name}]", unit="step")
+    )
     hooks.add_hook(ProgressHook(bar))
     if ckpts is None:
         return hooks, None
-    ckpt_hook = CheckpointHook(ckpts, run.ckpt, stop, lambda loss, val: checkpoint_meta(run, loss, val),
-                               saved_step=start if resumed else None)
+    ckpt_hook = CheckpointHook(
+        ckpts, run.ckpt, stop, lambda loss, val: checkpoint_meta(run, loss, val), saved_step=start if resumed else None
+    )
     hooks.add_hook(ckpt_hook)
     return hooks, ckpt_hook
 
 
-def train_step(run: Run, compiled: Any, state: TrainState, batch: dict, step: int, extra: dict[str, Any],
-               val_loss: float | None, ckpts: Checkpoints | None,
-               ckpt_hook: CheckpointHook | None) -> tuple[TrainState, dict | None, StepInfo]:
+def train_step(
+    run: Run,
+    compiled: Any,
+    state: TrainState,
+    batch: dict,
+    step: int,
+    extra: dict[str, Any],
+    val_loss: float | None,
+    ckpts: Checkpoints | None,
+    ckpt_hook: CheckpointHook | None,
+) -> tuple[TrainState, dict | None, StepInfo]:
     """Phase 6, once per step: run step ``step`` on ``batch``, prefetch the next batch while the
     devices work, and build the step's :class:`StepInfo` (its metrics record plus ``extra``).
 
@@ -273,13 +342,15 @@ def train_step(run: Run, compiled: Any, state: TrainState, batch: dict, step: in
     dt = time.perf_counter() - ts
     grad_norm = float(m["grad_norm"])
     # the data position is the one after this step's batch, not the prefetched one's
-    state = state.replace(params=params, opt_state=opt_state, step=step,
-                          data=run.data.train.state_before(0 if last else 1))
+    state = state.replace(
+        params=params, opt_state=opt_state, step=step, data=run.data.train.state_before(0 if last else 1)
+    )
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         # A non-finite gradient poisons the update even when the loss is still finite; both
         # scalars are on the host already, so this check costs nothing per step.
-        raise FloatingPointError(nonfinite_report(state, loss, grad_norm, ckpts,
-                                                  ckpt_hook.saved_step if ckpt_hook is not None else None))
+        raise FloatingPointError(
+            nonfinite_report(state, loss, grad_norm, ckpts, ckpt_hook.saved_step if ckpt_hook is not None else None)
+        )
     record = {
         "step": step,
         "loss": loss,
@@ -306,8 +377,9 @@ def checkpoint_meta(run: Run, loss: float | None, val: float | None) -> dict[str
     }
 
 
-def nonfinite_report(state: TrainState, loss: float, grad_norm: float, ckpts: Checkpoints | None,
-                     saved_step: int | None) -> str:
+def nonfinite_report(
+    state: TrainState, loss: float, grad_norm: float, ckpts: Checkpoints | None, saved_step: int | None
+) -> str:
     """The diagnostic of a non-finite step: which scalars, which tensors, what was kept."""
     step = state.step
     bad = nonfinite_leaves(state.arrays())

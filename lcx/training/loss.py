@@ -119,12 +119,14 @@ def vocab_tiled_predictions(
 
     def one(xs):
         h_t, y_t = xs
-        logits = pin(jnp.einsum("BPtD,DV->BPtV", h_t, head, preferred_element_type=jnp.float32),
-                     ("batch", "seq", None, "vocab"))
+        logits = pin(
+            jnp.einsum("BPtD,DV->BPtV", h_t, head, preferred_element_type=jnp.float32), ("batch", "seq", None, "vocab")
+        )
         return jnp.argmax(logits, axis=-1).astype(jnp.int32), token_nll(logits, y_t)
 
-    pred, nll = jax.lax.map(one, (pin(tile(h), (None, "batch", "seq", None, "embed")),
-                                  pin(tile(targets), (None, "batch", "seq", None))))
+    pred, nll = jax.lax.map(
+        one, (pin(tile(h), (None, "batch", "seq", None, "embed")), pin(tile(targets), (None, "batch", "seq", None)))
+    )
     return untile(pred), untile(nll)
 
 
@@ -135,8 +137,10 @@ def _tiler(bs: tuple[int, int], seq_shards: int, tiles: int):
     B, S = bs
     P, n = seq_shards, tiles
     if S % (P * n):
-        raise ValueError(f"vocabulary tiling: the sequence of {S} tokens over {P} shards does not split into {n} "
-                         f"tiles (S / P = {S / P:g} tokens per shard, not a multiple of {n})")
+        raise ValueError(
+            f"vocabulary tiling: the sequence of {S} tokens over {P} shards does not split into {n} "
+            f"tiles (S / P = {S / P:g} tokens per shard, not a multiple of {n})"
+        )
     t = S // (P * n)
 
     def tile(x: Array) -> Array:

@@ -71,12 +71,24 @@ def memory_policy(model_cfg: ModelConfig, memory: MemoryOptions | None = None):
     from lcx.cost import ActivationPolicy
 
     mem = memory or MemoryOptions()
-    return ActivationPolicy.from_model(model_cfg, vocab_tiling=mem.vocab_tiling, offload_optimizer=mem.offload_optimizer,
-                                       offload_params=mem.offload_params)
+    return ActivationPolicy.from_model(
+        model_cfg,
+        vocab_tiling=mem.vocab_tiling,
+        offload_optimizer=mem.offload_optimizer,
+        offload_params=mem.offload_params,
+    )
 
 
-def memory_check(cfg: DictConfig, model_cfg: ModelConfig, plan, n_devices: int, *, memory: MemoryOptions | None = None,
-                 local_devices: int | None = None, policy=None) -> MemoryCheck:
+def memory_check(
+    cfg: DictConfig,
+    model_cfg: ModelConfig,
+    plan,
+    n_devices: int,
+    *,
+    memory: MemoryOptions | None = None,
+    local_devices: int | None = None,
+    policy=None,
+) -> MemoryCheck:
     """Price the run's step with the cost ledger and compare it with the hardware's memory.
 
     ``policy`` (default :func:`memory_policy`) prices another policy on the same run (the
@@ -94,9 +106,18 @@ def memory_check(cfg: DictConfig, model_cfg: ModelConfig, plan, n_devices: int, 
     if "memory_kinds" in inspect.signature(memory_breakdown).parameters:
         # XLA:CPU strips JAX memory kinds: offloaded tensors stay where they are, in the same RAM
         kinds["memory_kinds"] = hw.name != "cpu"
-    m = memory_breakdown(model_cfg, plan, n, seq_len=int(t.seq_len), global_batch=int(t.global_batch), policy=pol,
-                         dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype,
-                         tie_embeddings=model_cfg.tie_embeddings, **kinds)
+    m = memory_breakdown(
+        model_cfg,
+        plan,
+        n,
+        seq_len=int(t.seq_len),
+        global_batch=int(t.global_batch),
+        policy=pol,
+        dtype=model_cfg.dtype,
+        param_dtype=model_cfg.param_dtype,
+        tie_embeddings=model_cfg.tie_embeddings,
+        **kinds,
+    )
     if hw.name == "cpu":
         avail = host_memory_available()
         limit, source = avail if avail is not None else (None, "this machine's available RAM cannot be read")
@@ -108,8 +129,15 @@ def memory_check(cfg: DictConfig, model_cfg: ModelConfig, plan, n_devices: int, 
     return MemoryCheck(m, pol, hw, n, k, False, hw.hbm_bytes, "hardware.hbm_bytes", host, m.total, fits)
 
 
-def check_memory(cfg: DictConfig, model_cfg: ModelConfig, plan, devices, *, memory: MemoryOptions | None = None,
-                 local_devices: int | None = None) -> MemoryCheck:
+def check_memory(
+    cfg: DictConfig,
+    model_cfg: ModelConfig,
+    plan,
+    devices,
+    *,
+    memory: MemoryOptions | None = None,
+    local_devices: int | None = None,
+) -> MemoryCheck:
     """Refuse, before anything compiles, a step the cost ledger says cannot fit in memory.
 
     The per-device estimate is :func:`lcx.cost.memory_breakdown` of the policy the run trains
@@ -161,20 +189,34 @@ def check_memory(cfg: DictConfig, model_cfg: ModelConfig, plan, devices, *, memo
     # parameters, gradients and AdamW's two states, sharded over every device: no plan does better
     state_min = model_cfg.n_params * DTYPE_BYTES[model_cfg.param_dtype] * 4 / n
     if chk.on_cpu:
-        what = (f"{gib(m.total + m.host)} per device x {k} simulated CPU devices = {gib(chk.need)} of host RAM, "
-                f"but this machine has {gib(chk.limit)} available ({chk.limit_source})")
+        what = (
+            f"{gib(m.total + m.host)} per device x {k} simulated CPU devices = {gib(chk.need)} of host RAM, "
+            f"but this machine has {gib(chk.limit)} available ({chk.limit_source})"
+        )
         state_alone = state_min * k > chk.limit
     else:
-        what = (f"{gib(m.total)} of HBM per device, but hardware.hbm_bytes is {gib(hw.hbm_bytes)}" if chk.over_hbm
-                else f"{gib(m.host)} of offloaded bytes per device, but its share of host memory is "
-                     f"{gib(chk.host_limit)}")
+        what = (
+            f"{gib(m.total)} of HBM per device, but hardware.hbm_bytes is {gib(hw.hbm_bytes)}"
+            if chk.over_hbm
+            else f"{gib(m.host)} of offloaded bytes per device, but its share of host memory is {gib(chk.host_limit)}"
+        )
         state_alone = chk.over_hbm and state_min > hw.hbm_bytes
     parts = _parts(m) if chk.on_cpu or chk.over_hbm else _host_parts(m, chk.policy)
     big = max(parts, key=parts.get)
-    fixes = _memory_fixes(model_cfg, plan, m, state_min, state_alone, gib, on_cpu=chk.on_cpu, n=n, k=k,
-                          check=chk, reprice=lambda pol: memory_check(cfg, model_cfg, plan, n, memory=mem,
-                                                                      local_devices=k, policy=pol),
-                          local_seq=int(cfg.train.seq_len) // plan.context_degree(n))
+    fixes = _memory_fixes(
+        model_cfg,
+        plan,
+        m,
+        state_min,
+        state_alone,
+        gib,
+        on_cpu=chk.on_cpu,
+        n=n,
+        k=k,
+        check=chk,
+        reprice=lambda pol: memory_check(cfg, model_cfg, plan, n, memory=mem, local_devices=k, policy=pol),
+        local_seq=int(cfg.train.seq_len) // plan.context_degree(n),
+    )
     raise ValueError(
         f"model={model_cfg.name} does not fit: the cost ledger estimates {what}; the largest part is {big} "
         f"({gib(parts[big])} per device); {fixes}. train.check_memory=false skips this check"
@@ -185,21 +227,40 @@ def _host_parts(m, policy) -> dict[str, int]:
     """The parts of the offloaded bytes ``m.host`` (when the host's share is what overflows):
     parameters (``p`` = ``m.grads``), AdamW's two states (``2 p``) and offloaded activations."""
     p = m.grads
-    out = {"parameters offloaded to host": p if policy.offload_params else 0,
-           "optimizer state offloaded to host": 2 * p if policy.offload_optimizer else 0}
+    out = {
+        "parameters offloaded to host": p if policy.offload_params else 0,
+        "optimizer state offloaded to host": 2 * p if policy.offload_optimizer else 0,
+    }
     out["activations offloaded to host"] = max(0, m.host - sum(out.values()))
     return out
 
 
 def _parts(m) -> dict[str, int]:
     """The parts of a :class:`lcx.cost.MemoryBreakdown` the memory check names as the largest."""
-    return {"parameters + gradients + optimizer state": m.state, "saved activations": m.activations,
-            "block backward": m.layer_working, "attention backward": m.attention, "logits": m.logits}
+    return {
+        "parameters + gradients + optimizer state": m.state,
+        "saved activations": m.activations,
+        "block backward": m.layer_working,
+        "attention backward": m.attention,
+        "logits": m.logits,
+    }
 
 
-def _memory_fixes(model_cfg: ModelConfig, plan, m, state_min: float, state_alone: bool, gib, *,
-                  on_cpu: bool, n: int, k: int, check: MemoryCheck | None = None, reprice=None,
-                  local_seq: int | None = None) -> str:
+def _memory_fixes(
+    model_cfg: ModelConfig,
+    plan,
+    m,
+    state_min: float,
+    state_alone: bool,
+    gib,
+    *,
+    on_cpu: bool,
+    n: int,
+    k: int,
+    check: MemoryCheck | None = None,
+    reprice=None,
+    local_seq: int | None = None,
+) -> str:
     """The advice of :func:`check_memory`: only changes that lower the estimate it compared.
 
     On ``hardware=cpu`` the limit is the host RAM that all simulated devices share, so what counts
@@ -221,14 +282,23 @@ def _memory_fixes(model_cfg: ModelConfig, plan, m, state_min: float, state_alone
     smaller = None if tiny else "a smaller model (e.g. model=tiny)"
     if state_alone:
         if on_cpu:  # sharded or not, the k simulated devices together hold at least one whole copy
-            return (f"the parameters, gradients and AdamW state alone need {gib(state_min * k)} of host RAM (summed "
-                    f"over the {k} simulated devices, however they are sharded), so model={model_cfg.name} cannot fit "
-                    f"on this machine" + (f": use {smaller}" if smaller else ""))
-        alone = (f"the parameters, gradients and AdamW state alone need {gib(state_min)} per device even sharded over "
-                 f"all {n} devices")
+            return (
+                f"the parameters, gradients and AdamW state alone need {gib(state_min * k)} of host RAM (summed "
+                f"over the {k} simulated devices, however they are sharded), so model={model_cfg.name} cannot fit "
+                f"on this machine" + (f": use {smaller}" if smaller else "")
+            )
+        alone = (
+            f"the parameters, gradients and AdamW state alone need {gib(state_min)} per device even sharded over "
+            f"all {n} devices"
+        )
         state_fix = _offload_fix(check, reprice, gib) if check is not None and reprice is not None else None
-        return alone + ": use " + (f"{state_fix}, or " if state_fix else "") + (f"{smaller} or " if smaller else "") + \
-            "more devices"
+        return (
+            alone
+            + ": use "
+            + (f"{state_fix}, or " if state_fix else "")
+            + (f"{smaller} or " if smaller else "")
+            + "more devices"
+        )
     opts = []
     parts = _parts(m)
     big = max(parts, key=parts.get)
@@ -256,8 +326,10 @@ def _memory_fixes(model_cfg: ModelConfig, plan, m, state_min: float, state_alone
         opts.append(smaller)
     fixes = "use " + ", or ".join(opts)
     if on_cpu:
-        fixes += ("; more simulated devices or more context parallelism do not help here: the devices share this "
-                  "machine's RAM, and the sum over them stays the same")
+        fixes += (
+            "; more simulated devices or more context parallelism do not help here: the devices share this "
+            "machine's RAM, and the sum over them stays the same"
+        )
         if tiny:
             fixes += "; model=tiny is the smallest preset: if none of these fit, the step cannot fit on this machine"
     return fixes
@@ -282,9 +354,12 @@ def _tiling_fix(check: MemoryCheck, reprice, local_seq: int, gib) -> str | None:
 
 
 def _tiling_text(d: int, local_seq: int, check: MemoryCheck, c: MemoryCheck, gib, *, fits: bool) -> str:
-    return (f"vocabulary tiling (memory.vocab_tiling={d}: the logits in {d} tiles of {local_seq // d:,} tokens, "
-            f"{gib(c.breakdown.logits)} instead of {gib(check.breakdown.logits)} per device"
-            + ("; then it fits" if fits else "") + ")")
+    return (
+        f"vocabulary tiling (memory.vocab_tiling={d}: the logits in {d} tiles of {local_seq // d:,} tokens, "
+        f"{gib(c.breakdown.logits)} instead of {gib(check.breakdown.logits)} per device"
+        + ("; then it fits" if fits else "")
+        + ")"
+    )
 
 
 def _offload_fix(check: MemoryCheck, reprice, gib) -> str | None:
@@ -306,22 +381,28 @@ def _offload_fix(check: MemoryCheck, reprice, gib) -> str | None:
     if c.over_host:
         return None
     overrides = " ".join(f"memory.{f}=true" for f in helped)
-    return (f"host offload of the {' and '.join(f.split('_')[1].replace('params', 'parameters') for f in helped)} "
-            f"({overrides}: {gib(c.need)} instead of {gib(check.need)} per device"
-            + ("; then it fits" if c.fits else "") + ")")
+    return (
+        f"host offload of the {' and '.join(f.split('_')[1].replace('params', 'parameters') for f in helped)} "
+        f"({overrides}: {gib(c.need)} instead of {gib(check.need)} per device"
+        + ("; then it fits" if c.fits else "")
+        + ")"
+    )
 
 
 def _remat_full_fix(model_cfg: ModelConfig, check: MemoryCheck | None, reprice) -> str | None:
     """``remat (model.remat=full ...)`` when it lowers the estimate (always offered without a
     pricing function); the ``remat_*`` placements are reset, ModelConfig refuses them otherwise."""
-    placed = [f"model.{f}={ModelConfig.__dataclass_fields__[f].default}"
-              for f in ("remat_layer_input", "remat_context", "remat_qkv")
-              if getattr(model_cfg, f) != ModelConfig.__dataclass_fields__[f].default]
+    placed = [
+        f"model.{f}={ModelConfig.__dataclass_fields__[f].default}"
+        for f in ("remat_layer_input", "remat_context", "remat_qkv")
+        if getattr(model_cfg, f) != ModelConfig.__dataclass_fields__[f].default
+    ]
     text = "remat (model.remat=full" + "".join(" " + p for p in placed) + " keeps only each block's input)"
     if check is None or reprice is None:
         return text
-    c = reprice(dataclasses.replace(check.policy, remat="full", decoder_layer_input="device", context="remat",
-                                    qkv="remat"))
+    c = reprice(
+        dataclasses.replace(check.policy, remat="full", decoder_layer_input="device", context="remat", qkv="remat")
+    )
     return text if c.need < check.need else None
 
 
@@ -332,4 +413,3 @@ def format_count(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.3g}{unit}" if n < 100 * scale else f"{n / scale:,.0f}{unit}"
     return str(n)
-

@@ -26,8 +26,12 @@ from typing import Any
 HOST = "pinned_host"
 DEVICE = "device"
 
-PLAN_ONLY_KEYS = {"remat": "model.remat", "decoder_layer_input": "model.remat_layer_input",
-                  "context": "model.remat_context", "qkv": "model.remat_qkv"}
+PLAN_ONLY_KEYS = {
+    "remat": "model.remat",
+    "decoder_layer_input": "model.remat_layer_input",
+    "context": "model.remat_context",
+    "qkv": "model.remat_qkv",
+}
 """``memory.*`` keys only ``lcx.plan`` reads (to price a policy the model does not run) and the
 ``model.*`` key ``lcx.train`` reads instead."""
 
@@ -50,13 +54,16 @@ class MemoryOptions:
     def __post_init__(self):
         n = self.vocab_tiling
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"memory.vocab_tiling={n!r}: must be a whole number >= 1 (tiles of the local sequence "
-                             "the output head and loss are computed in; 1: untiled)")
+            raise ValueError(
+                f"memory.vocab_tiling={n!r}: must be a whole number >= 1 (tiles of the local sequence "
+                "the output head and loss are computed in; 1: untiled)"
+            )
         for name in ("offload_optimizer", "offload_params"):
             v = getattr(self, name)
             if not isinstance(v, bool):
-                raise ValueError(f"memory.{name}={v!r}: must be true or false; write memory.{name}=true or "
-                                 f"memory.{name}=false")
+                raise ValueError(
+                    f"memory.{name}={v!r}: must be true or false; write memory.{name}=true or memory.{name}=false"
+                )
 
     @classmethod
     def from_config(cls, node: Mapping[str, Any] | None) -> MemoryOptions:
@@ -73,22 +80,30 @@ class MemoryOptions:
         for k, v in d.items():
             if k in PLAN_ONLY_KEYS:
                 if v is not None:
-                    raise ValueError(f"memory.{k}={v!r} is read by lcx.plan only (to price a policy the model does "
-                                     f"not run); lcx.train trains the model's own: set {PLAN_ONLY_KEYS[k]} instead")
+                    raise ValueError(
+                        f"memory.{k}={v!r} is read by lcx.plan only (to price a policy the model does "
+                        f"not run); lcx.train trains the model's own: set {PLAN_ONLY_KEYS[k]} instead"
+                    )
             elif k not in fields:
                 import difflib  # noqa: PLC0415
 
                 near = difflib.get_close_matches(k, sorted(fields) + sorted(PLAN_ONLY_KEYS), n=1, cutoff=0.6)
                 hint = f"did you mean memory.{near[0]}? " if near else ""
-                raise ValueError(f"memory.{k}: unknown key; {hint}lcx.train reads "
-                                 f"memory.{', memory.'.join(sorted(fields))}")
+                raise ValueError(
+                    f"memory.{k}: unknown key; {hint}lcx.train reads memory.{', memory.'.join(sorted(fields))}"
+                )
         vt = d.get("vocab_tiling", 1)
         if isinstance(vt, float) and vt.is_integer():
             vt = int(vt)
-        return cls(vocab_tiling=vt, offload_optimizer=d.get("offload_optimizer", False),
-                   offload_params=d.get("offload_params", False))
+        return cls(
+            vocab_tiling=vt,
+            offload_optimizer=d.get("offload_optimizer", False),
+            offload_params=d.get("offload_params", False),
+        )
 
-    def check_tiling(self, local_seq_len: int, *, seq_len: int | None = None, context_degree: int | None = None) -> None:
+    def check_tiling(
+        self, local_seq_len: int, *, seq_len: int | None = None, context_degree: int | None = None
+    ) -> None:
         """Refuse a ``vocab_tiling`` that does not divide the local sequence ``local_seq_len``.
 
         Raises:
@@ -104,13 +119,17 @@ class MemoryOptions:
         lower = max((d for d in divs if d < n), default=None)
         upper = min((d for d in divs if d > n), default=None)
         near = sorted({x for x in (lower, upper) if x is not None})
-        where = (f" (train.seq_len={seq_len:,} / context degree {context_degree})"
-                 if seq_len is not None and context_degree is not None else "")
+        where = (
+            f" (train.seq_len={seq_len:,} / context degree {context_degree})"
+            if seq_len is not None and context_degree is not None
+            else ""
+        )
         raise ValueError(
             f"memory.vocab_tiling={n} does not divide the local sequence of {t:,} tokens{where}: each tile is "
             f"{t:,} / N tokens of every device's shard; the nearest valid N is {best}"
             + (f" (valid neighbours: {', '.join(map(str, near))})" if len(near) > 1 else "")
-            + f": use memory.vocab_tiling={best}")
+            + f": use memory.vocab_tiling={best}"
+        )
 
     @property
     def any_offload(self) -> bool:
@@ -122,9 +141,9 @@ def with_memory_kind(shardings: Any, kind: str) -> Any:
     (:data:`HOST` or :data:`DEVICE`); the partitioning is unchanged."""
     import jax  # noqa: PLC0415 - this module is read by config code that needs no JAX
 
-    return jax.tree.map(lambda s: s.with_memory_kind(kind), shardings,
-                        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-
+    return jax.tree.map(
+        lambda s: s.with_memory_kind(kind), shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+    )
 
 
 __all__ = ["DEVICE", "HOST", "MemoryOptions", "PLAN_ONLY_KEYS", "with_memory_kind"]

@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from lcx.models import ModelConfig
 from lcx.sharding import bind
 from lcx.sharding.config import plan_from_config
-from lcx.training.memory import MemoryOptions
 from lcx.training.memcheck import MemoryCheck, check_memory, format_count, memory_check
+from lcx.training.memory import MemoryOptions
 
 log = logging.getLogger("lcx.training.loop")
 
@@ -40,12 +40,17 @@ def setup(cfg: DictConfig, devices=None) -> dict[str, Any]:
     me = jax.process_index()
     local = sum(1 for d in devices if getattr(d, "process_index", 0) == me) or len(devices)
     ctx = resolve(cfg, len(devices), local_devices=local)
-    return {"plan": bind(ctx["plan"], devices), "model_cfg": ctx["model_cfg"], "devices": devices,
-            "memory": ctx["memory"]}
+    return {
+        "plan": bind(ctx["plan"], devices),
+        "model_cfg": ctx["model_cfg"],
+        "devices": devices,
+        "memory": ctx["memory"],
+    }
 
 
-def resolve(cfg: DictConfig, n_devices: int, *, local_devices: int | None = None,
-            run_memory_check: bool = True) -> dict[str, Any]:
+def resolve(
+    cfg: DictConfig, n_devices: int, *, local_devices: int | None = None, run_memory_check: bool = True
+) -> dict[str, Any]:
     """Validate a run on ``n_devices`` devices from the configuration alone: the settings, the
     plan, the model, the ``memory:`` options and (``train.check_memory``) the cost ledger's
     memory estimate. No device is touched and nothing compiles, so it serves a dry run for a
@@ -74,8 +79,7 @@ def resolve(cfg: DictConfig, n_devices: int, *, local_devices: int | None = None
     positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
     positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
     positive_int(cfg.train.steps, "train.steps", "optimizer steps")
-    check = boolean(cfg.train.check_memory, "train.check_memory",
-                    "refuse a step the cost ledger says exceeds memory")
+    check = boolean(cfg.train.check_memory, "train.check_memory", "refuse a step the cost ledger says exceeds memory")
     plan = plan_from_config(cfg.plan, hardware=cfg.hardware)
     model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
     plan.validate(
@@ -112,8 +116,10 @@ def dry_run_devices(cfg: DictConfig) -> tuple[int, int]:
         return k * procs, k
     chips = hwn.get("chips")
     if chips is None:
-        raise ValueError(f"train.dry_run=true with hardware={name} needs the slice's size: set hardware.chips=<chips> "
-                         f"(each chip is hardware.devices_per_chip={per_chip} JAX device{'s' * (per_chip > 1)})")
+        raise ValueError(
+            f"train.dry_run=true with hardware={name} needs the slice's size: set hardware.chips=<chips> "
+            f"(each chip is hardware.devices_per_chip={per_chip} JAX device{'s' * (per_chip > 1)})"
+        )
     n = positive_int(chips, "hardware.chips", "chips in the slice") * per_chip
     return n, n
 
@@ -148,9 +154,16 @@ def dry_run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None, *, file=
     text, host_parts = memory_anatomy(chk, cfg, model_cfg, plan)
     print(text, file=out, flush=True)
     report = {
-        "n_devices": n, "local_devices": k, "plan": plan.to_config(), "policy": dataclasses.asdict(chk.policy),
-        "memory_bytes_per_device": chk.breakdown.as_dict(), "host_parts_bytes_per_device": host_parts,
-        "limit_bytes": chk.limit, "host_limit_bytes": chk.host_limit, "fits": chk.fits, "memory_checked": check,
+        "n_devices": n,
+        "local_devices": k,
+        "plan": plan.to_config(),
+        "policy": dataclasses.asdict(chk.policy),
+        "memory_bytes_per_device": chk.breakdown.as_dict(),
+        "host_parts_bytes_per_device": host_parts,
+        "limit_bytes": chk.limit,
+        "host_limit_bytes": chk.host_limit,
+        "fits": chk.fits,
+        "memory_checked": check,
     }
     if out_dir is not None:
         p = pathlib.Path(out_dir)
@@ -158,11 +171,18 @@ def dry_run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None, *, file=
         (p / "dry_run.json").write_text(json.dumps(report, indent=1, default=str))
     if check:
         check_memory(cfg, model_cfg, plan, n, memory=mem, local_devices=k)  # raises the one-line error
-    verdict = ("memory not checked (train.check_memory=false)" if not check
-               else "memory not checked: this machine's available RAM cannot be read" if chk.fits is None
-               else "the cost ledger says the step fits")
-    print(f"dry run: OK: the plan is valid for {n} devices and {verdict}; nothing was compiled and no device "
-          f"was used", file=out, flush=True)
+    verdict = (
+        "memory not checked (train.check_memory=false)"
+        if not check
+        else "memory not checked: this machine's available RAM cannot be read"
+        if chk.fits is None
+        else "the cost ledger says the step fits"
+    )
+    print(
+        f"dry run: OK: the plan is valid for {n} devices and {verdict}; nothing was compiled and no device was used",
+        file=out,
+        flush=True,
+    )
     return report
 
 
@@ -210,15 +230,21 @@ def memory_anatomy(chk: MemoryCheck, cfg: DictConfig, model_cfg: ModelConfig, pl
     # the transient phases of the step (never live together); the update phase, where the
     # ledger has one, follows the backward when the saved activations are dead
     upd = int(getattr(m, "update", 0) or 0)
-    phase = {"block backward": m.layer_working, "attention backward": m.attention, "logits": m.logits,
-             "attention forward": m.attention_forward}
+    phase = {
+        "block backward": m.layer_working,
+        "attention backward": m.attention,
+        "logits": m.logits,
+        "attention forward": m.attention_forward,
+    }
     peak = max(phase, key=phase.get)
     if upd > m.activations + m.working:
         peak = "optimizer update"
     rows = []
     # on device: what the breakdown counts there; on host: what the offload options put there
-    for name, dev, host, note in (("parameters", m.params, host_par, model_cfg.param_dtype),
-                                  ("optimizer state", m.optimizer, host_opt, "AdamW mu, nu")):
+    for name, dev, host, note in (
+        ("parameters", m.params, host_par, model_cfg.param_dtype),
+        ("optimizer state", m.optimizer, host_opt, "AdamW mu, nu"),
+    ):
         key = "memory.offload_params" if name == "parameters" else "memory.offload_optimizer"
         if dev or not host:
             rows.append((name, "device", dev, note + (f"; {key}: on device during the step" if host else "")))
@@ -233,12 +259,23 @@ def memory_anatomy(chk: MemoryCheck, cfg: DictConfig, model_cfg: ModelConfig, pl
         ("block backward", "device", m.layer_working, "transient: the MLP phase of one block's backward"),
         ("attention backward", "device", m.attention, "transient: one layer's attention backward"),
         ("attention forward", "device", m.attention_forward, "transient: one layer's attention forward"),
-        ("logits", "device", m.logits, "transient: the output head + loss backward"
-         + (f", one of {pol.vocab_tiling} tiles" if pol.vocab_tiling > 1 else ", untiled")),
+        (
+            "logits",
+            "device",
+            m.logits,
+            "transient: the output head + loss backward"
+            + (f", one of {pol.vocab_tiling} tiles" if pol.vocab_tiling > 1 else ", untiled"),
+        ),
     ]
     if upd or pol.offload_optimizer:
-        rows.append(("optimizer update", "device", upd, "transient: the offloaded optimizer state's device copy, "
-                                                        "after the backward (saved activations dead)"))
+        rows.append(
+            (
+                "optimizer update",
+                "device",
+                upd,
+                "transient: the offloaded optimizer state's device copy, after the backward (saved activations dead)",
+            )
+        )
     w = max(len(r[0]) for r in rows)
     lines.append(f"  {'component'.ljust(w)}  where  {(unit + '/device').rjust(11)}  note")
     for name, where, b, note in rows:
@@ -246,22 +283,35 @@ def memory_anatomy(chk: MemoryCheck, cfg: DictConfig, model_cfg: ModelConfig, pl
         lines.append(f"  {name.ljust(w)}  {where.ljust(6)} {g(b).rjust(11)}  {note}{mark}")
     # the device peak as the ledger counts it (MemoryBreakdown.total)
     if peak == "optimizer update":
-        lines.append(f"  device peak: state {g(m.state)} + optimizer update {g(upd)} = {g(m.total)} {unit} (the "
-                     f"backward phases: {g(m.state + m.activations + m.working)})")
+        lines.append(
+            f"  device peak: state {g(m.state)} + optimizer update {g(upd)} = {g(m.total)} {unit} (the "
+            f"backward phases: {g(m.state + m.activations + m.working)})"
+        )
     else:
-        lines.append(f"  device peak: state {g(m.state)} + saved activations {g(m.activations)} + largest transient "
-                     f"({peak}) {g(m.working)} = {g(m.total)} {unit}")
-    lines.append(f"  host: {g(m.host)} {unit} (parameters {g(host_par)}, optimizer {g(host_opt)}, "
-                 f"activations {g(host_act)})")
+        lines.append(
+            f"  device peak: state {g(m.state)} + saved activations {g(m.activations)} + largest transient "
+            f"({peak}) {g(m.working)} = {g(m.total)} {unit}"
+        )
+    lines.append(
+        f"  host: {g(m.host)} {unit} (parameters {g(host_par)}, optimizer {g(host_opt)}, activations {g(host_act)})"
+    )
     if chk.on_cpu:
         lim = "unknown" if chk.limit is None else f"{g(chk.limit)} {unit} available ({chk.limit_source})"
-        lines.append(f"  against: (device + host) x {chk.local_devices} simulated devices = {g(chk.need)} {unit} of "
-                     f"host RAM; {lim} (XLA:CPU strips memory kinds: 'host' is the same RAM)")
+        lines.append(
+            f"  against: (device + host) x {chk.local_devices} simulated devices = {g(chk.need)} {unit} of "
+            f"host RAM; {lim} (XLA:CPU strips memory kinds: 'host' is the same RAM)"
+        )
     else:
         hbm = "unlimited" if chk.limit is None else f"{g(chk.limit)} GiB"
-        lines.append(f"  against: HBM {hbm} per device"
-                     + (f" ({100 * m.total / chk.limit:.1f}% used)" if chk.limit else "")
-                     + "; host " + ("unlimited" if chk.host_limit is None else
-                                    f"{g(chk.host_limit)} GiB per device ({100 * m.host / chk.host_limit:.1f}% used; "
-                                    f"hardware.host_memory_per_chip / {hw.devices_per_chip})"))
+        lines.append(
+            f"  against: HBM {hbm} per device"
+            + (f" ({100 * m.total / chk.limit:.1f}% used)" if chk.limit else "")
+            + "; host "
+            + (
+                "unlimited"
+                if chk.host_limit is None
+                else f"{g(chk.host_limit)} GiB per device ({100 * m.host / chk.host_limit:.1f}% used; "
+                f"hardware.host_memory_per_chip / {hw.devices_per_chip})"
+            )
+        )
     return "\n".join(lines), {"parameters": host_par, "optimizer": host_opt, "activations": host_act}

@@ -30,7 +30,6 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint cannot serve this run: it was written for a different model configuration."""
 
 
-
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
     """The ``checkpoint:`` section of the training config.
@@ -56,8 +55,10 @@ class CheckpointConfig:
 
     def __post_init__(self):
         if self.on_save_error not in ("stop", "retry"):
-            raise ValueError(f"checkpoint.on_save_error={self.on_save_error!r}: use stop (a failed save stops "
-                             "training) or retry (save the next step instead, once)")
+            raise ValueError(
+                f"checkpoint.on_save_error={self.on_save_error!r}: use stop (a failed save stops "
+                "training) or retry (save the next step instead, once)"
+            )
         if self.every < 0:
             raise ValueError(f"checkpoint.every must be >= 0 (0: only at the end), got {self.every}")
         if self.keep < 1:
@@ -71,6 +72,7 @@ class CheckpointConfig:
         """Whether ``step`` (1-based count of completed steps) is a periodic save step."""
         return self.every > 0 and step % self.every == 0
 
+
 def checkpoint_config(node: Any) -> CheckpointConfig:
     """:class:`CheckpointConfig` from the ``checkpoint`` section of an ``lcx.train`` config,
     checked against :class:`lcx.config.schema.CheckpointSchema` (every key, typed; the values
@@ -82,12 +84,18 @@ def checkpoint_config(node: Any) -> CheckpointConfig:
     from lcx.config.schema import CheckpointSchema, check_section
 
     if node is None:
-        return CheckpointConfig(dir=None, every=0, keep=1, async_save=False, allow_config_change=False,
-                                on_save_error="stop")
+        return CheckpointConfig(
+            dir=None, every=0, keep=1, async_save=False, allow_config_change=False, on_save_error="stop"
+        )
     c = check_section(node, CheckpointSchema, "checkpoint", tool="lcx.train")
-    return CheckpointConfig(dir=resolve_dir(c["dir"], per_job=True), every=c["every"], keep=c["keep"],
-                            async_save=c["async_save"], allow_config_change=c["allow_config_change"],
-                            on_save_error=c["on_save_error"])
+    return CheckpointConfig(
+        dir=resolve_dir(c["dir"], per_job=True),
+        every=c["every"],
+        keep=c["keep"],
+        async_save=c["async_save"],
+        allow_config_change=c["allow_config_change"],
+        on_save_error=c["on_save_error"],
+    )
 
 
 def train_state_target(config: Mapping[str, Any], mp: Any) -> tuple[TrainState, Any]:
@@ -128,8 +136,9 @@ def load_model(directory: str | os.PathLike, mp: Any, step: int | None = None) -
     try:
         steps = ckpts.steps()
         if not steps or (step is not None and step not in steps):
-            raise FileNotFoundError(f"no checkpoint{'' if step is None else f' for step {step}'} in {directory}; "
-                                    f"steps there: {steps}")
+            raise FileNotFoundError(
+                f"no checkpoint{'' if step is None else f' for step {step}'} in {directory}; steps there: {steps}"
+            )
         step = steps[-1] if step is None else step
         target, static = train_state_target(ckpts.read_meta(step)["config"], mp)
         r = ckpts.restore(step, target)
@@ -216,8 +225,9 @@ def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any], step: int) 
     return out
 
 
-def check_resumable(meta: Mapping[str, Any], config: Mapping[str, Any], *, where: str, allow: bool,
-                    job: Mapping[str, Any] | None = None) -> None:
+def check_resumable(
+    meta: Mapping[str, Any], config: Mapping[str, Any], *, where: str, allow: bool, job: Mapping[str, Any] | None = None
+) -> None:
     """Refuse to resume from a checkpoint that another run wrote.
 
     Args:
@@ -240,18 +250,21 @@ def check_resumable(meta: Mapping[str, Any], config: Mapping[str, Any], *, where
             f"checkpoint {where} was written by job {wrote.get('job')} of this sweep ({job['sweep_dir']}); job "
             f"{job['job']} must not resume it. The jobs of a sweep share an absolute checkpoint.dir: give a relative "
             f"one (each job then gets <job dir>/<checkpoint.dir>) or include the job in it, e.g. "
-            f"checkpoint.dir=/ckpt/${{hydra:job.num}}")
+            f"checkpoint.dir=/ckpt/${{hydra:job.num}}"
+        )
     changes = config_changes(dict(meta.get("config") or {}), config, int(meta.get("step", 0)))
     if not changes:
         return
     if allow:
-        log.warning("resuming %s with a changed config (checkpoint.allow_config_change=true): %s", where,
-                    "; ".join(changes))
+        log.warning(
+            "resuming %s with a changed config (checkpoint.allow_config_change=true): %s", where, "; ".join(changes)
+        )
         return
     raise CheckpointConfigChangedError(
         f"checkpoint {where} was written by a run with another training config: {'; '.join(changes)}. Resume with "
         f"the checkpoint's values, point checkpoint.dir at a new directory, or set checkpoint.allow_config_change=true "
-        f"to resume anyway")
+        f"to resume anyway"
+    )
 
 
 __all__ = [

@@ -72,8 +72,9 @@ def passkey_grid(
     def forward(m, batch):
         if vocab_tiling > 1:
             h = m.features(batch["tokens"], batch["positions"], batch["segment_ids"], plan=mp)
-            return vocab_tiled_predictions(h, m.output_head(), batch["targets"], tiles=vocab_tiling,
-                                           seq_shards=degree, constrain=mp.constrain)
+            return vocab_tiled_predictions(
+                h, m.output_head(), batch["targets"], tiles=vocab_tiling, seq_shards=degree, constrain=mp.constrain
+            )
         logits = m(batch["tokens"], batch["positions"], batch["segment_ids"], plan=mp)
         return logits.argmax(-1), token_nll(logits, batch["targets"])
 
@@ -84,8 +85,16 @@ def passkey_grid(
             raise ValueError(f"eval length {S} is shorter than the passkey task needs ({min_seq_len(digits)} tokens)")
         mp.plan.validate(mp.n_devices, dims=model.config.dims(), seq_len=S, global_batch=global_batch)
         tiling.check_tiling(S // degree, seq_len=S, context_degree=degree)
-        ev = PasskeyEval(seq_len=S, global_batch=global_batch, layout=layout, context_degree=degree,
-                         digits=digits, depths=[float(d) for d in depths], per_depth=per_depth, seed=seed)
+        ev = PasskeyEval(
+            seq_len=S,
+            global_batch=global_batch,
+            layout=layout,
+            context_degree=degree,
+            digits=digits,
+            depths=[float(d) for d in depths],
+            per_depth=per_depth,
+            seed=seed,
+        )
         preds, nlls = [], []
         for i in range(len(ev)):
             p, n = forward(model, put_batch(ev[i], sharding))
@@ -94,19 +103,22 @@ def passkey_grid(
         by_depth: dict[float, list] = {}
         for ex, pred, nll in zip(ev.examples, preds, nlls):  # padding rows of the last batch drop out here
             ok = pred[ex.answer_pos] == ex.arrays["targets"][ex.answer_pos]
-            by_depth.setdefault(ex.depth, []).append((ok, float(nll[ex.answer_pos].mean()),
-                                                      int(ex.answer_pos[0] - ex.key_pos)))
+            by_depth.setdefault(ex.depth, []).append(
+                (ok, float(nll[ex.answer_pos].mean()), int(ex.answer_pos[0] - ex.key_pos))
+            )
         for depth, res in sorted(by_depth.items()):
             ok = np.array([r[0] for r in res])
-            out.append({
-                "seq_len": S,
-                "depth": depth,
-                "rows": len(res),
-                "exact_match": float(ok.all(axis=1).mean()),
-                "digit_accuracy": float(ok.mean()),
-                "answer_nll": float(np.mean([r[1] for r in res])),
-                "key_to_answer_tokens": int(np.mean([r[2] for r in res])),
-            })
+            out.append(
+                {
+                    "seq_len": S,
+                    "depth": depth,
+                    "rows": len(res),
+                    "exact_match": float(ok.all(axis=1).mean()),
+                    "digit_accuracy": float(ok.mean()),
+                    "answer_nll": float(np.mean([r[1] for r in res])),
+                    "key_to_answer_tokens": int(np.mean([r[2] for r in res])),
+                }
+            )
     return out
 
 
@@ -134,8 +146,10 @@ def write_heatmap(results: Sequence[dict[str, Any]], path, *, title: str = "pass
     try:
         import matplotlib
     except ImportError as e:
-        raise ImportError(f"writing the retrieval heatmap {path} needs matplotlib: pip install 'lcx[plots]' "
-                          "(eval.json is written without it)") from e
+        raise ImportError(
+            f"writing the retrieval heatmap {path} needs matplotlib: pip install 'lcx[plots]' "
+            "(eval.json is written without it)"
+        ) from e
     matplotlib.use("Agg")  # no display: write files only
     import matplotlib.pyplot as plt
 

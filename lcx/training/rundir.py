@@ -37,8 +37,11 @@ def multirun_job() -> dict[str, Any] | None:
         if HydraConfig.initialized():
             hc = HydraConfig.get()
             if hc.mode == RunMode.MULTIRUN:
-                return {"sweep_dir": str(pathlib.Path(hc.sweep.dir).absolute()), "job": int(hc.job.num),
-                        "output_dir": str(hc.runtime.output_dir)}
+                return {
+                    "sweep_dir": str(pathlib.Path(hc.sweep.dir).absolute()),
+                    "job": int(hc.job.num),
+                    "output_dir": str(hc.runtime.output_dir),
+                }
     except ImportError:  # pragma: no cover - hydra is a dependency
         pass
     return None
@@ -95,10 +98,12 @@ def claim_run_dir(run_dir: pathlib.Path, *, ckpt_dir: pathlib.Path | None, reuse
 
 
 def _in_use_message(run_dir: pathlib.Path) -> str:
-    return (f"run directory {run_dir} already holds another run's metrics.jsonl; refusing to overwrite it. Use a "
-            f"new directory (the default hydra.run.dir is unique per launch; drop the hydra.run.dir override), resume "
-            f"that run with its own checkpoint.dir, or set train.reuse_run_dir=true to keep its files (renamed) and "
-            f"write this run there")
+    return (
+        f"run directory {run_dir} already holds another run's metrics.jsonl; refusing to overwrite it. Use a "
+        f"new directory (the default hydra.run.dir is unique per launch; drop the hydra.run.dir override), resume "
+        f"that run with its own checkpoint.dir, or set train.reuse_run_dir=true to keep its files (renamed) and "
+        f"write this run there"
+    )
 
 
 def _run_info_checkpoint_dir(run_dir: pathlib.Path) -> str | None:
@@ -142,5 +147,13 @@ def write_run_info(run_dir: pathlib.Path, info: dict[str, Any]) -> None:
     (run_dir / "run_info.json").write_text(json.dumps(info, indent=2, default=str))
 
 
-__all__ = ["RunDirInUseError", "claim_run_dir", "keep_aside", "launch_dir", "multirun_job", "resolve_dir",
-           "truncate_metrics", "write_run_info"]
+__all__ = [
+    "RunDirInUseError",
+    "claim_run_dir",
+    "keep_aside",
+    "launch_dir",
+    "multirun_job",
+    "resolve_dir",
+    "truncate_metrics",
+    "write_run_info",
+]

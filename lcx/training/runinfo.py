@@ -18,11 +18,23 @@ from importlib import metadata
 
 PACKAGES = ("jax", "jaxlib", "equinox", "optax", "orbax-checkpoint", "hydra-core", "omegaconf", "numpy")
 # Environment variables that change what XLA/JAX compute or how many devices exist.
-ENV_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION",
-            "TPU_ACCELERATOR_TYPE", "CUDA_VISIBLE_DEVICES")
+ENV_VARS = (
+    "XLA_FLAGS",
+    "LIBTPU_INIT_ARGS",
+    "JAX_PLATFORMS",
+    "JAX_ENABLE_X64",
+    "JAX_DEFAULT_MATMUL_PRECISION",
+    "TPU_ACCELERATOR_TYPE",
+    "CUDA_VISIBLE_DEVICES",
+)
 # jax.config options that change numerics or the device count.
-JAX_OPTIONS = ("jax_num_cpu_devices", "jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_dtype_promotion",
-               "jax_platforms")
+JAX_OPTIONS = (
+    "jax_num_cpu_devices",
+    "jax_enable_x64",
+    "jax_default_matmul_precision",
+    "jax_numpy_dtype_promotion",
+    "jax_platforms",
+)
 
 
 def _version(pkg: str) -> str | None:
@@ -33,7 +45,9 @@ def _version(pkg: str) -> str | None:
 
 
 def _git(here: str, *args: str) -> str:
-    return subprocess.run(["git", "-C", here, *args], capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", here, *args], capture_output=True, text=True, timeout=5, check=True
+    ).stdout.strip()
 
 
 @functools.cache

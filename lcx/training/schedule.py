@@ -150,8 +150,8 @@ def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> 
     """
     from lcx.training.checkpoint import Checkpoints
     from lcx.training.loop import setup, train
-    from lcx.training.resume import checkpoint_config
     from lcx.training.optim import optimizer_from_config
+    from lcx.training.resume import checkpoint_config
 
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -167,8 +167,10 @@ def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> 
         except ValueError as e:
             hint = ""
             if "warmup_steps" in str(e):  # the stage's value, not train.warmup_steps, is the one to change
-                hint = (f"; set schedule.stages.{i}.warmup_steps to at most {stages[i].steps} (the stage's steps) or "
-                        f"null (10% of them)")
+                hint = (
+                    f"; set schedule.stages.{i}.warmup_steps to at most {stages[i].steps} (the stage's steps) or "
+                    f"null (10% of them)"
+                )
             raise type(e)(f"schedule stage {i} ({stages[i].name!r}, seq_len={stages[i].seq_len}): {e}{hint}") from None
     done = 0
     if ckpt.dir.exists():
@@ -182,15 +184,36 @@ def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> 
     for i, (st, c) in enumerate(zip(stages, configs, strict=True)):
         first, last = int(c.train.schedule_start) + 1, int(c.train.steps)
         sub = run_dir / f"stage{i}_{st.name}"
-        summary = {"name": st.name, "first_step": first, "last_step": last, "seq_len": st.seq_len,
-                   "model": dict(st.model), "run_dir": str(sub), "skipped": done >= last}
+        summary = {
+            "name": st.name,
+            "first_step": first,
+            "last_step": last,
+            "seq_len": st.seq_len,
+            "model": dict(st.model),
+            "run_dir": str(sub),
+            "skipped": done >= last,
+        }
         if done >= last:
-            log.info("stage %d (%s): checkpoint at step %d already covers steps %d-%d; skipped", i, st.name, done,
-                     first, last)
+            log.info(
+                "stage %d (%s): checkpoint at step %d already covers steps %d-%d; skipped",
+                i,
+                st.name,
+                done,
+                first,
+                last,
+            )
             summary.update(final_loss=None, val_loss=None)
         else:
-            log.info("stage %d (%s): steps %d-%d at seq_len %d, lr %g, model %s", i, st.name, first, last,
-                     st.seq_len, st.lr, dict(st.model))
+            log.info(
+                "stage %d (%s): steps %d-%d at seq_len %d, lr %g, model %s",
+                i,
+                st.name,
+                first,
+                last,
+                st.seq_len,
+                st.lr,
+                dict(st.model),
+            )
             out = train(c, sub, devices)
             summary.update(final_loss=out.final_loss, val_loss=out.val_loss, start_step=out.start_step)
             done = last

@@ -48,8 +48,7 @@ class TrainState(eqx.Module):
 
     def meta(self) -> dict[str, Any]:
         """The host part as JSON: ``step``, ``data`` (position) and ``rng`` (:func:`key_to_json`)."""
-        return {"step": int(self.step), "data": self.data,
-                "rng": None if self.rng is None else key_to_json(self.rng)}
+        return {"step": int(self.step), "data": self.data, "rng": None if self.rng is None else key_to_json(self.rng)}
 
     def replace(self, **changes: Any) -> TrainState:
         """A copy with ``changes`` (the fields are frozen)."""
@@ -59,8 +58,13 @@ class TrainState(eqx.Module):
     def from_checkpoint(cls, arrays: Mapping[str, Any], meta: Mapping[str, Any]) -> TrainState:
         """Inverse of :meth:`arrays` and :meth:`meta` (the RNG key bit-exact)."""
         rng = meta.get("rng")
-        return cls(params=arrays["params"], opt_state=arrays["opt_state"], step=int(meta["step"]),
-                   rng=None if rng is None else key_from_json(rng), data=meta.get("data"))
+        return cls(
+            params=arrays["params"],
+            opt_state=arrays["opt_state"],
+            step=int(meta["step"]),
+            rng=None if rng is None else key_from_json(rng),
+            data=meta.get("data"),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +115,14 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def abstract_train_state(abstract_params: Any, param_shardings: Any, optimizer: optax.GradientTransformation,
-                         replicated: jax.sharding.Sharding, *, opt_shardings: Any = None) -> TrainState:
+def abstract_train_state(
+    abstract_params: Any,
+    param_shardings: Any,
+    optimizer: optax.GradientTransformation,
+    replicated: jax.sharding.Sharding,
+    *,
+    opt_shardings: Any = None,
+) -> TrainState:
     """Restore target: a :class:`TrainState` of ``ShapeDtypeStruct`` for a model under a plan.
 
     Args:
@@ -130,12 +140,20 @@ def abstract_train_state(abstract_params: Any, param_shardings: Any, optimizer: 
     abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
     if opt_shardings is None:
         opt_shardings = opt_state_shardings(optimizer, abstract_params, param_shardings, replicated)
-    return TrainState(params=abstract_like(abstract_params, param_shardings),
-                      opt_state=abstract_like(abstract_opt, opt_shardings))
+    return TrainState(
+        params=abstract_like(abstract_params, param_shardings), opt_state=abstract_like(abstract_opt, opt_shardings)
+    )
 
 
-def init_train_state(model_cfg: Any, key: jax.Array, optimizer: optax.GradientTransformation, steps: Any,
-                     *, rng: jax.Array, data: dict[str, int]) -> TrainState:
+def init_train_state(
+    model_cfg: Any,
+    key: jax.Array,
+    optimizer: optax.GradientTransformation,
+    steps: Any,
+    *,
+    rng: jax.Array,
+    data: dict[str, int],
+) -> TrainState:
     """A fresh :class:`TrainState` at step 0, every array created in its sharded layout.
 
     Args:
@@ -148,8 +166,9 @@ def init_train_state(model_cfg: Any, key: jax.Array, optimizer: optax.GradientTr
     """
     from lcx.models import init_model  # noqa: PLC0415 - the model package is heavy; state is read without it
 
-    params = jax.jit(lambda k: eqx.filter(init_model(model_cfg, key=k), eqx.is_array),
-                     out_shardings=steps.param_shardings)(key)
+    params = jax.jit(
+        lambda k: eqx.filter(init_model(model_cfg, key=k), eqx.is_array), out_shardings=steps.param_shardings
+    )(key)
     opt_state = init_opt_state(optimizer, params, steps.opt_shardings)
     return TrainState(params=params, opt_state=opt_state, step=0, rng=rng, data=data)
 

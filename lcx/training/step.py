@@ -49,8 +49,13 @@ class Steps:
     memory: MemoryOptions = MemoryOptions()
 
 
-def make_steps(model: eqx.Module, optimizer: optax.GradientTransformation, plan: MeshPlan, param_shardings,
-               memory: MemoryOptions | None = None) -> Steps:
+def make_steps(
+    model: eqx.Module,
+    optimizer: optax.GradientTransformation,
+    plan: MeshPlan,
+    param_shardings,
+    memory: MemoryOptions | None = None,
+) -> Steps:
     """Build the train/eval steps for ``model``'s structure under ``plan``.
 
     With ``memory.offload_params`` / ``memory.offload_optimizer`` the parameters / optimizer
@@ -136,9 +141,15 @@ def loss_function(static: Any, plan: MeshPlan, memory: MemoryOptions | None = No
             s, c = loss_sum_and_count(logits, batch["targets"], batch["loss_mask"])
         else:
             h = m.features(batch["tokens"], batch["positions"], batch["segment_ids"], plan=plan)
-            s, c = vocab_tiled_loss_sum_and_count(h, m.output_head(), batch["targets"], batch["loss_mask"],
-                                                  tiles=mem.vocab_tiling, seq_shards=plan.context_degree,
-                                                  constrain=plan.constrain)
+            s, c = vocab_tiled_loss_sum_and_count(
+                h,
+                m.output_head(),
+                batch["targets"],
+                batch["loss_mask"],
+                tiles=mem.vocab_tiling,
+                seq_shards=plan.context_degree,
+                constrain=plan.constrain,
+            )
         return s / jnp.maximum(c, 1.0), (s, c)
 
     return loss_fn

@@ -99,7 +99,10 @@ def output_delta(out: Float[Array, "B T N H"], dout: Float[Array, "B T N H"]) ->
 
 
 def merge_partials(
-    out: Float[Array, "*lead H"], lse: Float[Array, "*lead"], out_b: Float[Array, "*lead H"], lse_b: Float[Array, "*lead"]
+    out: Float[Array, "*lead H"],
+    lse: Float[Array, "*lead"],
+    out_b: Float[Array, "*lead H"],
+    lse_b: Float[Array, "*lead"],
 ) -> tuple[Float[Array, "*lead H"], Float[Array, "*lead"]]:
     """Merge two normalised partial attention results over disjoint key sets (float32).
 

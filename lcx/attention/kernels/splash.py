@@ -102,6 +102,8 @@ from lcx.attention.masks import Mask
 from lcx.sharding.blocks import BlockSizes
 
 _F32 = jnp.float32
+
+
 class KernelNotAvailableError(NotImplementedError):
     """The plan names a kernel that cannot run here (e.g. its library is missing)."""
 
@@ -271,9 +273,19 @@ class SplashKernel(AbstractComposedKernel):
                 vc = vh[perm_c].transpose(1, 0, 2)
                 info, _ = _block_info(mi, lo_c, hi_c, plan.bq, plan.bkv, plan.chunk // plan.bkv, empty_c)
                 o_c, (l_c,) = sk._splash_attention_forward(
-                    info, qh, kc, vc, None, None, mask_value=sk.DEFAULT_MASK_VALUE, is_mqa=False,
-                    block_sizes=block_sizes, residual_checkpoint_name=None, save_residuals=True,
-                    mask_function=_mask_fn, interpret=interpret,
+                    info,
+                    qh,
+                    kc,
+                    vc,
+                    None,
+                    None,
+                    mask_value=sk.DEFAULT_MASK_VALUE,
+                    is_mqa=False,
+                    block_sizes=block_sizes,
+                    residual_checkpoint_name=None,
+                    save_residuals=True,
+                    mask_function=_mask_fn,
+                    interpret=interpret,
                 )
                 o_c = jnp.where(empty_c[None, :, None], 0.0, o_c.astype(_F32))
                 l_c = jnp.where(empty_c[None, :], -jnp.inf, l_c.astype(_F32))
@@ -329,8 +341,9 @@ class SplashKernel(AbstractComposedKernel):
                 vc = vh[perm_c].transpose(1, 0, 2)
                 dq_info, dkv_info = _block_info(mi, lo_c, hi_c, plan.bq_dq, plan.bkv, plan.chunk // plan.bkv, empty_c)
                 if (plan.bq_dkv, plan.bkv_dkv) != (plan.bq_dq, plan.bkv):  # the dK/dV kernel's own grid
-                    _, dkv_info = _block_info(mi, lo_c, hi_c, plan.bq_dkv, plan.bkv_dkv, plan.chunk // plan.bkv_dkv,
-                                              empty_c)
+                    _, dkv_info = _block_info(
+                        mi, lo_c, hi_c, plan.bq_dkv, plan.bkv_dkv, plan.chunk // plan.bkv_dkv, empty_c
+                    )
                 dq_c, dk_c, dv_c = _splash_bwd(sk, qh, kc, vc, lse_h, doh, di, dq_info, dkv_info, plan, interpret)
                 # sorted chunk order -> the caller's kv order
                 inv = jnp.argsort(perm_c)
@@ -354,13 +367,35 @@ def _splash_bwd(sk, q, k, v, lse, do, di, dq_info, dkv_info, plan: _Plan, interp
     ``plan.bq_dkv x plan.bkv_dkv`` (``dkv_info``'s grid).
     """
     layout = sk.QKVLayout.HEAD_DIM_MINOR
-    common = dict(is_mqa=False, mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None, q_layout=layout,
-                  k_layout=layout, v_layout=layout, mask_function=_mask_fn, interpret=interpret)
-    dq = sk._splash_attention_bwd_dq(q, k, v, None, None, lse, do, di, bq=plan.bq_dq, bkv=plan.bkv,
-                                     mask_info=dq_info, **common)
-    _, dk, dv = sk._splash_attention_bwd_dkv(q, k, v, None, None, lse, do, di, bq=plan.bq_dkv, bkv=plan.bkv_dkv,
-                                             bkv_compute=plan.bkv_dkv, use_fused_bwd_kernel=False,
-                                             mask_info=dkv_info, **common)
+    common = dict(
+        is_mqa=False,
+        mask_value=sk.DEFAULT_MASK_VALUE,
+        attn_logits_soft_cap=None,
+        q_layout=layout,
+        k_layout=layout,
+        v_layout=layout,
+        mask_function=_mask_fn,
+        interpret=interpret,
+    )
+    dq = sk._splash_attention_bwd_dq(
+        q, k, v, None, None, lse, do, di, bq=plan.bq_dq, bkv=plan.bkv, mask_info=dq_info, **common
+    )
+    _, dk, dv = sk._splash_attention_bwd_dkv(
+        q,
+        k,
+        v,
+        None,
+        None,
+        lse,
+        do,
+        di,
+        bq=plan.bq_dkv,
+        bkv=plan.bkv_dkv,
+        bkv_compute=plan.bkv_dkv,
+        use_fused_bwd_kernel=False,
+        mask_info=dkv_info,
+        **common,
+    )
     return dq, dk, dv
 
 

@@ -51,8 +51,15 @@ class _Plan:
       ValueError: the two kv blocks' least common multiple exceeds :data:`MAX_KV_CHUNK`.
     """
 
-    def __init__(self, T: int, S: int, block_q: int, block_kv: int, block_q_dkv: int | None = None,
-                 block_kv_dkv: int | None = None):
+    def __init__(
+        self,
+        T: int,
+        S: int,
+        block_q: int,
+        block_kv: int,
+        block_q_dkv: int | None = None,
+        block_kv_dkv: int | None = None,
+    ):
         self.bq = min(block_q, _round_up(T, LANES))
         self.bq_dq = self.bq if self.bq % LANES == 0 else math.lcm(self.bq, LANES)
         self.bq_dkv = self.bq_dq if block_q_dkv is None else min(block_q_dkv, _round_up(T, LANES))
@@ -104,7 +111,9 @@ def _intervals(mask: Mask, q_pos, q_seg, k_pos_sorted, k_seg_sorted, n_real):
         low = jnp.maximum(q_pos, _I32_MIN + w) - (w - 1)
         lo = _search(k_seg_sorted, k_pos_sorted, n_real, q_seg, low, strict=True, use_seg=use_seg)
     elif use_seg:
-        lo = _search(k_seg_sorted, k_pos_sorted, n_real, q_seg, jnp.full_like(q_pos, _I32_MIN), strict=True, use_seg=True)
+        lo = _search(
+            k_seg_sorted, k_pos_sorted, n_real, q_seg, jnp.full_like(q_pos, _I32_MIN), strict=True, use_seg=True
+        )
     else:
         lo = jnp.zeros_like(q_pos)
     if mask.causal:
@@ -138,8 +147,10 @@ def _block_info(mi, lo, hi, bq: int, bkv: int, n_kv_blocks: int, empty_row):
     next_kv = lax.cummax(jnp.where(active, j, 0), axis=1)[None]
     next_q = lax.cummax(jnp.where(active, i, 0), axis=0)[None]
     q_sequence = (jnp.left_shift(lo, _HI_BITS) | hi).astype(jnp.int32)
-    fwd = mi.MaskInfo(data_next=next_kv, mask_next=None, block_mask=block_mask, partial_mask_blocks=None,
-                      q_sequence=q_sequence)
-    dkv = mi.MaskInfo(data_next=next_q, mask_next=None, block_mask=block_mask, partial_mask_blocks=None,
-                      q_sequence=q_sequence)
+    fwd = mi.MaskInfo(
+        data_next=next_kv, mask_next=None, block_mask=block_mask, partial_mask_blocks=None, q_sequence=q_sequence
+    )
+    dkv = mi.MaskInfo(
+        data_next=next_q, mask_next=None, block_mask=block_mask, partial_mask_blocks=None, q_sequence=q_sequence
+    )
     return fwd, dkv

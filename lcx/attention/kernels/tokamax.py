@@ -128,16 +128,29 @@ def _block_list(sk, lo, hi, empty, bq: int, bkv: int, n_kv: int, *, dkv: bool):
     rows, cols = jnp.nonzero(active, size=active.size, fill_value=-1)
     block_mask = jnp.where(jnp.arange(active.size) < count[0], state[rows, cols], 0)
     q_sequence = (jnp.left_shift(lo, _HI_BITS) | hi).astype(jnp.int32)
-    return sk.MaskInfo(mask_next=None, active_rows=rows.astype(jnp.int32), active_cols=cols.astype(jnp.int32),
-                       block_mask=block_mask, num_active_blocks=count, partial_mask_blocks=None,
-                       q_sequence=q_sequence)
+    return sk.MaskInfo(
+        mask_next=None,
+        active_rows=rows.astype(jnp.int32),
+        active_cols=cols.astype(jnp.int32),
+        block_mask=block_mask,
+        num_active_blocks=count,
+        partial_mask_blocks=None,
+        q_sequence=q_sequence,
+    )
 
 
 def _config(sk, plan: _Plan):
     """Tokamax's ``SplashConfig`` for this tiling (its defaults otherwise: base-2 exponentials,
     fused reciprocal, fused backward); interpret mode off TPU."""
-    return sk.SplashConfig(block_q=plan.bq, block_kv=plan.bkv, block_kv_compute=plan.bkv, block_q_dkv=plan.bq_dkv,
-                           block_kv_dkv=plan.bkv_dkv, block_kv_dkv_compute=plan.bkv_dkv, interpret=_interpret())
+    return sk.SplashConfig(
+        block_q=plan.bq,
+        block_kv=plan.bkv,
+        block_kv_compute=plan.bkv,
+        block_q_dkv=plan.bq_dkv,
+        block_kv_dkv=plan.bkv_dkv,
+        block_kv_dkv_compute=plan.bkv_dkv,
+        interpret=_interpret(),
+    )
 
 
 def _forward_chunk(sk, plan: _Plan, q, k, v, lo, hi, empty):
@@ -146,8 +159,18 @@ def _forward_chunk(sk, plan: _Plan, q, k, v, lo, hi, empty):
     rows ``0`` / ``-inf``. The one call of tokamax's private forward (0.0.17 signature)."""
     info = _block_list(sk, lo, hi, empty, plan.bq, plan.bkv, plan.chunk // plan.bkv, dkv=False)
     out, stats = sk._splash_attention_forward(
-        info, q, k, v, None, None, mask_value=sk.base.DEFAULT_MASK_VALUE, is_mqa=False, config=_config(sk, plan),
-        save_residuals=True, mask_function=_mask_fn, fwd_mask_sparsity=1.0,
+        info,
+        q,
+        k,
+        v,
+        None,
+        None,
+        mask_value=sk.base.DEFAULT_MASK_VALUE,
+        is_mqa=False,
+        config=_config(sk, plan),
+        save_residuals=True,
+        mask_function=_mask_fn,
+        fwd_mask_sparsity=1.0,
     )
     lse = stats["logsumexp"].astype(_F32) / _LOG2E  # base 2 -> natural log
     return jnp.where(empty[None, :, None], 0.0, out.astype(_F32)), jnp.where(empty[None, :], -jnp.inf, lse)
@@ -159,9 +182,22 @@ def _backward_chunk(sk, plan: _Plan, q, k, v, lse2, dout, delta, lo, hi, empty):
     of tokamax's private fused backward (0.0.17 signature)."""
     info = _block_list(sk, lo, hi, empty, plan.bq_dkv, plan.bkv_dkv, plan.chunk // plan.bkv_dkv, dkv=True)
     grads = sk._splash_attention_bwd_dkv(
-        q, k, v, None, lse2, dout, delta, bq=plan.bq_dkv, bkv=plan.bkv_dkv, bkv_compute=plan.bkv_dkv,
-        is_mqa=False, mask_info=info, mask_value=sk.base.DEFAULT_MASK_VALUE, mask_function=_mask_fn,
-        config=_config(sk, plan), dkv_mask_sparsity=1.0,
+        q,
+        k,
+        v,
+        None,
+        lse2,
+        dout,
+        delta,
+        bq=plan.bq_dkv,
+        bkv=plan.bkv_dkv,
+        bkv_compute=plan.bkv_dkv,
+        is_mqa=False,
+        mask_info=info,
+        mask_value=sk.base.DEFAULT_MASK_VALUE,
+        mask_function=_mask_fn,
+        config=_config(sk, plan),
+        dkv_mask_sparsity=1.0,
     )
     return tuple(g.astype(_F32) for g in grads)
 
@@ -257,8 +293,9 @@ class TokamaxKernel(AbstractComposedKernel):
 
             def chunk(acc, xs):
                 perm_c, lo_c, hi_c, empty_c = xs
-                part = _forward_chunk(sk, plan, qh, _heads_first(kh[perm_c]), _heads_first(vh[perm_c]), lo_c, hi_c,
-                                      empty_c)
+                part = _forward_chunk(
+                    sk, plan, qh, _heads_first(kh[perm_c]), _heads_first(vh[perm_c]), lo_c, hi_c, empty_c
+                )
                 return merge_partials(*acc, *part), None
 
             init = (jnp.zeros((N, plan.Tp, H), _F32), jnp.full((N, plan.Tp), -jnp.inf, _F32))
@@ -303,8 +340,9 @@ class TokamaxKernel(AbstractComposedKernel):
 
             def chunk(dq, xs):
                 perm_c, lo_c, hi_c, empty_c = xs
-                dq_c, dk_c, dv_c = _backward_chunk(sk, plan, qh, _heads_first(kh[perm_c]), _heads_first(vh[perm_c]),
-                                                   lse2, doh, di, lo_c, hi_c, empty_c)
+                dq_c, dk_c, dv_c = _backward_chunk(
+                    sk, plan, qh, _heads_first(kh[perm_c]), _heads_first(vh[perm_c]), lse2, doh, di, lo_c, hi_c, empty_c
+                )
                 inv = jnp.argsort(perm_c)  # sorted chunk order -> the caller's kv order
                 return dq + dq_c, (dk_c[:, inv], dv_c[:, inv])
 

@@ -76,6 +76,7 @@ from lcx.sharding.blocks import BlockSizes
 
 _F32 = jnp.float32
 
+
 class XlaKernel(AbstractKernel):
     """Blockwise flash attention in plain JAX; GQA by grouping q heads, K/V never repeated.
 

@@ -80,8 +80,9 @@ def kv_replication(n_heads: int, n_kv_heads: int, degree: int, allow: bool, *, w
     return degree // n_kv_heads
 
 
-def check_ulysses_plan(plan, who: str, u_axes: tuple[str, ...], mesh_shape: Mapping[str, int],
-                       dims: Mapping[str, int], n_devices: int) -> None:
+def check_ulysses_plan(
+    plan, who: str, u_axes: tuple[str, ...], mesh_shape: Mapping[str, int], dims: Mapping[str, int], n_devices: int
+) -> None:
     """The plan-level form of :func:`kv_replication` (A2A and USP), on the model's head counts.
 
     Args:
@@ -113,8 +114,9 @@ def check_ulysses_plan(plan, who: str, u_axes: tuple[str, ...], mesh_shape: Mapp
     if kv is not None:
         local_kv = kv // tkv
         if local_kv % U and not (U % local_kv == 0 and a.allow_kv_replication):
-            near = sorted({d for d in range(1, n_devices + 1)
-                           if n_devices % d == 0 and (local_kv % d == 0 or d % local_kv == 0)})
+            near = sorted(
+                {d for d in range(1, n_devices + 1) if n_devices % d == 0 and (local_kv % d == 0 or d % local_kv == 0)}
+            )
             raise PlanError(
                 f"{who}: the Ulysses degree {U} (mesh axes {u_axes}) must divide the "
                 f"{local_kv} KV heads per device or be a multiple of it with "
@@ -225,8 +227,19 @@ class Ulysses(AbstractStrategy):
         return_lse: bool = False,
     ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
         if self.degree == 1:
-            return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks,
-                                   return_lse=return_lse)
+            return flash_attention(
+                q,
+                k,
+                v,
+                q_pos,
+                k_pos,
+                q_seg,
+                k_seg,
+                mask=self.mask,
+                kernel=self.kernel,
+                sinks=sinks,
+                return_lse=return_lse,
+            )
         r = kv_replication(q.shape[2], k.shape[2], self.degree, self.allow_kv_replication, who="a2a", axes=self.axes)
         args = ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, self.axes, r)
         # after the all-to-all this device holds N/U of the query heads: only their sinks

@@ -59,8 +59,9 @@ class AllGather(AbstractStrategy):
     ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
         if self.axes:
             k, v, k_pos, k_seg = (lax.all_gather(x, self.axes, axis=1, tiled=True) for x in (k, v, k_pos, k_seg))
-        return flash_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks,
-                               return_lse=return_lse)
+        return flash_attention(
+            q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse
+        )
 
     # -- plan rules and price (module docstring) ------------------------------------------------
     @classmethod

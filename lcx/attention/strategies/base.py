@@ -50,8 +50,14 @@ class AbstractStrategy(eqx.Module):
     # ---------------------------------------------------------------------------- the program
     @classmethod
     @abc.abstractmethod
-    def from_plan(cls, kernel: AbstractKernel, mask: Mask, seq_axes: tuple[str, ...], axis_sizes: Mapping[str, int],
-                  config: AttentionConfig) -> AbstractStrategy:
+    def from_plan(
+        cls,
+        kernel: AbstractKernel,
+        mask: Mask,
+        seq_axes: tuple[str, ...],
+        axis_sizes: Mapping[str, int],
+        config: AttentionConfig,
+    ) -> AbstractStrategy:
         """Build the strategy from a plan's sequence axes, mesh axis sizes and attention config.
 
         Args:
@@ -119,8 +125,9 @@ class AbstractStrategy(eqx.Module):
 
     @classmethod
     @abc.abstractmethod
-    def check_plan_dims(cls, plan: Plan, mesh_shape: Mapping[str, int], dims: Mapping[str, int],
-                        n_devices: int) -> None:
+    def check_plan_dims(
+        cls, plan: Plan, mesh_shape: Mapping[str, int], dims: Mapping[str, int], n_devices: int
+    ) -> None:
         """The strategy's rules on the model's sizes (run by :meth:`Plan.validate` given ``dims``).
 
         Args:
@@ -176,8 +183,9 @@ class AbstractStrategy(eqx.Module):
 
     @classmethod
     @abc.abstractmethod
-    def ring_hop(cls, seq_len: int, context_degree: int, ulysses_degree: int, n_heads: int,
-                 n_kv_heads: int) -> RingHop | None:
+    def ring_hop(
+        cls, seq_len: int, context_degree: int, ulysses_degree: int, n_heads: int, n_kv_heads: int
+    ) -> RingHop | None:
         """The ring hop whose overlap with compute the ledger checks (None: no ring)."""
 
 

@@ -37,13 +37,29 @@ class AttentionShard:
     act_bytes: int
 
     @classmethod
-    def from_model(cls, cfg: Any, *, seq_len: int, local_batch: int, context_degree: int, ulysses_degree: int = 1,
-                   tensor_degree: int = 1, act_bytes: int = 2) -> AttentionShard:
+    def from_model(
+        cls,
+        cfg: Any,
+        *,
+        seq_len: int,
+        local_batch: int,
+        context_degree: int,
+        ulysses_degree: int = 1,
+        tensor_degree: int = 1,
+        act_bytes: int = 2,
+    ) -> AttentionShard:
         """From a model config (``n_heads``, ``n_kv_heads``, ``head_dim``): heads split over the
         tensor degree, kv heads at least one per device."""
-        return cls(local_batch=local_batch, seq_len=seq_len, context_degree=context_degree,
-                   ulysses_degree=ulysses_degree, heads=cfg.n_heads // tensor_degree,
-                   kv_heads=max(1, cfg.n_kv_heads // tensor_degree), head_dim=cfg.head_dim, act_bytes=act_bytes)
+        return cls(
+            local_batch=local_batch,
+            seq_len=seq_len,
+            context_degree=context_degree,
+            ulysses_degree=ulysses_degree,
+            heads=cfg.n_heads // tensor_degree,
+            kv_heads=max(1, cfg.n_kv_heads // tensor_degree),
+            head_dim=cfg.head_dim,
+            act_bytes=act_bytes,
+        )
 
     @property
     def local_len(self) -> int:

@@ -122,8 +122,9 @@ def ring_attention(
     x = q[(0,) * q.ndim]
     zero = jnp.where(x == x, 0, 0).astype(k.dtype)  # NaN-safe: 0 for every x
     k, v = k + zero, v + zero
-    return _ring(kernel, mask, tuple(axes), int(size), kvh, bool(return_lse), q, k, v, q_pos, k_pos, q_seg, k_seg,
-                 sinks)
+    return _ring(
+        kernel, mask, tuple(axes), int(size), kvh, bool(return_lse), q, k, v, q_pos, k_pos, q_seg, k_seg, sinks
+    )
 
 
 # per-pass K (or V) shard size above which the ring runs one kv head per pass
@@ -203,8 +204,19 @@ def _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg,
 
     def one(i, carry):
         out, lse = carry
-        o, l = _forward(kernel, mask, axes, size, _head_slice(q, i, nh), _head_slice(k, i, kh), _head_slice(v, i, kh),
-                        q_pos, k_pos, q_seg, k_seg)
+        o, l = _forward(
+            kernel,
+            mask,
+            axes,
+            size,
+            _head_slice(q, i, nh),
+            _head_slice(k, i, kh),
+            _head_slice(v, i, kh),
+            q_pos,
+            k_pos,
+            q_seg,
+            k_seg,
+        )
         return _head_update(out, o, i), _head_update(lse, l, i)
 
     init = (jnp.zeros((B, T, N, H), _F32), jnp.full((B, T, N), -jnp.inf, _F32))
@@ -242,12 +254,28 @@ def _ring_bwd(kernel, mask, axes, size, kvh, with_lse, res, ct):
         def one(i, carry):
             sl_q = lambda x: None if x is None else _head_slice(x, i, nh)
             sl_k = lambda x: _head_slice(x, i, kh)
-            parts = _backward(kernel, mask, axes, size, sl_q(q), sl_k(k), sl_k(v), q_pos, k_pos, q_seg, k_seg,
-                              sl_q(out), sl_q(lse), sl_q(dout), sl_q(dlse))
+            parts = _backward(
+                kernel,
+                mask,
+                axes,
+                size,
+                sl_q(q),
+                sl_k(k),
+                sl_k(v),
+                q_pos,
+                k_pos,
+                q_seg,
+                k_seg,
+                sl_q(out),
+                sl_q(lse),
+                sl_q(dout),
+                sl_q(dlse),
+            )
             return tuple(_head_update(acc, part, i) for acc, part in zip(carry, parts))
 
-        dq, dk, dv = lax.fori_loop(0, n, one, (jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype),
-                                                 jnp.zeros(v.shape, v.dtype)))
+        dq, dk, dv = lax.fori_loop(
+            0, n, one, (jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype))
+        )
     # the sinks need delta over all heads; the passes above each take their own heads' slice
     ds = None if sinks is None else sinks_grad(lse_delta(output_delta(out, dout), dlse), lse, sinks).astype(sinks.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, ds
@@ -299,8 +327,9 @@ def ring_buffer_bytes(b: int, length: int, kv_heads: int, head_dim: int, act_byt
     return 2 * b * length * kv_heads * head_dim * act_bytes + 2 * b * length * 4 + grads
 
 
-def ring_traffic(b: int, block: int, kv_heads: int, head_dim: int, act_bytes: int, size: int, *, layers: int,
-                 replay: int) -> Traffic:
+def ring_traffic(
+    b: int, block: int, kv_heads: int, head_dim: int, act_bytes: int, size: int, *, layers: int, replay: int
+) -> Traffic:
     """Ring hops of a ring of ``size`` devices on blocks of ``block`` tokens: ``size - 1``
     forward K/V hops (again for a replay), ``size - 1`` in the backward plus ``size`` hops of
     float32 dK/dV accumulators (:func:`_backward`)."""
@@ -348,8 +377,20 @@ class Ring(AbstractStrategy):
         return_lse: bool = False,
     ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
         return ring_attention(
-            q, k, v, q_pos, k_pos, q_seg, k_seg, kernel=self.kernel, mask=self.mask, axes=self.axes, size=self.degree,
-            kv_heads_per_pass=self.kv_heads_per_pass, sinks=sinks, return_lse=return_lse,
+            q,
+            k,
+            v,
+            q_pos,
+            k_pos,
+            q_seg,
+            k_seg,
+            kernel=self.kernel,
+            mask=self.mask,
+            axes=self.axes,
+            size=self.degree,
+            kv_heads_per_pass=self.kv_heads_per_pass,
+            sinks=sinks,
+            return_lse=return_lse,
         )
 
     # -- plan rules and price (module docstring) ------------------------------------------------
@@ -385,8 +426,16 @@ class Ring(AbstractStrategy):
     def traffic(cls, s: AttentionShard, *, layers: int, replay: int) -> Traffic:
         if s.context_degree <= 1:
             return Traffic()
-        return ring_traffic(s.local_batch, s.local_len, s.kv_heads, s.head_dim, s.act_bytes, s.context_degree,
-                            layers=layers, replay=replay)
+        return ring_traffic(
+            s.local_batch,
+            s.local_len,
+            s.kv_heads,
+            s.head_dim,
+            s.act_bytes,
+            s.context_degree,
+            layers=layers,
+            replay=replay,
+        )
 
     @classmethod
     def imbalance_degree(cls, context_degree: int, ulysses_degree: int) -> int:

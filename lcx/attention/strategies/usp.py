@@ -77,7 +77,12 @@ class USP(AbstractStrategy):
 
     def check(self, q_shape: Shape, kv_shape: Shape) -> None:
         kv_replication(
-            q_shape[2], kv_shape[2], self.ulysses_degree, self.allow_kv_replication, who="usp", axes=(self.ulysses_axis,)
+            q_shape[2],
+            kv_shape[2],
+            self.ulysses_degree,
+            self.allow_kv_replication,
+            who="usp",
+            axes=(self.ulysses_axis,),
         )
 
     def __call__(
@@ -93,16 +98,24 @@ class USP(AbstractStrategy):
         return_lse: bool = False,
     ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
         ua = (self.ulysses_axis,)
-        r = kv_replication(
-            q.shape[2], k.shape[2], self.ulysses_degree, self.allow_kv_replication, who="usp", axes=ua
-        )
+        r = kv_replication(q.shape[2], k.shape[2], self.ulysses_degree, self.allow_kv_replication, who="usp", axes=ua)
         if self.ulysses_degree > 1:
             q, k, v, q_pos, k_pos, q_seg, k_seg = ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, ua, r)
             # this device now holds N/U of the query heads: only their sinks
             sinks = None if sinks is None else local_head_sinks(sinks, ua, self.ulysses_degree)
         res = ring_attention(
-            q, k, v, q_pos, k_pos, q_seg, k_seg,
-            kernel=self.kernel, mask=self.mask, axes=(self.ring_axis,), size=self.ring_degree, sinks=sinks,
+            q,
+            k,
+            v,
+            q_pos,
+            k_pos,
+            q_seg,
+            k_seg,
+            kernel=self.kernel,
+            mask=self.mask,
+            axes=(self.ring_axis,),
+            size=self.ring_degree,
+            sinks=sinks,
             return_lse=return_lse,
         )
         if self.ulysses_degree == 1:
@@ -133,9 +146,14 @@ class USP(AbstractStrategy):
     def search_meshes(cls, data: int, context: int) -> tuple[SearchMesh, ...]:
         axes = (("ulysses_axis", "ulysses"), ("ring_axis", "ring"))
         return tuple(
-            SearchMesh((("data", data), ("ulysses", U), ("ring", context // U)), ("ulysses", "ring"), axes,
-                       name=f"usp{U}x{context // U}")
-            for U in range(2, context) if context % U == 0  # 1 < U < P: both parts real
+            SearchMesh(
+                (("data", data), ("ulysses", U), ("ring", context // U)),
+                ("ulysses", "ring"),
+                axes,
+                name=f"usp{U}x{context // U}",
+            )
+            for U in range(2, context)
+            if context % U == 0  # 1 < U < P: both parts real
         )
 
     @classmethod
@@ -162,10 +180,22 @@ class USP(AbstractStrategy):
         P, U = s.context_degree, s.ulysses_degree
         if P <= 1:
             return Traffic()
-        ring = ring_traffic(s.local_batch, U * s.local_len, max(s.kv_heads, U) // U, s.head_dim, s.act_bytes, P // U,
-                            layers=layers, replay=replay)
-        return Traffic(all_to_all=ulysses_all_to_all(s, U, layers=layers, replay=replay), ring=ring.ring,
-                       ring_hops=ring.ring_hops, ring_hop_bytes=ring.ring_hop_bytes)
+        ring = ring_traffic(
+            s.local_batch,
+            U * s.local_len,
+            max(s.kv_heads, U) // U,
+            s.head_dim,
+            s.act_bytes,
+            P // U,
+            layers=layers,
+            replay=replay,
+        )
+        return Traffic(
+            all_to_all=ulysses_all_to_all(s, U, layers=layers, replay=replay),
+            ring=ring.ring,
+            ring_hops=ring.ring_hops,
+            ring_hop_bytes=ring.ring_hop_bytes,
+        )
 
     @classmethod
     def imbalance_degree(cls, context_degree: int, ulysses_degree: int) -> int:
