@@ -143,7 +143,7 @@ def attention(
         in_specs=in_specs,
         out_specs=(q_spec, lse_spec) if return_lse else q_spec,
         # check_vma=False: the custom VJPs and scans in the strategies carry values whose
-        # device-variance the checker cannot infer (FIELD_NOTES section 1); every in/out spec is
+        # device-variance the checker cannot infer (shard_map's varying-manual-axes check); every in/out spec is
         # explicit, so nothing relies on the check.
         check_vma=False,
     )
@@ -218,9 +218,8 @@ def _tie_masks_to_queries(strategy, return_lse, q, k, v, q_pos, k_pos, q_seg, k_
     control_flow.loops._scan_known_hoisting``). Everything the kernels derive from positions
     alone -- the additive mask tile of every (query block, key block) pair of every ring step --
     is such a residual: hoisted, it is a ``[P - 1, T / bq, T / bk, bq, bk]`` float32 stack per
-    device, i.e. O(S^2 / P) memory instead of O(block^2). Measured on the tiny Llama's train step
-    (ring, 8 devices, S = 16384): 205 MiB per device with the hoisting, 48.5 MiB without. The
-    zero ties the masks to this layer's queries, so they are recomputed tile by tile; XLA folds
+    device, i.e. O(S^2 / P) memory instead of O(block^2) (measured in docs/architecture.md;
+    tests/test_attention_memory.py keeps it so). The zero ties the masks to this layer's queries, so they are recomputed tile by tile; XLA folds
     the zero away. (NaN-safe: ``where(x == x, 0, 0)`` is 0 for every x.)
     """
     x = q[(0,) * q.ndim]

@@ -64,7 +64,7 @@ def ring_overlap_min_block(
     ``2 c K H bytes`` bytes. Compute time >= transfer time gives
     ``c >= (F / B) * (2 K bytes) / (4 N) = (F / B) * K bytes / (2 N)`` — ``c >= F / B`` for
     multi-head attention in 16-bit, and the GQA factor ``K / N`` shrinks it (Liu et al. 2023,
-    arXiv:2310.01889, section 3; FIELD_NOTES section 4).
+    arXiv:2310.01889, section 3).
 
     Args:
       peak_flops: F, FLOP/s per device.

@@ -236,7 +236,8 @@ def prefill_flops_per_layer(
 
     Linear ``2 n P_layer`` (``25.5 n d^2`` for Llama 3 70B, whose ``P_layer = 12.75 d^2``);
     quadratic ``4 n^2 d``, halved for causal (``2 n^2 d``), with ``d = N H`` the attention width.
-    Source: the long-context chapter quoted in FIELD_NOTES section 4.
+    Source: counting the matmuls of one layer (Kaplan et al. 2020, arXiv:2001.08361, table 1,
+    with the attention term kept).
     """
     lin = 2.0 * n_tokens * params_per_layer
     quad = 4.0 * n_tokens * n_tokens * d_model / (2 if causal else 1)

@@ -28,7 +28,7 @@ def causal_imbalance(layout: str, degree: int) -> float:
     off the diagonal and half a cell on it ((2P)^2 / 2 in all). Contiguous: device r holds chunks
     2r, 2r+1 and does ``4r + 2`` cells (2, 6, 10, 14 for P=4), max/mean ``(2P - 1) / P`` (1.75 at P=4, 1.875
     at P=8). Zigzag: device r holds chunks r and 2P-1-r, exactly ``2P`` cells each: 1.0.
-    (FIELD_NOTES section 4; exact at the token level up to the diagonal, see
+    (Counted here; exact at the token level up to the diagonal, see
     :func:`lcx.sharding.causal_work_per_device`.)
     """
     if degree <= 1 or layout == "zigzag":

@@ -1,6 +1,6 @@
 """Plan search: the smallest context-parallel degree that fits, then the fastest strategy at it.
 
-MaxText's advice for long context (FIELD_NOTES section 2) made a procedure: enumerate every
+MaxText's advice for long context (its context-parallelism docs) made a procedure: enumerate every
 valid (data x context) mesh, strategy (all-gather, ring, Ulysses A2A, USP splits: what each
 registered strategy proposes), parameter sharding (replicated or ZeRO-3 over all devices) and
 activation policy (remat, host offload); price each with :func:`lcx.cost.ledger.estimate`; keep

@@ -1,6 +1,7 @@
 """Plan search: price every candidate plan and policy, keep those that fit.
 
-MaxText's advice for long context (FIELD_NOTES section 2) made a procedure: enumerate every
+MaxText's advice for long context (find the smallest context degree that fits, then compare
+whole-step times; MaxText's context-parallelism docs) made a procedure: enumerate every
 valid (data x context) mesh that a registered strategy proposes (all-gather, ring, Ulysses A2A,
 USP splits), parameter sharding (replicated or ZeRO-3 over all devices) and activation policy
 (remat, host offload); price each with :func:`lcx.cost.ledger.estimate`; keep those whose

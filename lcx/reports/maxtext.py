@@ -1,5 +1,5 @@
 """MaxText's published long-context recipes and the like-with-like comparison ``python -m lcx.plan``
-prints after its recommendation (FIELD_NOTES section 2b; tpu-recipes,
+prints after its recommendation (AI-Hypercomputer/tpu-recipes,
 ``training/{v5p,ironwood}/Llama3.1-8B-LongContext-Maxtext/cluster_toolkit/README.md``).
 
 The ledger prices each recipe itself (its mesh, ring with load balancing, and its whole policy)
@@ -14,7 +14,7 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class MaxTextRecipe:
-    """One row of MaxText's published long-context tables (FIELD_NOTES section 2b; tpu-recipes,
+    """One row of MaxText's published long-context tables (AI-Hypercomputer/tpu-recipes,
     ``training/{v5p,ironwood}/Llama3.1-8B-LongContext-Maxtext/cluster_toolkit/README.md``):
     Llama 3.1 8B variant, 64 chips, ring attention with load balancing, weights sharded over
     fsdp and context, num_vocab_tiling 16.
@@ -231,7 +231,7 @@ _MAXTEXT: tuple[MaxTextRecipe, ...] = (
     ),
 )
 """MaxText's published long-context runs, each with its whole policy, so that a comparison
-prices the same thing MaxText measured (FIELD_NOTES section 2b)."""
+prices the same thing MaxText measured (the tpu-recipes tables above)."""
 
 
 def _recipe_plan(r: MaxTextRecipe, attention):
