@@ -17,6 +17,7 @@ import pytest
 
 from lcx.attention import Mask, XlaKernel, make_kernel, merge_partials, reference_attention
 from lcx.attention.kernels import splash as splash_mod
+from lcx.attention.kernels import splash_intervals
 from lcx.attention.kernels.splash import SplashKernel, _intervals
 from lcx.sharding import apply_layout
 
@@ -134,7 +135,9 @@ def test_splash_pads_odd_lengths_chunks_long_kv_and_handles_empty_rows(monkeypat
     """Lengths that are not multiples of 128 (padded with invisible tokens), K/V longer than one
     splash call (forced here by lowering MAX_KV_CHUNK to 128: 3 chunks merged through the lse),
     unsorted key positions, and queries that see no key at all (out 0, lse -inf, grads 0)."""
-    monkeypatch.setattr(splash_mod, "MAX_KV_CHUNK", 128)
+    # the tiling reads the cap in splash_intervals (patching splash_mod would not split K/V)
+    monkeypatch.setattr(splash_intervals, "MAX_KV_CHUNK", 128)
+    assert splash_intervals._Plan(40, 300, 128, 128).n_chunks == 3
     mask = Mask(document=True)
     B, T, S, N, K, H = 2, 40, 300, 4, 2, 8
     q, k, v, do = _inputs(B, T, S, N, K, H, seed=5)
@@ -215,7 +218,7 @@ def test_splash_backward_blocks_tile_the_dkv_kernel(monkeypatch):
     _assert_matches(out, lse, grads, *_reference(mask, q, k, v, qp, kp, qs, ks, do))
     assert seen == {"dq": {(256, 256)}, "dkv": {(128, 128)}}
 
-    monkeypatch.setattr(splash_mod, "MAX_KV_CHUNK", 256)
+    monkeypatch.setattr(splash_intervals, "MAX_KV_CHUNK", 256)
     seen["dq"].clear(), seen["dkv"].clear()
     B, T, S, N, K, H = 1, 40, 300, 4, 2, 8
     q, k, v, do = _inputs(B, T, S, N, K, H, seed=22)

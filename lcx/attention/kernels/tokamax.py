@@ -313,7 +313,7 @@ class TokamaxKernel(AbstractComposedKernel):
         k_pos: Int[Array, "B S"],
         q_seg: Int[Array, "B T"],
         k_seg: Int[Array, "B S"],
-        out: Float[Array, "B T N H"],
+        out: Float[Array, "B T N H"] | None,
         lse: Float[Array, "B T N"],
         dout: Float[Array, "B T N H"],
         *,
