@@ -58,6 +58,8 @@ from lcx.attention.names import name_context
 from lcx.attention.sinks import merge_sinks, row_sinks, sinks_grad
 from lcx.attention.strategies.base import AbstractStrategy, Shape
 from lcx.attention.strategies.pricing import AttentionShard, RingHop, SearchMesh, Traffic
+from lcx.attention.strategies.ring_pricing import PASS_BYTES as PASS_BYTES  # the pass rule's threshold
+from lcx.attention.strategies.ring_pricing import heads_per_pass, ring_buffer_bytes, ring_passes, ring_traffic
 
 _F32 = jnp.float32
 
@@ -127,30 +129,6 @@ def ring_attention(
     )
 
 
-# per-pass K (or V) shard size above which the ring runs one kv head per pass
-PASS_BYTES = 2**20
-
-
-def heads_per_pass(kv_shape: tuple[int, ...], dtype, tile_bytes: int = 0) -> int:
-    """Default kv heads per ring pass: all of them while one pass's working set -- the local K
-    shard ``[B, T, K, H]`` plus the kernel's per-step tiles of all K heads (``tile_bytes`` per kv
-    head, :meth:`~lcx.attention.kernels.AbstractKernel.step_tile_bytes`) -- is at most 1 MiB, else ONE
-    (attention is independent per kv head and its query group).
-
-    Per-device memory of a ring is a few K/V-sized buffers (the shard in use, the next one in
-    flight, and in the backward the travelling dK/dV accumulators and their next hop) plus the
-    kernel's tiles. Running the ring once per kv head divides all of those by K, so only the
-    float32 output, dQ and the per-head tiles remain whole-shard sized: per-device memory then
-    falls as 1/P with the ring size. The price is K times more (K times smaller) transfers,
-    which hurts only where a hop's latency, not its bytes, dominates: small shards, which keep
-    all heads in one pass -- unless the tiles are what is large (8 heads of 256 x 256 float32
-    logits are 2 MiB each: at 4,096 tokens on 8 devices that made the ring's temp 14.6 MiB
-    instead of 2.3, at the same speed on the CPU benchmark).
-    """
-    B, T, K, H = kv_shape
-    return K if B * T * K * H * jnp.dtype(dtype).itemsize + K * tile_bytes <= PASS_BYTES else 1
-
-
 def _shift(tree, axes, size):
     """Send every leaf to the next device of the ring (``i -> i + 1 mod P``)."""
     if size == 1:
@@ -190,14 +168,8 @@ def _head_update(x, part, i):
     return lax.dynamic_update_slice_in_dim(x, part.astype(x.dtype), i * part.shape[2], axis=2)
 
 
-def _passes(kvh, q, k):
-    """(number of passes, q heads per pass, kv heads per pass)."""
-    K = k.shape[2]
-    return K // kvh, q.shape[2] // K * kvh, kvh
-
-
 def _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    n, nh, kh = _passes(kvh, q, k)
+    n, nh, kh = ring_passes(kvh, q, k)
     if n == 1:
         return _forward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg)
     B, T, N, H = q.shape
@@ -246,7 +218,7 @@ def _ring_bwd(kernel, mask, axes, size, kvh, with_lse, res, ct):
     # with sinks, out and lse include them, so the kernels' backward below is exact unchanged
     q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks = res
     dout, dlse = ct if with_lse else (ct, None)
-    n, nh, kh = _passes(kvh, q, k)
+    n, nh, kh = ring_passes(kvh, q, k)
     if n == 1:
         dq, dk, dv = _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout, dlse)
     else:
@@ -317,26 +289,6 @@ def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
-
-
-def ring_buffer_bytes(b: int, length: int, kv_heads: int, head_dim: int, act_bytes: int, *, backward: bool) -> int:
-    """Bytes a ring keeps in flight on one device: the next K/V block (``length`` tokens of
-    ``kv_heads`` heads) with its positions and segment ids, and in the ``backward`` the next hop
-    of the float32 dK/dV accumulators."""
-    grads = 2 * b * length * kv_heads * head_dim * 4 if backward else 0
-    return 2 * b * length * kv_heads * head_dim * act_bytes + 2 * b * length * 4 + grads
-
-
-def ring_traffic(
-    b: int, block: int, kv_heads: int, head_dim: int, act_bytes: int, size: int, *, layers: int, replay: int
-) -> Traffic:
-    """Ring hops of a ring of ``size`` devices on blocks of ``block`` tokens: ``size - 1``
-    forward K/V hops (again for a replay), ``size - 1`` in the backward plus ``size`` hops of
-    float32 dK/dV accumulators (:func:`_backward`)."""
-    hop_bytes = 2 * b * block * kv_heads * head_dim * act_bytes
-    hops = layers * ((size - 1) * (1 + replay) + (size - 1) + size)
-    ring = layers * (hop_bytes * (size - 1) * (2 + replay) + size * hop_bytes * 4 / act_bytes)
-    return Traffic(ring=ring, ring_hops=hops, ring_hop_bytes=hop_bytes)
 
 
 class Ring(AbstractStrategy):
