@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import pathlib
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -61,7 +61,7 @@ def register_schema() -> None:
 
 
 def plan_from_config(
-    node: DictConfig | dict, *, default_block: int = 512, default_kernel: str = "xla", hardware: Any = None
+    node: DictConfig | dict[str, Any], *, default_block: int = 512, default_kernel: str = "xla", hardware: Any = None
 ) -> Plan:
     """Build a :class:`Plan` from a Hydra/OmegaConf ``plan`` node or a plain dict.
 
@@ -83,15 +83,17 @@ def plan_from_config(
         default_kernel = str(hardware.get("attention_kernel") or default_kernel)
     if isinstance(node, DictConfig):
         # plain values: a composed node keeps PlanSchema as its type, and merging a typed node
-        # would accept a key Hydra appended (``+plan.foo=1``) instead of refusing it
-        node = OmegaConf.to_container(node, resolve=True)
-    if isinstance(node, dict) and "defaults" in node:  # a preset file read directly
+        # would accept a key Hydra appended (``+plan.foo=1``) instead of refusing it; a
+        # DictConfig converts to a dict (OmegaConf's return type covers every node kind)
+        node = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
+    if "defaults" in node:  # a preset file read directly
         node = {k: v for k, v in node.items() if k != "defaults"}
     try:
         merged = OmegaConf.merge(OmegaConf.structured(PlanSchema), node)
     except OmegaConfBaseException as e:
         raise PlanError(f"invalid plan config: {e.msg if hasattr(e, 'msg') else e}".strip()) from None
-    d = OmegaConf.to_container(merged, resolve=True)
+    # merged into PlanSchema, so a dict with its keys (OmegaConf types the result loosely)
+    d = cast(dict[str, Any], OmegaConf.to_container(merged, resolve=True))
     for b in ("block_q", "block_kv"):
         if d["attention"][b] is None:
             d["attention"][b] = int(default_block)
@@ -116,7 +118,10 @@ def preset(name: str, **attention: Any) -> Plan:
     path = PRESET_DIR / f"{name}.yaml"
     if not path.exists():
         raise PlanError(f"no plan preset {name!r}; available: {preset_names()}")
-    p = plan_from_config(OmegaConf.load(path))
+    node = OmegaConf.load(path)
+    if not isinstance(node, DictConfig):
+        raise PlanError(f"plan preset {path} holds a YAML list; a plan preset is a mapping (mesh, params, ...)")
+    p = plan_from_config(node)
     return p.with_attention(**attention) if attention else p
 
 

@@ -17,7 +17,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from lcx.sharding.plan import Plan
 
 
-def build_mesh(plan: Plan, devices: Sequence[jax.Device] | None = None) -> Mesh:
+# jax.Device is a variable bound to a class of the untyped jaxlib extension (no stub)
+def build_mesh(plan: Plan, devices: Sequence[jax.Device] | None = None) -> Mesh:  # pyright: ignore[reportInvalidTypeForm]
     """Device mesh for ``plan`` over ``devices`` (default: all of ``jax.devices()``).
 
     Raises:
@@ -60,6 +61,6 @@ class MeshPlan:
         return NamedSharding(self.mesh, PartitionSpec())
 
 
-def bind(plan: Plan, devices: Sequence[jax.Device] | None = None) -> MeshPlan:
+def bind(plan: Plan, devices: Sequence[jax.Device] | None = None) -> MeshPlan:  # pyright: ignore[reportInvalidTypeForm]  # as build_mesh
     """Bind ``plan`` to ``devices`` (default all): ``MeshPlan(plan, build_mesh(plan, devices))``."""
     return MeshPlan(plan, build_mesh(plan, devices))

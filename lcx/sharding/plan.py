@@ -52,7 +52,7 @@ def _norm_rule(v: Any) -> MeshAxes:
     return t[0] if len(t) == 1 else t
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class Plan:
     """A sharding plan: mesh, parameter rules, activation rules, attention configuration.
 
@@ -60,29 +60,44 @@ class Plan:
       mesh: ``((axis_name, size), ...)`` major to minor; at most one size may be ``-1``, which
         fills the remaining devices (resolved by :meth:`mesh_shape`).
       params: ``((logical_axis, mesh_axes), ...)`` rules for parameters (and their gradients and
-        optimizer state). Logical axes without a rule are replicated.
+        optimizer state), sorted by logical axis. Logical axes without a rule are replicated.
       activations: rules for activations (inputs, residual stream, q/k/v, logits).
       attention: the context-parallel attention configuration.
       name: a label for tables and run directories; not part of the semantics.
     """
 
-    # annotated with what the constructor accepts; __post_init__ normalises to sorted tuples
-    mesh: Sequence[tuple[str, int]] | Mapping[str, int] = (("data", -1),)
-    params: RulesLike = ()
-    activations: RulesLike = (("batch", "data"),)
-    # a factory: AttentionConfig() asks the strategy registry, which is not imported yet here
-    attention: AttentionConfig | Mapping[str, Any] = dataclasses.field(default_factory=AttentionConfig)
-    name: str = "custom"
+    # the fields hold the normalised values; __init__ accepts the looser forms (YAML lists,
+    # mappings) and normalises them, so equal plans compare and hash equal
+    mesh: tuple[tuple[str, int], ...]
+    params: tuple[tuple[str, MeshAxes], ...]
+    activations: tuple[tuple[str, MeshAxes], ...]
+    attention: AttentionConfig
+    name: str
 
-    def __post_init__(self):
-        # normalise so that equal plans compare and hash equal whatever container was passed
-        object.__setattr__(self, "mesh", tuple((str(n), int(s)) for n, s in _items(self.mesh)))
-        object.__setattr__(self, "params", tuple(sorted((str(k), _norm_rule(v)) for k, v in _items(self.params))))
-        object.__setattr__(
-            self, "activations", tuple(sorted((str(k), _norm_rule(v)) for k, v in _items(self.activations)))
-        )
-        if isinstance(self.attention, Mapping):
-            object.__setattr__(self, "attention", AttentionConfig(**self.attention))
+    def __init__(
+        self,
+        mesh: Sequence[tuple[str, int]] | Mapping[str, int] = (("data", -1),),
+        params: RulesLike = (),
+        activations: RulesLike = (("batch", "data"),),
+        attention: AttentionConfig | Mapping[str, Any] | None = None,
+        name: str = "custom",
+    ):
+        """Normalise and check a plan (the arguments as the attributes, in any container).
+
+        Raises:
+          PlanError: an unknown or repeated mesh axis, a bad size, an unknown logical axis, a
+            rule naming an undeclared mesh axis, or the strategy's own axis rules.
+        """
+        # None: AttentionConfig() asks the strategy registry, which is not imported yet at import
+        if attention is None:
+            attention = AttentionConfig()
+        elif isinstance(attention, Mapping):
+            attention = AttentionConfig(**attention)
+        object.__setattr__(self, "mesh", tuple((str(n), int(s)) for n, s in _items(mesh)))
+        object.__setattr__(self, "params", tuple(sorted((str(k), _norm_rule(v)) for k, v in _items(params))))
+        object.__setattr__(self, "activations", tuple(sorted((str(k), _norm_rule(v)) for k, v in _items(activations))))
+        object.__setattr__(self, "attention", attention)
+        object.__setattr__(self, "name", name)
         self._check_static()
 
     # ------------------------------------------------------------------ static structure checks
