@@ -360,6 +360,11 @@ def test_parameter_counts():
     }
 
 
+def test_presets_are_the_yaml_files():
+    # lcx.models reads its presets from conf/model/: one place for their values
+    assert sorted(lm.PRESETS) == sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
+
+
 @pytest.mark.parametrize("name", sorted(lm.PRESETS))
 def test_yaml_presets_equal_code_presets(name):
     d = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{name}.yaml"), resolve=True)

@@ -1,7 +1,7 @@
 """Model configuration for the Llama family: a frozen dataclass and named presets.
 
-The presets mirror ``conf/model/*.yaml`` field for field (a test checks it), so a model is
-named the same way in code (``preset("llama3_70b")``) and in Hydra (``model=llama3_70b``).
+The presets are read from ``conf/model/*.yaml``, so a model is named the same way, with the same
+values, in code (``preset("llama3_70b")``) and in Hydra (``model=llama3_70b``).
 Sizes follow the Llama 3 paper (Grattafiori et al. 2024, arXiv:2407.21783, Table 3).
 """
 
@@ -32,6 +32,20 @@ or ``remat`` (recomputed). The block input cannot be recomputed: it is what the 
 from."""
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+
+ROPE_FIELDS: dict[str, str] = {
+    f.name: "rope_scaling_factor" if f.name == "factor" else f"rope_{f.name}"
+    for f in dataclasses.fields(RopeConfig)
+    if f.name != "head_dim"
+}
+"""The :class:`ModelConfig` field of each :class:`RopeConfig` field (``head_dim`` is the model's own)."""
+
+_ROPE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(RopeConfig)}
+
+
+def _size(default: int, axis: str) -> Any:
+    """A size field whose value is the length of the logical axis ``axis`` (:meth:`ModelConfig.dims`)."""
+    return dataclasses.field(default=default, metadata={"axis": axis})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,22 +111,23 @@ class ModelConfig:
     """
 
     name: str = "custom"
-    vocab_size: int = 256
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 8
-    n_kv_heads: int = 2
-    head_dim: int = 16
-    mlp_dim: int = 384
+    vocab_size: int = _size(256, "vocab")
+    d_model: int = _size(128, "embed")
+    n_layers: int = _size(4, "layers")
+    n_heads: int = _size(8, "heads")
+    n_kv_heads: int = _size(2, "kv_heads")
+    head_dim: int = _size(16, "head_dim")
+    mlp_dim: int = _size(384, "mlp")
     rope_theta: float = 10_000.0
-    rope_scaling_type: str | None = None
-    rope_scaling_factor: float | None = None
-    rope_original_max_len: int = 8192
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    rope_beta_fast: float = 32.0
-    rope_beta_slow: float = 1.0
-    rope_attention_factor: float | None = None
+    # the other RoPE defaults are RopeConfig's (one place for each value)
+    rope_scaling_type: str | None = _ROPE_DEFAULTS["scaling_type"]
+    rope_scaling_factor: float | None = _ROPE_DEFAULTS["factor"]
+    rope_original_max_len: int = _ROPE_DEFAULTS["original_max_len"]
+    rope_low_freq_factor: float = _ROPE_DEFAULTS["low_freq_factor"]
+    rope_high_freq_factor: float = _ROPE_DEFAULTS["high_freq_factor"]
+    rope_beta_fast: float = _ROPE_DEFAULTS["beta_fast"]
+    rope_beta_slow: float = _ROPE_DEFAULTS["beta_slow"]
+    rope_attention_factor: float | None = _ROPE_DEFAULTS["attention_factor"]
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     remat: str = "none"
@@ -191,18 +206,7 @@ class ModelConfig:
     @property
     def rope(self) -> RopeConfig:
         """The RoPE frequency table and attention factor this model uses."""
-        return RopeConfig(
-            head_dim=self.head_dim,
-            theta=self.rope_theta,
-            scaling_type=self.rope_scaling_type,
-            factor=self.rope_scaling_factor,
-            original_max_len=self.rope_original_max_len,
-            low_freq_factor=self.rope_low_freq_factor,
-            high_freq_factor=self.rope_high_freq_factor,
-            beta_fast=self.rope_beta_fast,
-            beta_slow=self.rope_beta_slow,
-            attention_factor=self.rope_attention_factor,
-        )
+        return RopeConfig(head_dim=self.head_dim, **{k: getattr(self, f) for k, f in ROPE_FIELDS.items()})
 
     @property
     def group_size(self) -> int:
@@ -240,15 +244,7 @@ class ModelConfig:
 
     def dims(self) -> dict[str, int]:
         """Sizes of the logical axes the parameters use, for :meth:`lcx.sharding.Plan.validate`."""
-        return {
-            "vocab": self.vocab_size,
-            "embed": self.d_model,
-            "heads": self.n_heads,
-            "kv_heads": self.n_kv_heads,
-            "head_dim": self.head_dim,
-            "mlp": self.mlp_dim,
-            "layers": self.n_layers,
-        }
+        return {f.metadata["axis"]: getattr(self, f.name) for f in dataclasses.fields(self) if "axis" in f.metadata}
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -271,59 +267,32 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
-_LLAMA3_8B = dict(
-    vocab_size=128_256,
-    d_model=4096,
-    n_layers=32,
-    n_heads=32,
-    n_kv_heads=8,
-    head_dim=128,
-    mlp_dim=14_336,
-    rope_theta=500_000.0,
-    rope_scaling_type="llama3",
-    rope_scaling_factor=8.0,
-    norm_eps=1e-5,
-    tie_embeddings=False,
-    remat="full",
-    dtype="bfloat16",
-)
+def _load_presets() -> dict[str, ModelConfig]:
+    """Every ``conf/model/<name>.yaml`` (installed as the data package ``lcx.conf``) as a config, by
+    ``<name>``: the values of a preset live once, in the file Hydra composes for ``model=<name>``.
 
-PRESETS: dict[str, ModelConfig] = {
-    # byte-level model that trains on two CPU cores in minutes at 4096 tokens. 4 query heads share
-    # one KV head (group 4). Few, wide heads: on CPU the attention cost is per (query, key, head)
-    # element, so 4 heads of 32 train ~4x faster than 8 heads of 16 at the same FLOPs.
-    "tiny": ModelConfig(
-        name="tiny",
-        vocab_size=256,
-        d_model=128,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=1,
-        head_dim=32,
-        mlp_dim=384,
-        rope_theta=10_000.0,
-    ),
-    # Llama 3.1 8B (arXiv:2407.21783, Table 3)
-    "llama3_1_8b": ModelConfig(name="llama3_1_8b", **_LLAMA3_8B),
-    # Llama 3 70B (arXiv:2407.21783, Table 3); Llama 3 (not 3.1): no RoPE scaling
-    "llama3_70b": ModelConfig(
-        name="llama3_70b",
-        **{
-            **_LLAMA3_8B,
-            "d_model": 8192,
-            "n_layers": 80,
-            "n_heads": 64,
-            "mlp_dim": 28_672,
-            "rope_scaling_type": None,
-            "rope_scaling_factor": None,
-        },
-    ),
-    # MaxText's long-context 8B variant: half as many heads, twice as wide (16 x 256 = D);
-    # same parameter count as the 8B, different head counts for Ulysses (A2A) to split
-    "llama3_1_8b_longctx": ModelConfig(
-        name="llama3_1_8b_longctx", **{**_LLAMA3_8B, "n_heads": 16, "n_kv_heads": 4, "head_dim": 256}
-    ),
-}
+    Raises:
+      ValueError: a file is not a mapping of :class:`ModelConfig` fields.
+    """
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    out = {}
+    for path in sorted((files("lcx.conf") / "model").iterdir(), key=lambda p: p.name):
+        if not path.name.endswith(".yaml"):
+            continue
+        d = OmegaConf.to_container(OmegaConf.create(path.read_text()), resolve=True)
+        if not isinstance(d, dict):
+            raise ValueError(f"conf/model/{path.name}: must be a mapping of ModelConfig fields, got {d!r}")
+        out[path.name.removesuffix(".yaml")] = ModelConfig.from_dict({str(k): v for k, v in d.items()})
+    return out
+
+
+PRESETS: dict[str, ModelConfig] = _load_presets()
+"""The model presets, by name: ``tiny`` (byte-level, trains on two CPU cores), ``llama3_1_8b``,
+``llama3_70b`` (Llama 3 paper, arXiv:2407.21783, Table 3) and ``llama3_1_8b_longctx`` (MaxText's
+long-context 8B: 16 heads of 256); the values and their reasons are in ``conf/model/*.yaml``."""
 
 
 def preset(name: str) -> ModelConfig:
