@@ -15,6 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from lcx import cost
+from lcx.attention.strategies import AttentionShard
 from lcx.models.config import preset
 from lcx.sharding import causal_work_per_device
 from lcx.sharding.config import preset as plan_preset
@@ -265,10 +266,10 @@ def test_memory_breakdown_policies_and_offload():
 
 def test_attention_working_memory_ordering():
     cfg = preset("llama3_1_8b_longctx")
-    kw = dict(kernel="splash", seq_len=1 << 20, local_batch=1, context_degree=16)
-    ag = cost.attention_working_bytes(cfg, strategy="allgather", **kw)
-    ring = cost.attention_working_bytes(cfg, strategy="ring", **kw)
-    a2a = cost.attention_working_bytes(cfg, strategy="a2a", **kw)
+    s = AttentionShard.from_model(cfg, seq_len=1 << 20, local_batch=1, context_degree=16)
+    ag = cost.attention_working_bytes("allgather", "splash", s)
+    ring = cost.attention_working_bytes("ring", "splash", s)
+    a2a = cost.attention_working_bytes("a2a", "splash", s)
     assert ring < ag and ring < a2a  # ring is O(S/P), all-gather and Ulysses hold O(S) per device
 
 

@@ -51,6 +51,7 @@ def test_kernel_backward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block, 
     # device, float32, causal): temporaries + its outputs (dq, dk, dv) + the incoming dout
     import jax.numpy as jnp
 
+    from lcx.attention.kernels import BlockSizes, KernelCall
     from lcx.attention.kernels.xla import XlaKernel
     from lcx.attention.masks import CAUSAL
     from lcx.cost.memory import kernel_backward_bytes
@@ -62,20 +63,8 @@ def test_kernel_backward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block, 
     fn = jax.jit(lambda q, k, v, p, s, o, l, do: kern.backward(q, k, v, p, p, s, s, o, l, do, mask=CAUSAL))
     m = fn.lower(q, kv, kv, pos, pos, q, lse, q).compile().memory_analysis()
     compiled = m.temp_size_in_bytes + m.output_size_in_bytes + T * N * H * 4
-    ledger = kernel_backward_bytes(
-        kernel="xla",
-        local_batch=1,
-        q_len=T,
-        kv_len=T,
-        q_heads=N,
-        kv_heads=K,
-        head_dim=H,
-        block_q=block,
-        block_kv=block,
-        block_q_dkv=dkv[0],
-        block_kv_dkv=dkv[1],
-        dtype="float32",
-    )
+    call = KernelCall(local_batch=1, q_len=T, kv_len=T, q_heads=N, kv_heads=K, head_dim=H, act_bytes=4)
+    ledger = kernel_backward_bytes("xla", call, BlockSizes(block, block, *dkv))
     assert abs(ledger / compiled - 1) <= 0.10, (ledger, compiled)
 
 
@@ -85,6 +74,7 @@ def test_kernel_forward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block):
     # device, float32, causal): temporaries + its outputs (out, lse)
     import jax.numpy as jnp
 
+    from lcx.attention.kernels import BlockSizes, KernelCall
     from lcx.attention.kernels.xla import XlaKernel
     from lcx.attention.masks import CAUSAL
     from lcx.cost.memory import kernel_forward_bytes
@@ -95,9 +85,8 @@ def test_kernel_forward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block):
     fn = jax.jit(lambda q, k, v, p, s: kern.forward(q, k, v, p, p, s, s, mask=CAUSAL))
     m = fn.lower(q, kv, kv, pos, pos).compile().memory_analysis()
     compiled = m.temp_size_in_bytes + m.output_size_in_bytes
-    ledger = kernel_forward_bytes(
-        kernel="xla", local_batch=1, q_len=T, kv_len=T, q_heads=N, kv_heads=K, head_dim=H, block_q=block, block_kv=block
-    )
+    call = KernelCall(local_batch=1, q_len=T, kv_len=T, q_heads=N, kv_heads=K, head_dim=H)
+    ledger = kernel_forward_bytes("xla", call, BlockSizes(block, block))
     assert abs(ledger / compiled - 1) <= 0.10, (ledger, compiled)
 
 

@@ -23,7 +23,7 @@ from jax import lax
 import lcx.sharding as sh
 from lcx import cost
 from lcx.attention import Mask, attention, reference_attention
-from lcx.attention.flash import flash_attention
+from lcx.attention.flash import flash_blocks
 from lcx.attention.kernels import KERNELS, AbstractKernel, BlockSizes, KernelCall, get_kernel, make_kernel
 from lcx.attention.strategies import (
     STRATEGIES,
@@ -99,17 +99,7 @@ def test_every_registry_lists_the_same_kernel_names_and_prices_them():
             assert isinstance(priced, int) and priced >= 0
         assert cls.backward_bytes(call, blocks) >= cls.prologue_bytes(call)
         # the ledger's by-name functions read the same class
-        assert cost.memory.kernel_forward_bytes(
-            kernel=name,
-            local_batch=1,
-            q_len=512,
-            kv_len=4096,
-            q_heads=4,
-            kv_heads=1,
-            head_dim=32,
-            block_q=256,
-            block_kv=256,
-        ) == cls.forward_bytes(call, blocks)
+        assert cost.memory.kernel_forward_bytes(name, call, blocks) == cls.forward_bytes(call, blocks)
 
 
 def test_registered_classes_are_final_and_override_no_concrete_method():
@@ -125,7 +115,7 @@ def test_registered_classes_are_final_and_override_no_concrete_method():
         lambda: get_strategy("cp9"),
         lambda: AttentionConfig(strategy="cp9"),
         lambda: cost.attention_working_bytes(
-            TINY, strategy="cp9", kernel="xla", seq_len=64, local_batch=1, context_degree=1
+            "cp9", "xla", AttentionShard.from_model(TINY, seq_len=64, local_batch=1, context_degree=1)
         ),
     ],
 )
@@ -144,9 +134,7 @@ def test_unknown_strategy_raises_with_the_choices(lookup):
         lambda: get_kernel("cudnn"),
         lambda: make_kernel("cudnn", 64, 64),
         lambda: AttentionConfig(kernel="cudnn"),
-        lambda: cost.memory.kernel_forward_bytes(
-            kernel="cudnn", local_batch=1, q_len=8, kv_len=8, q_heads=1, kv_heads=1, head_dim=8
-        ),
+        lambda: cost.memory.kernel_forward_bytes("cudnn", KernelCall(1, 8, 8, 1, 1, 8)),
     ],
 )
 def test_unknown_kernel_raises_with_the_choices(lookup):
@@ -181,11 +169,9 @@ class Halves(AbstractStrategy):
     def check(self, q_shape, kv_shape):
         return None
 
-    def __call__(self, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks=None, return_lse=False):
-        k, v, k_pos, k_seg = (lax.all_gather(x, self.axes, axis=1, tiled=True) for x in (k, v, k_pos, k_seg))
-        return flash_attention(
-            q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse
-        )
+    def __call__(self, q, kv, sinks=None, return_lse=False):
+        kv = jax.tree.map(lambda x: lax.all_gather(x, self.axes, axis=1, tiled=True), kv)
+        return flash_blocks(q, kv, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse)
 
     @classmethod
     def check_plan_axes(cls, plan):

@@ -27,34 +27,9 @@ from __future__ import annotations
 
 from lcx.attention.kernels import AbstractKernel, BlockSizes, KernelCall, get_kernel
 from lcx.attention.strategies import AbstractStrategy, AttentionShard, get_strategy
-from lcx.cost.dtypes import dtype_bytes
-from lcx.cost.flops import ModelDims
 
-
-def attention_shard(
-    cfg: ModelDims,
-    *,
-    seq_len: int,
-    local_batch: int,
-    context_degree: int,
-    ulysses_degree: int = 1,
-    tensor_degree: int = 1,
-    dtype: str = "bfloat16",
-) -> AttentionShard:
-    """One attention layer on one device (:class:`AttentionShard`) for ``cfg``.
-
-    Raises:
-      ValueError: an unknown dtype.
-    """
-    return AttentionShard.from_model(
-        cfg,
-        seq_len=seq_len,
-        local_batch=local_batch,
-        context_degree=context_degree,
-        ulysses_degree=ulysses_degree,
-        tensor_degree=tensor_degree,
-        act_bytes=dtype_bytes(dtype),
-    )
+DEFAULT_BLOCKS = BlockSizes()
+"""The blocks the by-name functions price when given none: 512 x 512, the backward's the same."""
 
 
 def kernel_call(strategy: type[AbstractStrategy], s: AttentionShard) -> KernelCall:
@@ -85,65 +60,29 @@ def layer_prologue_bytes(strategy: type[AbstractStrategy], kernel: type[Abstract
     return kernel.prologue_bytes(kernel_call(strategy, s))
 
 
-# -------------------------------------------------------------------------- by name (public, keywords)
-def attention_kernel_residual_bytes(
-    cfg: ModelDims,
-    *,
-    strategy: str,
-    seq_len: int,
-    local_batch: int,
-    context_degree: int,
-    ulysses_degree: int = 1,
-    tensor_degree: int = 1,
-    dtype: str = "bfloat16",
-) -> int:
+# -------------------------------------------------------------------------- by name (public)
+def attention_kernel_residual_bytes(strategy: str, s: AttentionShard) -> int:
     """Bytes a strategy's attention residuals exceed the local q, k, v (which the layer's saved
     set already counts): what the kernel's custom VJP saves is the K/V it was CALLED with
     (:meth:`~lcx.attention.strategies.AbstractStrategy.residual_bytes`; module docstring).
 
     Raises:
-      ValueError: unknown strategy or dtype.
+      ValueError: unknown strategy.
     """
-    s = attention_shard(
-        cfg,
-        seq_len=seq_len,
-        local_batch=local_batch,
-        context_degree=context_degree,
-        ulysses_degree=ulysses_degree,
-        tensor_degree=tensor_degree,
-        dtype=dtype,
-    )
     return get_strategy(strategy).residual_bytes(s)
 
 
-def kernel_backward_bytes(
-    *,
-    kernel: str,
-    local_batch: int,
-    q_len: int,
-    kv_len: int,
-    q_heads: int,
-    kv_heads: int,
-    head_dim: int,
-    block_q: int = 512,
-    block_kv: int = 512,
-    block_q_dkv: int | None = None,
-    block_kv_dkv: int | None = None,
-    dtype: str = "bfloat16",
-) -> int:
-    """Bytes one attention kernel's backward call holds besides its inputs (q, k, v, out, lse):
-    :meth:`~lcx.attention.kernels.XlaKernel.backward_bytes` and the like.
+def kernel_backward_bytes(kernel: str, call: KernelCall, blocks: BlockSizes = DEFAULT_BLOCKS) -> int:
+    """Bytes one attention kernel's backward call holds besides its inputs (q, k, v, out, lse),
+    on its backward blocks: :meth:`~lcx.attention.kernels.XlaKernel.backward_bytes` and the like.
 
     Raises:
-      ValueError: unknown kernel or dtype, a block < 1 token.
+      ValueError: unknown kernel.
     """
-    call = KernelCall(local_batch, q_len, kv_len, q_heads, kv_heads, head_dim, dtype_bytes(dtype))
-    return get_kernel(kernel).backward_bytes(call, BlockSizes(block_q, block_kv, block_q_dkv, block_kv_dkv))
+    return get_kernel(kernel).backward_bytes(call, blocks)
 
 
-def kernel_backward_prologue_bytes(
-    *, kernel: str, local_batch: int, q_len: int, kv_len: int, q_heads: int, kv_heads: int, head_dim: int
-) -> int:
+def kernel_backward_prologue_bytes(kernel: str, call: KernelCall) -> int:
     """Bytes of an attention kernel's backward that do not depend on the incoming cotangent, so
     XLA creates them as soon as their inputs exist -- during the MLP's backward, before
     attention's own phase (its schedulers start independent work early: XLA:CPU's default
@@ -152,126 +91,48 @@ def kernel_backward_prologue_bytes(
     Raises:
       ValueError: unknown kernel.
     """
-    return get_kernel(kernel).prologue_bytes(KernelCall(local_batch, q_len, kv_len, q_heads, kv_heads, head_dim))
+    return get_kernel(kernel).prologue_bytes(call)
 
 
-def kernel_forward_bytes(
-    *,
-    kernel: str,
-    local_batch: int,
-    q_len: int,
-    kv_len: int,
-    q_heads: int,
-    kv_heads: int,
-    head_dim: int,
-    block_q: int = 512,
-    block_kv: int = 512,
-) -> int:
-    """Bytes one attention kernel's forward call holds besides its inputs
+def kernel_forward_bytes(kernel: str, call: KernelCall, blocks: BlockSizes = DEFAULT_BLOCKS) -> int:
+    """Bytes one attention kernel's forward call holds besides its inputs, on its forward blocks
     (:meth:`~lcx.attention.kernels.XlaKernel.forward_bytes` and the like).
 
     Raises:
-      ValueError: unknown kernel, a block < 1 token.
+      ValueError: unknown kernel.
     """
-    call = KernelCall(local_batch, q_len, kv_len, q_heads, kv_heads, head_dim)
-    return get_kernel(kernel).forward_bytes(call, BlockSizes(block_q, block_kv))
+    return get_kernel(kernel).forward_bytes(call, blocks)
 
 
-def attention_prologue_bytes(
-    cfg: ModelDims,
-    *,
-    strategy: str,
-    kernel: str,
-    seq_len: int,
-    local_batch: int,
-    context_degree: int,
-    ulysses_degree: int = 1,
-    tensor_degree: int = 1,
-) -> int:
-    """:func:`kernel_backward_prologue_bytes` of ``strategy``'s kernel call on one device
+def attention_prologue_bytes(strategy: str, kernel: str, s: AttentionShard) -> int:
+    """:func:`kernel_backward_prologue_bytes` of ``strategy``'s kernel call on the device ``s``
     (:func:`layer_prologue_bytes`).
 
     Raises:
       ValueError: unknown strategy or kernel.
     """
-    s = attention_shard(
-        cfg,
-        seq_len=seq_len,
-        local_batch=local_batch,
-        context_degree=context_degree,
-        ulysses_degree=ulysses_degree,
-        tensor_degree=tensor_degree,
-    )
     return layer_prologue_bytes(get_strategy(strategy), get_kernel(kernel), s)
 
 
-def attention_forward_bytes(
-    cfg: ModelDims,
-    *,
-    strategy: str,
-    kernel: str,
-    seq_len: int,
-    local_batch: int,
-    context_degree: int,
-    ulysses_degree: int = 1,
-    tensor_degree: int = 1,
-    block_q: int = 512,
-    block_kv: int = 512,
-    dtype: str = "bfloat16",
-) -> int:
-    """Peak transient bytes of ONE attention layer's forward on one device
+def attention_forward_bytes(strategy: str, kernel: str, s: AttentionShard, blocks: BlockSizes = DEFAULT_BLOCKS) -> int:
+    """Peak transient bytes of ONE attention layer's forward on the device ``s``
     (:func:`layer_forward_bytes`). Its phase matters when the forward's blocks are larger than
     the backward's (``plan.attention.block_*_dkv``).
 
     Raises:
-      ValueError: unknown strategy, kernel or dtype.
+      ValueError: unknown strategy or kernel.
     """
-    s = attention_shard(
-        cfg,
-        seq_len=seq_len,
-        local_batch=local_batch,
-        context_degree=context_degree,
-        ulysses_degree=ulysses_degree,
-        tensor_degree=tensor_degree,
-        dtype=dtype,
-    )
-    return layer_forward_bytes(get_strategy(strategy), get_kernel(kernel), s, BlockSizes(block_q, block_kv))
+    return layer_forward_bytes(get_strategy(strategy), get_kernel(kernel), s, blocks)
 
 
-def attention_working_bytes(
-    cfg: ModelDims,
-    *,
-    strategy: str,
-    kernel: str,
-    seq_len: int,
-    local_batch: int,
-    context_degree: int,
-    ulysses_degree: int = 1,
-    tensor_degree: int = 1,
-    block_q: int = 512,
-    block_kv: int = 512,
-    block_q_dkv: int | None = None,
-    block_kv_dkv: int | None = None,
-    dtype: str = "bfloat16",
-) -> int:
-    """Peak transient bytes of ONE attention layer's backward on one device, beyond the
+def attention_working_bytes(strategy: str, kernel: str, s: AttentionShard, blocks: BlockSizes = DEFAULT_BLOCKS) -> int:
+    """Peak transient bytes of ONE attention layer's backward on the device ``s``, beyond the
     residuals it reads (q, k, v, flash output and logsumexp of the local tokens: see
     :func:`~lcx.cost.activations.attention_residual_bytes_per_token`): the strategy's buffers
     (module docstring) plus the kernel's own backward on the shapes it is called with, whose
-    tiles are those of its backward blocks, ``block_q_dkv`` x ``block_kv_dkv`` (None:
-    ``block_q`` / ``block_kv``; ``plan.attention``'s keys of those names).
+    tiles are those of its backward blocks (:attr:`BlockSizes.backward`).
 
     Raises:
-      ValueError: unknown strategy, kernel or dtype.
+      ValueError: unknown strategy or kernel.
     """
-    s = attention_shard(
-        cfg,
-        seq_len=seq_len,
-        local_batch=local_batch,
-        context_degree=context_degree,
-        ulysses_degree=ulysses_degree,
-        tensor_degree=tensor_degree,
-        dtype=dtype,
-    )
-    blocks = BlockSizes(block_q, block_kv, block_q_dkv, block_kv_dkv)
     return layer_backward_bytes(get_strategy(strategy), get_kernel(kernel), s, blocks)

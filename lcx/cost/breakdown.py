@@ -18,10 +18,9 @@ read in place and tensors the remat policy offloads stay ordinary temporaries.
 from __future__ import annotations
 
 import dataclasses
-import math
+from typing import Unpack
 
 from lcx.attention.kernels import get_kernel
-from lcx.attention.strategies import get_strategy
 from lcx.cost.activations import (
     attention_residual_bytes_per_token,
     layer_working_bytes_per_token,
@@ -29,12 +28,12 @@ from lcx.cost.activations import (
     param_arrays,
     saved_bytes_per_token_per_layer,
 )
-from lcx.cost.attention_memory import attention_shard, layer_backward_bytes, layer_forward_bytes, layer_prologue_bytes
+from lcx.cost.attention_memory import layer_backward_bytes, layer_forward_bytes, layer_prologue_bytes
 from lcx.cost.dtypes import dtype_bytes
 from lcx.cost.flops import ModelDims
+from lcx.cost.local import LocalStep, StepArgs, StepSizes
 from lcx.cost.policy import ActivationPolicy
 from lcx.sharding import Plan
-from lcx.sharding import axes as ax
 from lcx.sharding.describe import layout_arrays
 
 
@@ -126,14 +125,10 @@ def memory_breakdown(
     plan: Plan,
     n_devices: int,
     *,
-    seq_len: int,
-    global_batch: int,
     policy: ActivationPolicy,
-    dtype: str = "bfloat16",
-    param_dtype: str = "float32",
     optimizer_states: int = 2,
-    tie_embeddings: bool = False,
     memory_kinds: bool = True,
+    **step: Unpack[StepArgs],
 ) -> MemoryBreakdown:
     """Per-device memory of a training step for ``cfg`` under ``plan`` on ``n_devices``.
 
@@ -152,28 +147,22 @@ def memory_breakdown(
     Args:
       cfg: model dimensions.
       plan: the sharding plan (mesh sizes resolved for ``n_devices``).
-      seq_len: tokens per sequence S.
-      global_batch: sequences per step B.
       policy: remat / offload / vocabulary-tiling choices.
-      dtype: activation (compute) dtype.
-      param_dtype: parameter, gradient and optimizer-state dtype.
       optimizer_states: optimizer tensors per parameter (AdamW: mu and nu = 2; optax keeps them
         in the parameter dtype).
-      tie_embeddings: the output head is the embedding's transpose (no ``head`` parameter).
       memory_kinds: whether the compiler honours JAX memory kinds (TPU, GPU: True). False prices
         the program XLA:CPU compiles: placements stripped (above), and its fusion of the loss
         backward on tiles of 4,096 tokens or more (:func:`logits_phase_bytes` ``xla_cpu``).
+      **step: the step's sizes and dtypes (:class:`~lcx.cost.local.StepArgs`: ``seq_len``,
+        ``global_batch``, ``dtype``, ``param_dtype``, ``tie_embeddings``).
 
     Raises:
       PlanError: the plan's mesh does not fit ``n_devices``.
     """
-    shape = plan.mesh_shape(n_devices)
-    P = plan.context_degree(n_devices)
-    data = math.prod(shape[m] for m in plan.batch_axes)
-    tp = math.prod(shape[m] for m in plan.activation_rules.get(ax.HEADS, ()))
-    b = max(1, global_batch // data)
-    T = seq_len // P
-    tokens = b * T
+    st = StepSizes(**step)
+    dtype, param_dtype, tie_embeddings = st.dtype, st.param_dtype, st.tie_embeddings
+    local = LocalStep.of(cfg, plan, n_devices, st)
+    tokens = local.tokens
     layout = layout_arrays(plan, n_devices, param_arrays(cfg, param_dtype, tie_embeddings=tie_embeddings))
     p = sum(r.bytes_per_device for r in layout)
     dev_tok, host_tok = saved_bytes_per_token_per_layer(cfg, policy, dtype)
@@ -191,17 +180,8 @@ def memory_breakdown(
     # the loss phase reads a copy of the head when its parameter is sharded (all-gathered) or cast
     head = next(r for r in layout if r.info.name == ("embed" if tie_embeddings else "head"))
     head_copy = head.bytes_per_device < head.global_bytes or dtype_bytes(dtype) != dtype_bytes(param_dtype)
-    a = plan.attention
-    strategy, kernel = get_strategy(a.strategy), get_kernel(a.kernel)
-    s = attention_shard(
-        cfg,
-        seq_len=seq_len,
-        local_batch=b,
-        context_degree=P,
-        ulysses_degree=strategy.all_to_all_degree(a, shape),
-        tensor_degree=tp,
-        dtype=dtype,
-    )
+    blocks = plan.attention.blocks
+    strategy, kernel, s = local.strategy, get_kernel(plan.attention.kernel), local.attention
     # the attention call's residuals beyond the local q/k/v (gathered K/V, post-all-to-all k/v):
     # with remat: none every layer saves them; otherwise the replay rebuilds them for the block
     # being differentiated, live in both of its backward phases
@@ -214,10 +194,10 @@ def memory_breakdown(
             # the output returns through an all-to-all: the float32 flash output is in head
             # layout, so the sequence-layout output ``wo`` reads is a second saved array (in
             # 16-bit it is the cast the ``none`` set already counts)
-            acts += cfg.n_layers * tokens * cfg.n_heads // tp * cfg.head_dim * 4
-    att = layer_backward_bytes(strategy, kernel, s, a.blocks)
+            acts += cfg.n_layers * tokens * cfg.n_heads // local.tensor_degree * cfg.head_dim * 4
+    att = layer_backward_bytes(strategy, kernel, s, blocks)
     prologue = layer_prologue_bytes(strategy, kernel, s)
-    att_fwd = layer_forward_bytes(strategy, kernel, s, a.blocks)
+    att_fwd = layer_forward_bytes(strategy, kernel, s, blocks)
     logits = logits_phase_bytes(
         cfg, tokens=tokens, vocab_tiling=policy.vocab_tiling, head_copy=head_copy, dtype=dtype, xla_cpu=not memory_kinds
     )

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Unpack
 
-from lcx.attention.strategies import get_strategy
-from lcx.cost.attention_memory import attention_shard
 from lcx.cost.breakdown import param_bytes_per_device
 from lcx.cost.flops import ModelDims
+from lcx.cost.local import LocalStep, StepArgs, StepSizes
 from lcx.cost.policy import ActivationPolicy
 from lcx.sharding import Plan
-from lcx.sharding import axes as ax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,16 +81,7 @@ def ring_overlap_min_block(
 
 
 def comm_bytes(
-    cfg: ModelDims,
-    plan: Plan,
-    n_devices: int,
-    *,
-    seq_len: int,
-    global_batch: int,
-    policy: ActivationPolicy,
-    dtype: str = "bfloat16",
-    param_dtype: str = "float32",
-    tie_embeddings: bool = False,
+    cfg: ModelDims, plan: Plan, n_devices: int, *, policy: ActivationPolicy, **step: Unpack[StepArgs]
 ) -> CommBytes:
     """Bytes one device sends per training step under ``plan`` (forward, backward, recompute).
 
@@ -112,12 +102,20 @@ def comm_bytes(
     all-reduce moves ``2 (n-1)/n`` of the local gradient bytes); parameters sharded over axes
     (FSDP/ZeRO-3) are all-gathered for the forward and again for the backward and their
     gradients reduce-scattered.
+
+    Args:
+      cfg: model dimensions.
+      plan: the sharding plan.
+      n_devices: devices of the step.
+      policy: the activation policy (whether attention is replayed).
+      **step: the step's sizes and dtypes (:class:`~lcx.cost.local.StepArgs`).
+
+    Raises:
+      PlanError: the plan's mesh does not fit ``n_devices``.
     """
-    shape = plan.mesh_shape(n_devices)
-    P = plan.context_degree(n_devices)
-    data = math.prod(shape[m] for m in plan.batch_axes)
-    tp = math.prod(shape[m] for m in plan.activation_rules.get(ax.HEADS, ()))
-    b = max(1, global_batch // data)
+    st = StepSizes(**step)
+    local = LocalStep.of(cfg, plan, n_devices, st)
+    shape = local.shape
     replay = (
         1
         if (
@@ -127,19 +125,9 @@ def comm_bytes(
         else 0
     )
     # the strategy's own collectives (:meth:`AbstractStrategy.traffic`; none at P = 1)
-    strategy = get_strategy(plan.attention.strategy)
-    s = attention_shard(
-        cfg,
-        seq_len=seq_len,
-        local_batch=b,
-        context_degree=P,
-        ulysses_degree=strategy.all_to_all_degree(plan.attention, shape),
-        tensor_degree=tp,
-        dtype=dtype,
-    )
-    att = strategy.traffic(s, layers=cfg.n_layers, replay=replay)
+    att = local.strategy.traffic(local.attention, layers=cfg.n_layers, replay=replay)
     # parameters: sharded axes -> all-gather (fwd + bwd) and reduce-scatter; replicated -> all-reduce
-    p_local = param_bytes_per_device(plan, n_devices, cfg, param_dtype, tie_embeddings=tie_embeddings)
+    p_local = param_bytes_per_device(plan, n_devices, cfg, st.param_dtype, tie_embeddings=st.tie_embeddings)
     sharded = {m for rule in plan.param_rules.values() for m in rule}
     n_shard = math.prod(shape[m] for m in sharded) if sharded else 1
     n_repl = n_devices // n_shard

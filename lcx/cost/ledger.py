@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Unpack
 
-from lcx.attention.strategies import get_strategy
 from lcx.cost.breakdown import MemoryBreakdown, memory_breakdown
 from lcx.cost.comm import CommBytes, comm_bytes, ring_overlap_min_block
 from lcx.cost.flops import ModelDims, StepFlops, recompute_flops, training_flops
 from lcx.cost.hardware import Hardware
+from lcx.cost.local import LocalStep, StepArgs, StepSizes
 from lcx.cost.policy import ActivationPolicy
 from lcx.sharding import Plan
 
@@ -200,13 +201,9 @@ def estimate(
     hw: Hardware,
     n_devices: int,
     *,
-    seq_len: int,
-    global_batch: int,
     policy: ActivationPolicy,
-    dtype: str = "bfloat16",
-    param_dtype: str = "float32",
     window: int | None = None,
-    tie_embeddings: bool = False,
+    **step: Unpack[StepArgs],
 ) -> Estimate:
     """Cost of one training step of ``cfg`` under ``plan`` on ``n_devices`` devices of ``hw``.
 
@@ -223,9 +220,18 @@ def estimate(
     sequence hides completely costs nothing; at short sequences it lengthens the step, so the
     planner offloads only where HBM needs it.
 
+    Args:
+      cfg: model dimensions; plan: the sharding plan; hw: the hardware preset.
+      n_devices: devices of the step.
+      policy: remat / offload / vocabulary-tiling choices.
+      window: sliding-window length (tokens) for the attention FLOPs, or None.
+      **step: the step's sizes and dtypes (:class:`~lcx.cost.local.StepArgs`).
+
     Raises:
       PlanError: the plan does not fit ``n_devices``.
     """
+    st = StepSizes(**step)
+    seq_len, global_batch = st.seq_len, st.global_batch
     flops = training_flops(cfg, seq_len, global_batch, window=window)
     rec = recompute_flops(
         cfg,
@@ -236,32 +242,11 @@ def estimate(
         vocab_tiling=policy.vocab_tiling,
         window=window,
     )
-    mem = memory_breakdown(
-        cfg,
-        plan,
-        n_devices,
-        seq_len=seq_len,
-        global_batch=global_batch,
-        policy=policy,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        tie_embeddings=tie_embeddings,
-    )
-    com = comm_bytes(
-        cfg,
-        plan,
-        n_devices,
-        seq_len=seq_len,
-        global_batch=global_batch,
-        policy=policy,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        tie_embeddings=tie_embeddings,
-    )
-    P = plan.context_degree(n_devices)
+    mem = memory_breakdown(cfg, plan, n_devices, policy=policy, **step)
+    com = comm_bytes(cfg, plan, n_devices, policy=policy, **step)
+    local = LocalStep.of(cfg, plan, n_devices, st)
+    P, U, strategy = local.context_degree, local.attention.ulysses_degree, local.strategy
     a = plan.attention
-    strategy = get_strategy(a.strategy)
-    U = strategy.all_to_all_degree(a, plan.mesh_shape(n_devices))
     # Ulysses computes all S tokens of its heads (balanced); a ring (or USP's ring of P/U ranks,
     # each holding U consecutive chunks after the all-to-all) inherits the layout's imbalance
     imb = causal_imbalance(a.layout, strategy.imbalance_degree(P, U))
@@ -288,7 +273,7 @@ def estimate(
             p2p_bw,
             n_heads=hop.n_heads,
             n_kv_heads=hop.n_kv_heads,
-            bytes_per_element=2 if dtype != "float32" else 4,
+            bytes_per_element=2 if st.dtype != "float32" else 4,
             causal=a.layout == "zigzag",
         )
     else:

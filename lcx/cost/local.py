@@ -1,0 +1,106 @@
+"""One training step as the ledger prices it, and what one device of a plan holds of it.
+
+Two small values the ledger's functions share instead of repeating their keywords:
+
+- :class:`StepArgs`, the keywords every pricing function takes (``seq_len=``, ``global_batch=``,
+  ``dtype=``, ...), typed once (PEP 692: ``**step: Unpack[StepArgs]``), and :class:`StepSizes`,
+  the same values with their defaults filled in;
+- :class:`LocalStep`, one device's share of the step under a plan: mesh sizes, local batch and
+  tokens, the plan's strategy class and its attention layer (:class:`AttentionShard`), which the
+  memory (:mod:`lcx.cost.breakdown`), communication (:mod:`lcx.cost.comm`) and time
+  (:mod:`lcx.cost.ledger`) ledgers all read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Required, TypedDict
+
+from lcx.attention.strategies import AbstractStrategy, AttentionShard, get_strategy
+from lcx.cost.dtypes import dtype_bytes
+from lcx.cost.flops import ModelDims
+from lcx.sharding import Plan
+from lcx.sharding import axes as ax
+
+
+class StepArgs(TypedDict, total=False):
+    """Keywords of one training step's sizes and dtypes (:class:`StepSizes` has the defaults).
+
+    Keys:
+      seq_len: tokens per sequence S (required).
+      global_batch: sequences per step B (required).
+      dtype: activation (compute) dtype name (default ``bfloat16``).
+      param_dtype: parameter, gradient and optimizer-state dtype name (default ``float32``).
+      tie_embeddings: the output head is the embedding's transpose (no ``head`` parameter;
+        default False).
+    """
+
+    seq_len: Required[int]
+    global_batch: Required[int]
+    dtype: str
+    param_dtype: str
+    tie_embeddings: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSizes:
+    """:class:`StepArgs` with the defaults filled in (``StepSizes(**step)``)."""
+
+    seq_len: int
+    global_batch: int
+    dtype: str = "bfloat16"
+    param_dtype: str = "float32"
+    tie_embeddings: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalStep:
+    """One device's share of a training step under a plan.
+
+    Attributes:
+      shape: mesh axis sizes for the step's device count (``plan.mesh_shape``).
+      context_degree: P, devices the sequence is split over.
+      local_batch: b = max(1, B / data degree), sequences per device.
+      tensor_degree: devices the heads are split over (the ``heads`` activation rule).
+      strategy: the plan's registered strategy class.
+      attention: one attention layer on this device (U from the strategy's all-to-all degree).
+    """
+
+    shape: Mapping[str, int]
+    context_degree: int
+    local_batch: int
+    tensor_degree: int
+    strategy: type[AbstractStrategy]
+    attention: AttentionShard
+
+    @classmethod
+    def of(cls, cfg: ModelDims, plan: Plan, n_devices: int, step: StepSizes) -> LocalStep:
+        """The share of ``step`` one device of ``plan`` on ``n_devices`` holds.
+
+        Raises:
+          PlanError: the plan's mesh does not fit ``n_devices``.
+          ValueError: an unknown strategy or dtype.
+        """
+        shape = plan.mesh_shape(n_devices)
+        P = plan.context_degree(n_devices)
+        data = math.prod(shape[m] for m in plan.batch_axes)
+        tp = math.prod(shape[m] for m in plan.activation_rules.get(ax.HEADS, ()))
+        b = max(1, step.global_batch // data)
+        strategy = get_strategy(plan.attention.strategy)
+        s = AttentionShard.from_model(
+            cfg,
+            seq_len=step.seq_len,
+            local_batch=b,
+            context_degree=P,
+            ulysses_degree=strategy.all_to_all_degree(plan.attention, shape),
+            tensor_degree=tp,
+            act_bytes=dtype_bytes(step.dtype),
+        )
+        return cls(shape, P, b, tp, strategy, s)
+
+    @property
+    def tokens(self) -> int:
+        """b T, tokens per device (T = S / P)."""
+        return self.local_batch * self.attention.local_len
