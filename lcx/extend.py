@@ -16,7 +16,6 @@ import hydra
 from omegaconf import DictConfig
 
 from lcx import cli
-from lcx.reports.train import stage_lines
 
 
 def extend(cfg: DictConfig) -> float | None:
@@ -29,12 +28,13 @@ def extend(cfg: DictConfig) -> float | None:
 
     check_train_config(cfg, tool="lcx.extend")
     devices = cli.start_devices(cfg)
+    from lcx.reports.train import stage_lines
     from lcx.training.schedule import run_schedule
 
     stages = run_schedule(cfg, cli.output_dir(), devices)
     for line in stage_lines(stages):
         print(line, file=sys.stderr)
-    return stages[-1].get("val_loss")
+    return stages[-1].val_loss
 
 
 @hydra.main(version_base="1.3", config_path=cli.CONFIG_PATH, config_name="config")

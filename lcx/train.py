@@ -17,7 +17,6 @@ import hydra
 from omegaconf import DictConfig
 
 from lcx import cli
-from lcx.reports.train import done_message
 
 
 def train(cfg: DictConfig) -> float | None:
@@ -47,11 +46,13 @@ def train(cfg: DictConfig) -> float | None:
         dry_run(cfg, cli.output_dir())
         return None
     devices = cli.start_devices(cfg)
+    # imported once the devices are configured: the training package imports jax's numerics
+    from lcx.reports.train import done_message
     from lcx.training.loop import train as train_loop
 
     out = train_loop(cfg, cli.output_dir(), devices)
     print(done_message(out, int(cfg.train.steps)), file=sys.stderr)
-    return out["val_loss"]
+    return out.val_loss
 
 
 @hydra.main(version_base="1.3", config_path=cli.CONFIG_PATH, config_name="config")

@@ -234,13 +234,15 @@ def test_resume_with_no_steps_left_says_so_and_prints_no_loss(tmp_path, referenc
 
 
 def test_done_message_prints_only_losses_this_run_computed():
-    from lcx.train import done_message
+    from lcx.reports.train import done_message
+    from lcx.training.state import TrainResult, TrainState
 
-    out = {"losses": [], "final_loss": None, "val_loss": 2.5, "start_step": 14, "run_dir": "r"}
+    state = TrainState(params={}, opt_state=None)
+    out = TrainResult([], None, 2.5, state, None, run_dir="r", compile_s=None, start_step=14)
     msg = done_message(out, 10)
     assert "checkpoint at step 14 already reached train.steps=10; nothing to train" in msg
     assert "loss" not in msg.replace("nothing to train", "")
-    out = {"losses": [3.0, 2.0], "final_loss": 2.0, "val_loss": None, "start_step": 0, "run_dir": "r"}
+    out = TrainResult([3.0, 2.0], 2.0, None, state, None, run_dir="r", compile_s=1.0, start_step=0)
     assert done_message(out, 2).startswith("done: final train loss 2.0000 nats/token; run directory r")
 
 

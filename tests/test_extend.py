@@ -63,8 +63,8 @@ def test_two_stage_schedule_hands_over_through_the_checkpoint(tmp_path, devices,
     # optax's Adam bias correction computes `float ** int32 step`, which strict promotion refuses
     with caplog.at_level(logging.WARNING, logger="lcx.training.resume"), jax.numpy_dtype_promotion("standard"):
         out = run_schedule(cfg, tmp_path / "run", devices)
-    assert [(s["first_step"], s["last_step"], s["start_step"]) for s in out] == [(1, 2, 0), (3, 4, 2)]
-    assert all(np.isfinite(s["final_loss"]) for s in out)
+    assert [(s.first_step, s.last_step, s.start_step) for s in out] == [(1, 2, 0), (3, 4, 2)]
+    assert all(s.final_loss is not None and np.isfinite(s.final_loss) for s in out)
     assert "model.rope_scaling_type: None -> 'yarn'" in caplog.text  # the change is logged, not refused
 
     m0, m1 = _metrics(tmp_path / "run" / "stage0_short"), _metrics(tmp_path / "run" / "stage1_long")
@@ -89,7 +89,7 @@ def test_two_stage_schedule_hands_over_through_the_checkpoint(tmp_path, devices,
     assert json.loads((tmp_path / "run" / "schedule.json").read_text())[1]["model"] == YARN
 
     again = run_schedule(cfg, tmp_path / "run2", devices)  # finished: both stages skipped
-    assert [s["skipped"] for s in again] == [True, True]
+    assert [s.skipped for s in again] == [True, True]
     assert not (tmp_path / "run2" / "stage0_short").exists()
 
 
@@ -166,7 +166,7 @@ def test_generated_passkey_stream_continues_across_a_length_change(tmp_path, dev
     )
     with jax.numpy_dtype_promotion("standard"):
         out = run_schedule(cfg, tmp_path / "run", devices)
-    assert [(s["first_step"], s["last_step"]) for s in out] == [(1, 1), (2, 2)]
+    assert [(s.first_step, s.last_step) for s in out] == [(1, 1), (2, 2)]
     data = _meta(ckpt, 2)["data"]
     assert (data["seq_len"], data["row"]) == (512, 4 + 2)  # 4 rows of stage one, then 2 of stage two
 

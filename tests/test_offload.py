@@ -57,39 +57,39 @@ def test_llama3_vocab_tiled_and_offloaded_losses_equal_the_plain_step(tmp_path):
     v = "model.vocab_size=128256"
     plain = _train(tmp_path / "plain", v, "train.steps=3", seq_len=512)
     both = _train(tmp_path / "both", v, "train.steps=3", "memory.vocab_tiling=4", *OFFLOAD, seq_len=512)
-    assert len(plain["losses"]) == len(both["losses"]) == 3
-    np.testing.assert_allclose(both["losses"], plain["losses"], rtol=1e-5, atol=0)
-    assert plain["losses"][-1] < plain["losses"][0]
-    assert _memory_kinds(both["params"]) == {"pinned_host"}
-    assert _memory_kinds(plain["params"]) == {"device"}
+    assert len(plain.losses) == len(both.losses) == 3
+    np.testing.assert_allclose(both.losses, plain.losses, rtol=1e-5, atol=0)
+    assert plain.losses[-1] < plain.losses[0]
+    assert _memory_kinds(both.params) == {"pinned_host"}
+    assert _memory_kinds(plain.params) == {"device"}
 
 
 def test_offloaded_state_lives_on_host_and_resumes_exactly(tmp_path, plain, offload_ckpt):
     ck = tmp_path / "ck"
     shutil.copytree(offload_ckpt[1], ck)
     first = offload_ckpt[0]
-    assert _memory_kinds(first["params"]) == {"pinned_host"}
-    assert first["losses"] == plain["losses"][:2]  # the same arithmetic, bitwise
+    assert _memory_kinds(first.params) == {"pinned_host"}
+    assert first.losses == plain.losses[:2]  # the same arithmetic, bitwise
     second = _train(tmp_path / "run", "train.steps=4", f"checkpoint.dir={ck}", *OFFLOAD)
-    assert second["start_step"] == 2
-    assert first["losses"] + second["losses"] == plain["losses"]
-    assert _memory_kinds(second["params"]) == {"pinned_host"}
-    _assert_same_params(second["params"], plain["params"])
+    assert second.start_step == 2
+    assert first.losses + second.losses == plain.losses
+    assert _memory_kinds(second.params) == {"pinned_host"}
+    _assert_same_params(second.params, plain.params)
 
 
 def test_an_offloaded_checkpoint_resumes_without_offload(tmp_path, plain, offload_ckpt):
     ck = tmp_path / "ck"
     shutil.copytree(offload_ckpt[1], ck)
     out = _train(tmp_path / "run", "train.steps=4", f"checkpoint.dir={ck}")
-    assert out["start_step"] == 2 and out["losses"] == plain["losses"][2:]
-    assert _memory_kinds(out["params"]) == {"device"}
-    _assert_same_params(out["params"], plain["params"])
+    assert out.start_step == 2 and out.losses == plain.losses[2:]
+    assert _memory_kinds(out.params) == {"device"}
+    _assert_same_params(out.params, plain.params)
 
 
 def test_a_device_checkpoint_resumes_with_offload(tmp_path, plain):
     ck = tmp_path / "ck"
     _train(tmp_path / "a", "train.steps=2", f"checkpoint.dir={ck}")
     out = _train(tmp_path / "b", "train.steps=4", f"checkpoint.dir={ck}", *OFFLOAD)
-    assert out["start_step"] == 2 and out["losses"] == plain["losses"][2:]
-    assert _memory_kinds(out["params"]) == {"pinned_host"}
-    _assert_same_params(out["params"], plain["params"])
+    assert out.start_step == 2 and out.losses == plain.losses[2:]
+    assert _memory_kinds(out.params) == {"pinned_host"}
+    _assert_same_params(out.params, plain.params)

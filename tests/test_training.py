@@ -110,13 +110,13 @@ def test_loss_falls_on_real_corpus(tmp_path, devices):
     # lcx's own code is checked under strict promotion everywhere else.
     with jax.numpy_dtype_promotion("standard"):
         out = train(cfg, tmp_path, devices)
-    losses = out["losses"]
+    losses = out.losses
     assert np.mean(losses[-3:]) < losses[0] - 1.0, losses
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == list(range(1, 13))
     for r in lines:
         assert {"step", "loss", "tokens_per_sec", "mfu"} <= set(r) and r["tokens_per_sec"] > 0 and 0 < r["mfu"] < 1
-    assert out["val_loss"] is not None and np.isfinite(out["val_loss"])
+    assert out.val_loss is not None and np.isfinite(out.val_loss)
     info = json.loads((tmp_path / "run_info.json").read_text())
     assert info["device_count"] == 8 and info["packages"]["jax"] == jax.__version__
 
@@ -165,7 +165,7 @@ def test_all_strategies_train_to_the_same_losses(tmp_path, devices):
             "train.eval_every=0",
         )
         with jax.numpy_dtype_promotion("standard"):
-            runs[plan] = train(cfg, tmp_path / plan, devices)["losses"]
+            runs[plan] = train(cfg, tmp_path / plan, devices).losses
     for plan, losses in runs.items():
         np.testing.assert_allclose(losses, runs["allgather"], rtol=0, atol=1e-4, err_msg=plan)
     assert runs["allgather"][-1] < runs["allgather"][0]

@@ -81,7 +81,8 @@ def stages_from_config(node: Any) -> list[Stage]:
     """The stages of the ``schedule`` config node (``{"stages": [...]}``).
 
     Raises:
-      ValueError: no stages, an unknown stage key, or a bad value (names the stage and key).
+      ValueError: no stages, stages that are not a list of mappings, an unknown stage key, or a
+        bad value (names the stage and key).
     """
     if node is None or not node.get("stages"):
         raise ValueError(
@@ -89,9 +90,13 @@ def stages_from_config(node: Any) -> list[Stage]:
             "python -m lcx.extend experiment=length_extension"
         )
     raw = node["stages"]
-    raw = OmegaConf.to_container(raw, resolve=True) if OmegaConf.is_config(raw) else list(raw)
+    raw = OmegaConf.to_container(raw, resolve=True) if OmegaConf.is_config(raw) else raw
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        raise ValueError(f"schedule.stages must be a list of stages ({{seq_len, steps, lr, ...}}), got {raw!r}")
     out = []
     for i, st in enumerate(raw):
+        if not isinstance(st, Mapping):
+            raise ValueError(f"schedule stage {i} must be a mapping ({{seq_len, steps, lr, ...}}), got {st!r}")
         unknown = sorted(set(st) - set(_STAGE_KEYS))
         if unknown:
             raise ValueError(f"schedule stage {i}: unknown keys {unknown}; known keys are {list(_STAGE_KEYS)}")
@@ -101,12 +106,16 @@ def stages_from_config(node: Any) -> list[Stage]:
                 seq_len=int(st["seq_len"]),
                 steps=int(st["steps"]),
                 lr=float(st["lr"]),
-                warmup_steps=None if st.get("warmup_steps") is None else int(st["warmup_steps"]),
-                global_batch=None if st.get("global_batch") is None else int(st["global_batch"]),
+                warmup_steps=_int_or_none(st.get("warmup_steps")),
+                global_batch=_int_or_none(st.get("global_batch")),
                 model=dict(st.get("model") or {}),
             )
         )
     return out
+
+
+def _int_or_none(v: Any) -> int | None:
+    return None if v is None else int(v)
 
 
 def stage_config(cfg: DictConfig, stages: Sequence[Stage], i: int) -> DictConfig:
@@ -132,15 +141,42 @@ def stage_config(cfg: DictConfig, stages: Sequence[Stage], i: int) -> DictConfig
     return c
 
 
-def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> list[dict[str, Any]]:
+@dataclasses.dataclass(frozen=True)
+class StageResult:
+    """What :func:`run_schedule` reports of one stage (one entry of ``schedule.json``).
+
+    Attributes:
+      name: the stage's label.
+      first_step, last_step: the optimizer steps the stage covers, 1-based and inclusive.
+      seq_len: tokens per sequence.
+      model: the model fields the stage set.
+      run_dir: the stage's run directory (``stage{i}_{name}``).
+      skipped: the checkpoint already covered the stage, so nothing was trained.
+      final_loss, val_loss: the stage's last train and validation loss, nats/token (None when
+        skipped, or no validation ran).
+      start_step: steps already done when the stage's training began (None when skipped).
+    """
+
+    name: str
+    first_step: int
+    last_step: int
+    seq_len: int
+    model: dict[str, Any]
+    run_dir: str
+    skipped: bool
+    final_loss: float | None = None
+    val_loss: float | None = None
+    start_step: int | None = None
+
+
+def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> list[StageResult]:
     """Run every stage of ``cfg.schedule`` in order (module docstring).
 
     Writes ``stage{i}_{name}/`` (each stage's ``metrics.jsonl`` and ``run_info.json``) and
-    ``schedule.json`` (the stages, their step ranges and results) in ``run_dir``.
+    ``schedule.json`` (the :class:`StageResult` of every stage run or skipped so far) in ``run_dir``.
 
     Returns:
-      One summary per stage: ``name``, ``first_step``, ``last_step``, ``seq_len``,
-      ``final_loss``, ``val_loss``, ``skipped`` (already covered by the checkpoint), ``run_dir``.
+      One :class:`StageResult` per stage.
 
     Raises:
       ValueError: no ``checkpoint.dir`` (stages hand over through it) or a bad schedule.
@@ -149,29 +185,17 @@ def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> 
       Whatever :func:`lcx.training.loop.train` raises.
     """
     from lcx.training.checkpoint import Checkpoints
-    from lcx.training.loop import setup, train
-    from lcx.training.optim import optimizer_from_config
+    from lcx.training.loop import train
     from lcx.training.resume import checkpoint_config
 
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     stages = stages_from_config(cfg.get("schedule"))
     ckpt = checkpoint_config(cfg.get("checkpoint"))
-    if not ckpt.enabled:
+    if ckpt.dir is None:
         raise ValueError("a schedule needs checkpoint.dir: each stage resumes from the previous stage's checkpoint")
     configs = [stage_config(cfg, stages, i) for i in range(len(stages))]
-    for i, c in enumerate(configs):  # fail fast: every stage's plan and optimizer before any training
-        try:
-            setup(c, devices)
-            optimizer_from_config(c.train)
-        except ValueError as e:
-            hint = ""
-            if "warmup_steps" in str(e):  # the stage's value, not train.warmup_steps, is the one to change
-                hint = (
-                    f"; set schedule.stages.{i}.warmup_steps to at most {stages[i].steps} (the stage's steps) or "
-                    f"null (10% of them)"
-                )
-            raise type(e)(f"schedule stage {i} ({stages[i].name!r}, seq_len={stages[i].seq_len}): {e}{hint}") from None
+    check_stages(stages, configs, devices)
     done = 0
     if ckpt.dir.exists():
         c = Checkpoints(ckpt.dir, read_only=True)
@@ -180,46 +204,51 @@ def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> 
         finally:
             c.close()
 
-    summaries = []
+    results: list[StageResult] = []
     for i, (st, c) in enumerate(zip(stages, configs, strict=True)):
         first, last = int(c.train.schedule_start) + 1, int(c.train.steps)
         sub = run_dir / f"stage{i}_{st.name}"
-        summary = {
-            "name": st.name,
-            "first_step": first,
-            "last_step": last,
-            "seq_len": st.seq_len,
-            "model": dict(st.model),
-            "run_dir": str(sub),
-            "skipped": done >= last,
-        }
-        if done >= last:
-            log.info(
-                "stage %d (%s): checkpoint at step %d already covers steps %d-%d; skipped",
-                i,
-                st.name,
-                done,
-                first,
-                last,
-            )
-            summary.update(final_loss=None, val_loss=None)
+        result = StageResult(st.name, first, last, st.seq_len, dict(st.model), str(sub), skipped=done >= last)
+        what = f"stage {i} ({st.name})"
+        if result.skipped:
+            log.info("%s: checkpoint at step %d already covers steps %d-%d; skipped", what, done, first, last)
         else:
-            log.info(
-                "stage %d (%s): steps %d-%d at seq_len %d, lr %g, model %s",
-                i,
-                st.name,
-                first,
-                last,
-                st.seq_len,
-                st.lr,
-                dict(st.model),
-            )
+            log.info("%s: steps %d-%d at seq_len %d, lr %g, model %s", what, first, last, st.seq_len, st.lr, st.model)
             out = train(c, sub, devices)
-            summary.update(final_loss=out.final_loss, val_loss=out.val_loss, start_step=out.start_step)
+            result = dataclasses.replace(
+                result, final_loss=out.final_loss, val_loss=out.val_loss, start_step=out.start_step
+            )
             done = last
-        summaries.append(summary)
+        results.append(result)
+        summaries = [dataclasses.asdict(r) for r in results]
         (run_dir / "schedule.json").write_text(json.dumps(summaries, indent=2, default=str))
-    return summaries
+    return results
 
 
-__all__ = ["Stage", "run_schedule", "stage_config", "stages_from_config"]
+def check_stages(stages: Sequence[Stage], configs: Sequence[DictConfig], devices=None) -> None:
+    """Fail fast: every stage's warmup, plan and optimizer, before any stage trains.
+
+    Raises:
+      PlanError / ValueError: what :func:`lcx.training.preflight.setup` or the optimizer refuses,
+        prefixed with the stage (index, name, sequence length); a warmup outside ``[0, steps]``
+        names the stage's own ``schedule.stages.<i>.warmup_steps``.
+    """
+    from lcx.training.optim import optimizer_from_config
+    from lcx.training.preflight import setup
+
+    for i, (st, c) in enumerate(zip(stages, configs, strict=True)):
+        where = f"schedule stage {i} ({st.name!r}, seq_len={st.seq_len})"
+        if st.warmup_steps is not None and not 0 <= st.warmup_steps <= st.steps:
+            # the stage's value, not train.warmup_steps, is the one to change
+            raise ValueError(
+                f"{where}: warmup_steps={st.warmup_steps} must be in [0, {st.steps}] (the stage's steps); "
+                f"set schedule.stages.{i}.warmup_steps to at most {st.steps} or null (10% of them)"
+            )
+        try:
+            setup(c, devices)
+            optimizer_from_config(c.train)
+        except ValueError as e:
+            raise type(e)(f"{where}: {e}") from None
+
+
+__all__ = ["Stage", "StageResult", "check_stages", "run_schedule", "stage_config", "stages_from_config"]

@@ -69,8 +69,7 @@ class TrainState(eqx.Module):
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
-    """What :func:`lcx.training.loop.train` returns. Read as attributes, or as
-    ``result["losses"]`` (the keys are the field names).
+    """What :func:`lcx.training.loop.train` returns.
 
     Attributes:
       losses: the loss of each step this call trained, nats/token.
@@ -97,11 +96,6 @@ class TrainResult:
     def params(self) -> Any:
         """The final parameters (``state.params``)."""
         return self.state.params
-
-    def __getitem__(self, key: str) -> Any:
-        if key.startswith("_") or not hasattr(self, key):
-            raise KeyError(key)
-        return getattr(self, key)
 
 
 def abstract_like(tree: Any, shardings: Any) -> Any:
@@ -200,7 +194,7 @@ def key_to_json(key: jax.Array) -> dict[str, Any]:
 
 def key_from_json(d: Mapping[str, Any]) -> jax.Array:
     """Inverse of :func:`key_to_json` (bit-exact)."""
-    return jax.random.wrap_key_data(np.asarray(d["data"], dtype=np.uint32), impl=d["impl"])
+    return jax.random.wrap_key_data(jnp.asarray(np.asarray(d["data"], dtype=np.uint32)), impl=d["impl"])
 
 
 def finite_or_none(x: float | None) -> float | None:
