@@ -2,7 +2,7 @@
 
 Every published value of ``experiment=ledger_reproduction`` (conf/experiment/
 ledger_reproduction.yaml: Llama 3 70B FLOPs, KV-cache bytes, the ring overlap condition, the
-causal imbalance of contiguous sharding -- FIELD_NOTES section 4 -- and MaxText's published
+causal imbalance of contiguous sharding -- the published worked long-context figures -- and MaxText's published
 TFLOP/s and MFU of its long-context recipes) is recomputed by :mod:`lcx.cost` and compared at
 the published precision (a value agrees when lcx's number, rounded -- or truncated, where the
 source truncates -- to the published digits, equals it).
@@ -59,7 +59,7 @@ def rows_from(spec) -> list[dict]:
 
     m = preset("llama3_70b")
     p = spec.llama3_70b
-    src = "FIELD_NOTES 4 (Llama 3 70B)"
+    src = "published worked figures (Llama 3 70B)"
     d, Pl, L = m.d_model, m.params_per_layer, m.n_layers
     add("llama3_70b", "parameters per layer", p.params_per_layer, Pl, "parameters", src)
     add(
@@ -102,7 +102,7 @@ def rows_from(spec) -> list[dict]:
             r.published,
             c,
             "tokens",
-            "FIELD_NOTES 4 (c >= F/B)",
+            "published worked figures (ring overlap c >= F/B)",
         )
     for r in spec.causal_imbalance:
         add(
@@ -111,7 +111,7 @@ def rows_from(spec) -> list[dict]:
             r.published,
             cost.causal_imbalance("contiguous", int(r.degree)),
             "ratio",
-            "FIELD_NOTES 4",
+            "published worked figures (causal imbalance)",
         )
     conf = C.ROOT / "conf" / "hardware"
     m8 = preset("llama3_1_8b_longctx")
