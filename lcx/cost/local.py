@@ -54,6 +54,16 @@ class StepSizes:
     param_dtype: str = "float32"
     tie_embeddings: bool = False
 
+    def args(self) -> StepArgs:
+        """The keywords again (to pass on as ``**step``)."""
+        return StepArgs(
+            seq_len=self.seq_len,
+            global_batch=self.global_batch,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            tie_embeddings=self.tie_embeddings,
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalStep:

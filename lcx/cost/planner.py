@@ -14,8 +14,10 @@ degree the shortest predicted step. Pure arithmetic: nothing is compiled, no dev
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Unpack
 
 from lcx.cost.hardware import Hardware
+from lcx.cost.local import StepArgs, StepSizes
 from lcx.cost.policy import ActivationPolicy
 from lcx.cost.report import (
     MAX_CHIP_FACTOR as MAX_CHIP_FACTOR,
@@ -52,6 +54,9 @@ from lcx.cost.search import (
 )
 from lcx.cost.search import (
     Choice as Choice,
+)
+from lcx.cost.search import (
+    Query as Query,
 )
 from lcx.cost.search import (
     Recommendation as Recommendation,
@@ -94,13 +99,10 @@ def search(
     hw: Hardware,
     n_devices: int,
     *,
-    seq_len: int,
-    global_batch: int,
-    dtype: str = "bfloat16",
-    param_dtype: str = "float32",
     attention: AttentionConfig | None = None,
     policies: Sequence[ActivationPolicy] | None = None,
     window: int | None = None,
+    **step: Unpack[StepArgs],
 ) -> Recommendation:
     """Price every candidate and recommend one (see the module docstring for the rule).
 
@@ -108,25 +110,25 @@ def search(
       cfg: model config (dimensions; ``dims()`` for the plan's head checks).
       hw: hardware preset (peak, bandwidths, HBM and host memory per device).
       n_devices: devices of the step.
-      seq_len: tokens per sequence.
-      global_batch: sequences per step.
-      dtype, param_dtype: activation and parameter dtypes.
       attention: the base attention config (kernel, blocks) every candidate starts from.
       policies: activation policies to try (default :func:`default_policies`).
       window: sliding-window length (tokens) for the attention FLOPs, or None.
+      **step: the step's sizes and dtypes (:class:`~lcx.cost.local.StepArgs`: ``seq_len``,
+        ``global_batch``, ``dtype``, ``param_dtype``; ``tie_embeddings`` defaults to the
+        model's).
 
     Returns:
       The :class:`Recommendation` (``best`` None when nothing fits; ``reasons`` say why).
     """
     pols = list(policies) if policies is not None else default_policies(hw.host_memory_per_chip is not None)
-    kw = dict(dtype=dtype, param_dtype=param_dtype, attention=attention, window=window)
-    cands = price(cfg, hw, n_devices, seq_len, global_batch, pols, **kw)
+    sizes = StepSizes(**{"tie_embeddings": bool(getattr(cfg, "tie_embeddings", False)), **step})
+    q = Query(cfg, hw, n_devices, sizes, tuple(pols), attention=attention, window=window)
+    cands = price(q)
     fitting = [c for c in cands if c.est.fits]
     if not fitting:
-        reasons = nothing_fits(cfg, hw, n_devices, seq_len, global_batch, pols, cands, **kw)
-        return Recommendation(None, None, tuple(cands), tuple(reasons))
+        return Recommendation(None, None, tuple(cands), tuple(nothing_fits(q, cands)))
     choice = choose(fitting)
-    reasons = explain(cfg, hw, n_devices, seq_len, global_batch, pols, cands, choice, **kw)
+    reasons = explain(q, cands, choice)
     return Recommendation(choice.best, choice.best_runnable, tuple(cands), tuple(reasons))
 
 

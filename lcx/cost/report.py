@@ -14,11 +14,11 @@ from collections.abc import Sequence
 
 from lcx.attention.strategies import get_strategy
 from lcx.cost.hardware import Hardware
-from lcx.cost.policy import ActivationPolicy
 from lcx.cost.report_table import table as table
 from lcx.cost.search import (
     Candidate,
     Choice,
+    Query,
     Recommendation,
     candidate_plans,
     divisors,
@@ -102,52 +102,31 @@ def no_candidates_reason(
     )
 
 
-def nothing_fits(
-    cfg,
-    hw: Hardware,
-    n_devices: int,
-    seq_len: int,
-    global_batch: int,
-    pols: Sequence[ActivationPolicy],
-    cands: Sequence[Candidate],
-    **kw,
-) -> list[str]:
+def nothing_fits(q: Query, cands: Sequence[Candidate]) -> list[str]:
     """Sentences for a search where no candidate fits: the smallest footprint, and what would fit
     (for lcx.train's own policies too, when the first hint needs one it lacks)."""
+    hw = q.hw
     reasons: list[str] = []
     smallest = min(cands, key=lambda c: c.est.memory.total) if cands else None
     if smallest is not None:
-        hint = what_would_fit(cfg, hw, n_devices, seq_len, global_batch, pols, what="any plan", **kw)
+        hint = what_would_fit(q, what="any plan")
         reasons.append(
             f"nothing fits: the smallest footprint is {_gib(smallest.est.memory.total)} per device "
             f"({_where(smallest)}, {smallest.policy.label}; largest part: {_largest_part(smallest)}) against "
             f"{_gib(hw.hbm_bytes)} of {_limit_name(hw)}; " + hint.text
         )
-        runnable_pols = [p for p in pols if not missing_in_lcx(p)]
-        if hint.needs_missing and runnable_pols:
+        runnable = _runnable(q)
+        if hint.needs_missing and runnable.policies:
             # a hint lcx.train cannot run needs its runnable counterpart next to it
-            reasons.append(
-                what_would_fit(
-                    cfg, hw, n_devices, seq_len, global_batch, runnable_pols, what="a plan lcx.train runs today", **kw
-                ).text
-            )
+            reasons.append(what_would_fit(runnable, what="a plan lcx.train runs today").text)
     return reasons
 
 
-def explain(
-    cfg,
-    hw: Hardware,
-    n_devices: int,
-    seq_len: int,
-    global_batch: int,
-    pols: Sequence[ActivationPolicy],
-    cands: Sequence[Candidate],
-    choice: Choice,
-    **kw,
-) -> list[str]:
+def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
     """Sentences explaining ``choice`` among ``cands`` (what :func:`~lcx.cost.search.choose`
     picked): the degree, the plan and its numbers, margins, ring overlap, layout, host offload,
     the runners-up and what lcx.train needs to run it."""
+    hw, seq_len = q.hw, q.step.seq_len
     best, at, p_min = choice.best, choice.at, choice.context_degree
     reasons: list[str] = []
     degrees = sorted({c.context_degree for c in cands})
@@ -233,7 +212,6 @@ def explain(
             f"{100 * rb.est.mfu:.1f}%"
         )
     elif rb is None:
-        runnable_pols = [p for p in pols if not missing_in_lcx(p)]
         own = [c for c in cands if c.runnable_in_lcx]
         line = (
             f"the recommendation needs {', '.join(missing_in_lcx(best.policy))}, which lcx.train lacks, and no "
@@ -246,9 +224,7 @@ def explain(
             line += (
                 f": its smallest footprint is {_gib(sm.est.memory.total)} per device ({_where(sm)}, "
                 f"{sm.policy.label}; largest part: {_largest_part(sm)}) against {_gib(hw.hbm_bytes)} of {_limit_name(hw)}; "
-                + what_would_fit(
-                    cfg, hw, n_devices, seq_len, global_batch, runnable_pols, what="a plan lcx.train runs", **kw
-                ).text
+                + what_would_fit(_runnable(q), what="a plan lcx.train runs").text
             )
         reasons.append(line)
     return reasons
@@ -272,20 +248,11 @@ class FitHint:
     needs_missing: bool = False
 
 
-def what_would_fit(
-    cfg,
-    hw: Hardware,
-    n_devices: int,
-    seq_len: int,
-    global_batch: int,
-    pols: Sequence[ActivationPolicy],
-    *,
-    what: str,
-    **kw,
-) -> FitHint:
+def what_would_fit(q: Query, *, what: str) -> FitHint:
     """The fewest more chips (doubling up to x :data:`MAX_CHIP_FACTOR`) and the longest sequence
-    (a multiple of ``2 n_devices``, bisected) at which one of ``pols`` fits. Each probe is one
+    (a multiple of ``2 n_devices``, bisected) at which one of ``q.policies`` fits. Each probe is one
     pricing pass (milliseconds); at most ~30 of them."""
+    hw, n_devices, seq_len = q.hw, q.n_devices, q.step.seq_len
     chips = n_devices // hw.devices_per_chip
     parts = []
     needs = False
@@ -295,7 +262,7 @@ def what_would_fit(
         # on k times the devices the length must split over them: round up to a multiple of 2 n k
         unit_k = 2 * n_devices * k
         s_k = -(-seq_len // unit_k) * unit_k if seq_len % (n_devices * k) else seq_len
-        c = fits(cfg, hw, n_devices * k, s_k, global_batch, pols, **kw)
+        c = fits(q.at(n_devices=n_devices * k, seq_len=s_k))
         if c is not None:
             parts.append(
                 f"{k}x the chips (hardware.chips={chips * k}"
@@ -308,17 +275,17 @@ def what_would_fit(
         k *= 2
     unit = 2 * n_devices  # zigzag-balanced at every context degree of this device count
     lo, hi = 0, (seq_len - 1) // unit  # lo: fits (0 = none known); hi: largest multiple below seq_len
-    best_lo = fits(cfg, hw, n_devices, unit, global_batch, pols, **kw) if hi >= 1 else None
+    best_lo = fits(q.at(seq_len=unit)) if hi >= 1 else None
     if best_lo is not None:
         lo = 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            c = fits(cfg, hw, n_devices, mid * unit, global_batch, pols, **kw)
+            c = fits(q.at(seq_len=mid * unit))
             if c is not None:
                 lo, best_lo = mid, c
             else:
                 hi = mid - 1
-    if lo:
+    if lo and best_lo is not None:  # lo > 0: best_lo is the candidate that fits at lo * unit
         parts.append(
             f"train.seq_len <= {lo * unit:,} on {chips} chips"
             + (f" (it needs {_lacks(best_lo)})" if _lacks(best_lo) else "")
@@ -354,6 +321,11 @@ def _near_limit(c: Candidate, hw: Hardware) -> str:
     )
 
 
+def _runnable(q: Query) -> Query:
+    """``q`` with only the policies lcx.train runs today."""
+    return q.with_policies([p for p in q.policies if not missing_in_lcx(p)])
+
+
 def _lacks(c: Candidate) -> str:
     """``..., which lcx.train lacks`` for a hint whose policy lcx.train cannot run; empty if it can."""
     miss = missing_in_lcx(c.policy)
@@ -378,7 +350,7 @@ def _largest_part(c: Candidate) -> str:
         "attention": m.attention,
         "logits": m.logits,
     }
-    k = max(parts, key=parts.get)
+    k = max(parts, key=lambda name: parts[name])
     return f"{k} {_gib(parts[k])}"
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from lcx.attention.strategies import STRATEGIES, SearchMesh
 from lcx.cost.hardware import Hardware
 from lcx.cost.ledger import Estimate, estimate
+from lcx.cost.local import StepSizes
 from lcx.cost.policy import REMAT_POLICIES, ActivationPolicy
 from lcx.sharding import Plan, PlanError
 from lcx.sharding.plan import AttentionConfig
@@ -223,7 +224,7 @@ def candidate_plans(
         for strat, sm in strategy_meshes(d, n_devices // d):
             names = tuple(n for n, _ in sm.mesh)
             for sharding in ("zero3", "replicated"):
-                params = (("embed", names if len(names) > 1 else names[0]),) if sharding == "zero3" else ()
+                params = (("embed", names[0] if len(names) == 1 else names),) if sharding == "zero3" else ()
                 # zigzag balances causal work; when S is not a multiple of 2P, fall back to the
                 # contiguous layout (priced with its causal imbalance) rather than drop the plan
                 for layout in ("zigzag", "contiguous"):
@@ -250,56 +251,61 @@ def strategy_meshes(data: int, context: int) -> list[tuple[str, SearchMesh]]:
     return [(name, sm) for name, cls in STRATEGIES.items() for sm in cls.search_meshes(data, context)]
 
 
-def price(
-    cfg,
-    hw: Hardware,
-    n_devices: int,
-    seq_len: int,
-    global_batch: int,
-    pols: Sequence[ActivationPolicy],
-    *,
-    dtype: str,
-    param_dtype: str,
-    attention: AttentionConfig | None,
-    window: int | None,
-) -> list[Candidate]:
-    """Every candidate plan of :func:`candidate_plans` priced with every policy of ``pols`` (a
+@dataclasses.dataclass(frozen=True)
+class Query:
+    """What the planner is asked: one step of a model on ``n_devices`` devices of ``hw``.
+
+    Attributes:
+      cfg: model config (dimensions; ``dims()`` for the plan's head checks).
+      hw: hardware preset (peak, bandwidths, HBM and host memory per device).
+      n_devices: devices of the step.
+      step: the step's sizes and dtypes.
+      policies: activation policies to try.
+      attention: the base attention config (kernel, blocks) every candidate starts from.
+      window: sliding-window length (tokens) for the attention FLOPs, or None.
+    """
+
+    cfg: Any
+    hw: Hardware
+    n_devices: int
+    step: StepSizes
+    policies: tuple[ActivationPolicy, ...]
+    attention: AttentionConfig | None = None
+    window: int | None = None
+
+    def at(self, *, n_devices: int | None = None, seq_len: int | None = None) -> Query:
+        """The same question on ``n_devices`` devices and/or at ``seq_len`` tokens."""
+        step = self.step if seq_len is None else dataclasses.replace(self.step, seq_len=seq_len)
+        return dataclasses.replace(self, n_devices=n_devices or self.n_devices, step=step)
+
+    def with_policies(self, policies: Sequence[ActivationPolicy]) -> Query:
+        return dataclasses.replace(self, policies=tuple(policies))
+
+
+def price(q: Query) -> list[Candidate]:
+    """Every candidate plan of :func:`candidate_plans` priced with every policy of the query (a
     vocabulary tile count that does not divide the local sequence becomes the nearest that does)."""
+    n, st = q.n_devices, q.step
     cands: list[Candidate] = []
-    for plan, sharding in candidate_plans(cfg, n_devices, seq_len, global_batch, attention=attention):
+    for plan, sharding in candidate_plans(q.cfg, n, st.seq_len, st.global_batch, attention=q.attention):
         # lcx.train tiles the local sequence: a tile count that does not divide it becomes the
         # nearest that does (a policy that then repeats another is priced once)
-        T = seq_len // plan.context_degree(n_devices)
+        T = st.seq_len // plan.context_degree(n)
         own: list[ActivationPolicy] = []
-        for pol in pols:
+        for pol in q.policies:
             if pol.vocab_tiling > 1 and T % pol.vocab_tiling:
                 pol = dataclasses.replace(pol, vocab_tiling=valid_tiling(pol.vocab_tiling, T))
             if pol not in own:
                 own.append(pol)
         for pol in own:
-            est = estimate(
-                cfg,
-                plan,
-                hw,
-                n_devices,
-                seq_len=seq_len,
-                global_batch=global_batch,
-                policy=pol,
-                dtype=dtype,
-                param_dtype=param_dtype,
-                window=window,
-                tie_embeddings=bool(getattr(cfg, "tie_embeddings", False)),
-            )
+            est = estimate(q.cfg, plan, q.hw, n, policy=pol, window=q.window, **st.args())
             cands.append(Candidate(plan, pol, est, sharding))
     return cands
 
 
-def fits(
-    cfg, hw: Hardware, n_devices: int, seq_len: int, global_batch: int, pols: Sequence[ActivationPolicy], **kw
-) -> Candidate | None:
-    """The fitting candidate with the smallest context degree, then the fastest (None: none fits).
-    Keywords: those of :func:`price`."""
-    fit = [c for c in price(cfg, hw, n_devices, seq_len, global_batch, pols, **kw) if c.est.fits]
+def fits(q: Query) -> Candidate | None:
+    """The fitting candidate with the smallest context degree, then the fastest (None: none fits)."""
+    fit = [c for c in price(q) if c.est.fits]
     return min(fit, key=lambda c: (c.context_degree, *rank(c))) if fit else None
 
 
