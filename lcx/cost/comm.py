@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import Unpack
 
+from lcx.attention.strategies import Traffic
 from lcx.cost.breakdown import param_bytes_per_device
 from lcx.cost.flops import ModelDims
 from lcx.cost.local import LocalStep, StepArgs, StepSizes
@@ -20,31 +21,33 @@ from lcx.sharding import Plan
 
 
 @dataclasses.dataclass(frozen=True)
-class CommBytes:
-    """Bytes one device sends in one training step, by pattern.
+class CommBytes(Traffic):
+    """Bytes one device sends in one training step, by pattern: the strategy's own collectives
+    (the :class:`~lcx.attention.strategies.pricing.Traffic` fields: ``all_gather`` for the
+    allgather strategy's K/V, ``all_to_all`` for Ulysses' (a2a, usp), ``ring`` for the K/V and
+    dK/dV hops (ring, usp; overlappable with attention compute), ``ring_hops`` and
+    ``ring_hop_bytes``) and the parameters'.
 
     Attributes:
-      all_gather: K/V all-gathers (allgather strategy).
       param_gather: parameter all-gathers of sharded (FSDP / ZeRO-3) parameters, forward and
         backward.
-      all_to_all: Ulysses all-to-alls (a2a, usp).
-      ring: K/V (and dK/dV) ring hops (ring, usp); overlappable with attention compute.
       grad_reduction: gradient all-reduce / reduce-scatter over the replicated axes.
-      ring_hops: ring hops per step (forward + backward, all layers).
-      ring_hop_bytes: bytes of one forward K/V hop.
     """
 
-    all_gather: float = 0.0
     param_gather: float = 0.0
-    all_to_all: float = 0.0
-    ring: float = 0.0
     grad_reduction: float = 0.0
-    ring_hops: int = 0
-    ring_hop_bytes: float = 0.0
 
     @property
     def total(self) -> float:
         return self.all_gather + self.param_gather + self.all_to_all + self.ring + self.grad_reduction
+
+    def as_dict(self) -> dict[str, float]:
+        """The fields by name, collectives first in the order of :attr:`total`, then the hops."""
+        return {k: getattr(self, k) for k in COMM_FIELDS}
+
+
+COMM_FIELDS = ("all_gather", "param_gather", "all_to_all", "ring", "grad_reduction", "ring_hops", "ring_hop_bytes")
+"""The order :meth:`CommBytes.as_dict` lists its fields in (reports and ``plan.json``)."""
 
 
 def ring_overlap_min_block(
@@ -138,12 +141,4 @@ def comm_bytes(
         grad += full * (n_shard - 1) / n_shard
     if n_repl > 1:
         grad += 2 * p_local * (n_repl - 1) / n_repl
-    return CommBytes(
-        all_gather=att.all_gather,
-        param_gather=pg,
-        all_to_all=att.all_to_all,
-        ring=att.ring,
-        grad_reduction=grad,
-        ring_hops=att.ring_hops,
-        ring_hop_bytes=att.ring_hop_bytes,
-    )
+    return CommBytes(**dataclasses.asdict(att), param_gather=pg, grad_reduction=grad)

@@ -21,20 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, TypedDict, Unpack, runtime_checkable
 
 
 @runtime_checkable
 class ModelDims(Protocol):
     """The model sizes the ledger reads (``lcx.models.ModelConfig`` has them all)."""
 
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    mlp_dim: int
-    vocab_size: int
+    # Final: read-only members, so a frozen config (a frozen dataclass's fields) satisfies it
+    d_model: Final[int]
+    n_layers: Final[int]
+    n_heads: Final[int]
+    n_kv_heads: Final[int]
+    head_dim: Final[int]
+    mlp_dim: Final[int]
+    vocab_size: Final[int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,16 +110,24 @@ def attention_pairs(
     return float(visible_pairs(seq_len, causal=causal, window=window))
 
 
-def forward_flops(
-    cfg: ModelDims,
-    seq_len: int,
-    batch: int,
-    *,
-    causal: bool = True,
-    window: int | None = None,
-    documents: Sequence[int] | None = None,
-) -> StepFlops:
-    """Model FLOPs of ONE forward pass over ``batch`` sequences of ``seq_len`` tokens.
+class MaskArgs(TypedDict, total=False):
+    """The mask keywords of the FLOP counts (PEP 692 ``**mask``), as :func:`attention_pairs`
+    takes them and with its defaults.
+
+    Keys:
+      causal: causal mask (halves the attention count; default True).
+      window: sliding window in tokens, or None (default).
+      documents: packed document lengths (document mask), or None (default).
+    """
+
+    causal: bool
+    window: int | None
+    documents: Sequence[int] | None
+
+
+def forward_flops(cfg: ModelDims, seq_len: int, batch: int, **mask: Unpack[MaskArgs]) -> StepFlops:
+    """Model FLOPs of ONE forward pass over ``batch`` sequences of ``seq_len`` tokens under the
+    mask ``**mask`` (:class:`MaskArgs`).
 
     Returns:
       :class:`StepFlops` (linear ``2 * tokens * weights``; attention ``4 * pairs * N * H * L``
@@ -126,35 +135,25 @@ def forward_flops(
     """
     tokens = seq_len * batch
     linear = 2.0 * tokens * linear_weights_per_token(cfg)
-    pairs = attention_pairs(seq_len, causal=causal, window=window, documents=documents)
+    pairs = attention_pairs(seq_len, **mask)
     attention = 4.0 * batch * pairs * cfg.n_heads * cfg.head_dim * cfg.n_layers
     return StepFlops(linear=linear, attention=attention)
 
 
-def training_flops(
-    cfg: ModelDims,
-    seq_len: int,
-    global_batch: int,
-    *,
-    causal: bool = True,
-    window: int | None = None,
-    documents: Sequence[int] | None = None,
-) -> StepFlops:
+def training_flops(cfg: ModelDims, seq_len: int, global_batch: int, **mask: Unpack[MaskArgs]) -> StepFlops:
     """Model FLOPs of one training step: 3x :func:`forward_flops` (MaxText convention).
 
     Args:
       cfg: model dimensions (any object with the :class:`ModelDims` attributes).
       seq_len: tokens per sequence S.
       global_batch: sequences per step B.
-      causal: causal mask (halves the attention count).
-      window: sliding window in tokens, or None.
-      documents: packed document lengths (document mask), or None.
+      **mask: ``causal``, ``window``, ``documents`` (:class:`MaskArgs`).
 
     Returns:
       :class:`StepFlops` in FLOPs for the whole step (divide by the device count for MaxText's
       per-device TFLOPs).
     """
-    f = forward_flops(cfg, seq_len, global_batch, causal=causal, window=window, documents=documents)
+    f = forward_flops(cfg, seq_len, global_batch, **mask)
     return StepFlops(linear=3.0 * f.linear, attention=3.0 * f.attention)
 
 
@@ -181,9 +180,7 @@ def recompute_flops(
     *,
     keep_context: bool = False,
     vocab_tiling: int = 1,
-    causal: bool = True,
-    window: int | None = None,
-    documents: Sequence[int] | None = None,
+    **mask: Unpack[MaskArgs],
 ) -> float:
     """FLOPs the backward pass spends recomputing the forward under a remat policy (per step).
 
@@ -202,6 +199,7 @@ def recompute_flops(
       keep_context: ``custom`` policy only: the attention output is saved (``context=device`` or
         ``offload``), so the attention kernel is not replayed.
       vocab_tiling: tiles of the output head and loss (``memory.vocab_tiling``; 1: untiled).
+      **mask: the attention mask (:class:`MaskArgs`).
 
     Raises:
       ValueError: unknown policy, or ``vocab_tiling`` < 1.
@@ -211,7 +209,7 @@ def recompute_flops(
     lin, att = RECOMPUTED_FORWARD_FRACTION[remat]
     if remat == "custom" and keep_context:
         att = 0.0
-    f = forward_flops(cfg, seq_len, global_batch, causal=causal, window=window, documents=documents)
+    f = forward_flops(cfg, seq_len, global_batch, **mask)
     head = 2.0 * seq_len * global_batch * cfg.d_model * cfg.vocab_size  # the head is outside the scanned blocks
     return lin * (f.linear - head) + att * f.attention + head_replay_flops(cfg, seq_len, global_batch, vocab_tiling)
 

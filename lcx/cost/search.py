@@ -164,7 +164,7 @@ class Candidate:
             "policy_label": self.policy.label,
             "runnable_in_lcx": self.runnable_in_lcx,
             "memory_bytes_per_device": e.memory.as_dict(),
-            "comm_bytes_per_device": dataclasses.asdict(e.comm),
+            "comm_bytes_per_device": e.comm.as_dict(),
             "model_flops_per_step": e.flops.total,
             "attention_flops_per_step": e.flops.attention,
             "recompute_flops_per_step": e.recompute_flops,

@@ -236,9 +236,7 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
     say(
         "  communication per device: "
         + ", ".join(
-            f"{k} {v / 2**30:,.2f} GiB"
-            for k, v in dataclasses.asdict(e.comm).items()
-            if k not in ("ring_hops", "ring_hop_bytes")
+            f"{k} {v / 2**30:,.2f} GiB" for k, v in e.comm.as_dict().items() if k not in ("ring_hops", "ring_hop_bytes")
         )
     )
     say(
@@ -383,7 +381,7 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
 def _est_dict(e) -> dict[str, Any]:
     return {
         "memory_bytes_per_device": e.memory.as_dict(),
-        "comm_bytes_per_device": dataclasses.asdict(e.comm),
+        "comm_bytes_per_device": e.comm.as_dict(),
         "model_flops_per_step": e.flops.total,
         "recompute_flops_per_step": e.recompute_flops,
         "compute_time_s": e.compute_time,
