@@ -144,7 +144,7 @@ def hf_config(path_or_config: str | os.PathLike | Mapping[str, Any], **overrides
         )
     elif kind != "default":
         raise HFImportError(f"RoPE type {kind!r} is not supported; lcx has default, llama3 and yarn")
-    fields = dict(
+    fields: dict[str, Any] = dict(
         name=name,
         vocab_size=int(hf["vocab_size"]),
         d_model=D,

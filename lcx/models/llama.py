@@ -26,6 +26,7 @@ an ``arange``.
 from __future__ import annotations
 
 import math
+from typing import TypeAlias
 
 import equinox as eqx
 import jax
@@ -54,6 +55,12 @@ __all__ = [
 from lcx.sharding import MeshPlan
 
 _INIT_STD = 0.02
+
+PerToken: TypeAlias = Int[Array, "B T"]
+"""int32 ``[B, T]``, one value per token: token ids, global positions or segment ids."""
+
+Hidden: TypeAlias = Float[Array, "B T D"]
+"""The residual stream ``[B, T, D]`` a block reads and writes."""
 
 
 def _normal(key: PRNGKeyArray, shape: tuple[int, ...], std: float, dtype) -> Array:
@@ -184,15 +191,7 @@ class Attention(eqx.Module):
         self.sinks = jnp.zeros((N,), dt) if cfg.attention_sinks else None
         self.rope = cfg.rope
 
-    def __call__(
-        self,
-        x: Float[Array, "B T D"],
-        positions: Int[Array, "B T"],
-        segment_ids: Int[Array, "B T"],
-        *,
-        mask: Mask,
-        plan: MeshPlan,
-    ) -> Float[Array, "B T D"]:
+    def __call__(self, x: Hidden, positions: PerToken, segment_ids: PerToken, *, mask: Mask, plan: MeshPlan) -> Hidden:
         with jax.named_scope("lcx.Attention"):
             # exact phases from a float64 host table, shared by q and k (lcx.models.rotary)
             cos, sin = rope_cos_sin(positions, self.rope)
@@ -221,7 +220,7 @@ class MLP(eqx.Module):
         self.w_up = _normal(ku, (D, F), _INIT_STD, dt)
         self.w_down = _normal(kd, (F, D), _INIT_STD / math.sqrt(2 * cfg.n_layers), dt)
 
-    def __call__(self, x: Float[Array, "B T D"]) -> Float[Array, "B T D"]:
+    def __call__(self, x: Hidden) -> Hidden:
         with jax.named_scope("lcx.MLP"):
             h = jax.nn.silu(jnp.einsum("BTD,DF->BTF", x, self.w_gate)) * jnp.einsum("BTD,DF->BTF", x, self.w_up)
             return jnp.einsum("BTF,FD->BTD", h, self.w_down)
@@ -243,15 +242,7 @@ class Block(eqx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dt)
         self.mlp = MLP(cfg, key=km)
 
-    def __call__(
-        self,
-        x: Float[Array, "B T D"],
-        positions: Int[Array, "B T"],
-        segment_ids: Int[Array, "B T"],
-        *,
-        mask: Mask,
-        plan: MeshPlan,
-    ) -> Float[Array, "B T D"]:
+    def __call__(self, x: Hidden, positions: PerToken, segment_ids: PerToken, *, mask: Mask, plan: MeshPlan) -> Hidden:
         with jax.named_scope("lcx.Block"):
             x = x + self.attn(self.attn_norm(x), positions, segment_ids, mask=mask, plan=plan)
             return x + self.mlp(self.mlp_norm(x))
@@ -286,12 +277,7 @@ class Llama(eqx.Module):
         return Mask(causal=True, document=self.config.document_mask, window=self.config.sliding_window)
 
     def __call__(
-        self,
-        tokens: Int[Array, "B T"],
-        positions: Int[Array, "B T"],
-        segment_ids: Int[Array, "B T"],
-        *,
-        plan: MeshPlan,
+        self, tokens: PerToken, positions: PerToken, segment_ids: PerToken, *, plan: MeshPlan
     ) -> Float[Array, "B T V"]:
         """Next-token logits: :meth:`logits` of :meth:`features`.
 
@@ -309,14 +295,7 @@ class Llama(eqx.Module):
         with jax.named_scope("lcx.Llama"):
             return self.logits(self.features(tokens, positions, segment_ids, plan=plan), plan=plan)
 
-    def features(
-        self,
-        tokens: Int[Array, "B T"],
-        positions: Int[Array, "B T"],
-        segment_ids: Int[Array, "B T"],
-        *,
-        plan: MeshPlan,
-    ) -> Float[Array, "B T D"]:
+    def features(self, tokens: PerToken, positions: PerToken, segment_ids: PerToken, *, plan: MeshPlan) -> Hidden:
         """The final norm's output, the input of the output head (arguments as :meth:`__call__`).
 
         Returns:
@@ -353,7 +332,7 @@ class Llama(eqx.Module):
         head = self.embed.weight.T if self.head is None else self.head
         return head.astype(jnp.dtype(self.config.dtype))
 
-    def logits(self, x: Float[Array, "B T D"], *, plan: MeshPlan) -> Float[Array, "B T V"]:
+    def logits(self, x: Hidden, *, plan: MeshPlan) -> Float[Array, "B T V"]:
         """float32 logits ``[B, T, V]`` of the final norm's output ``x`` (:meth:`features`)."""
         with jax.named_scope("lcx.Llama.logits"):
             # logits in float32: the softmax over a 128K vocabulary is sensitive to rounding

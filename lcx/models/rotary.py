@@ -107,6 +107,7 @@ class RopeConfig:
         freq = float(self.theta) ** (-np.arange(0, H, 2, dtype=np.float64) / H)
         if self.scaling_type is None:
             return freq
+        assert self.factor is not None  # __post_init__: a scaling type needs a factor
         s = float(self.factor)
         L = float(self.original_max_len)
         if self.scaling_type == "llama3":
@@ -134,6 +135,7 @@ class RopeConfig:
             return 1.0
         if self.attention_factor is not None:
             return float(self.attention_factor)
+        assert self.factor is not None  # __post_init__: a scaling type needs a factor
         return yarn_mscale(float(self.factor))
 
 

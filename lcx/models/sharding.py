@@ -14,6 +14,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+from jax.core import Tracer
 from jax.sharding import NamedSharding
 from jaxtyping import PRNGKeyArray, PyTree
 
@@ -52,7 +53,9 @@ def logical_axes(model: eqx.Module) -> PyTree[Axes | None]:
     leaves, treedef = jax.tree_util.tree_flatten_with_path(model)
     out = []
     for path, leaf in leaves:
-        obj, axes = model, ()
+        # the node the path has reached: a module, or a container (list, dict) of them
+        obj: Any = model
+        axes: Axes = ()
         for entry in path:
             if isinstance(entry, jax.tree_util.GetAttrKey) and dataclasses.is_dataclass(obj):
                 axes = axes + _field_axes(obj, entry.name)
@@ -92,7 +95,7 @@ def shard_model(model: eqx.Module, plan: MeshPlan) -> eqx.Module:
     shardings = model_shardings(model, plan)  # None exactly where params has no array
 
     def place(x, s):
-        if isinstance(x, jax.core.Tracer):
+        if isinstance(x, Tracer):
             return jax.lax.with_sharding_constraint(x, s)
         return jax.device_put(x, s)
 
