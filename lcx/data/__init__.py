@@ -36,9 +36,6 @@ from lcx.data.pipeline import (
     corpus_data as corpus_data,
 )
 from lcx.data.pipeline import (
-    lay_out as lay_out,
-)
-from lcx.data.pipeline import (
     load_corpus as load_corpus,
 )
 from lcx.data.pipeline import (
@@ -50,6 +47,8 @@ from lcx.data.stream import Batch as Batch
 from lcx.data.stream import BatchSpec as BatchSpec
 from lcx.data.stream import BatchStream as BatchStream
 from lcx.data.stream import Data as Data
+from lcx.data.stream import Rows as Rows
+from lcx.data.stream import lay_out as lay_out
 from lcx.data.tokenizers import (
     TOKENIZERS as TOKENIZERS,
 )

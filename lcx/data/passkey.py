@@ -22,6 +22,7 @@ Rows are a pure function of ``(seed, row index)``: the stream is deterministic a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -29,9 +30,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from lcx.data.packing import BATCH_KEYS
-from lcx.data.stream import BatchSpec, BatchStream, Data
+from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows
 from lcx.data.tokenizers import ByteTokenizer
-from lcx.sharding.layout import apply_layout, check_layout
+from lcx.sharding.layout import check_layout
 
 log = logging.getLogger(__name__)
 
@@ -169,11 +170,12 @@ def _draw(rng: np.random.Generator, digits: int) -> str:
     return "".join(str(d) for d in rng.integers(0, 10, size=digits))
 
 
-def _stack(examples: Sequence[PasskeyExample], layout: str, degree: int) -> dict[str, np.ndarray]:
-    return {k: apply_layout(np.stack([e.arrays[k] for e in examples]), layout, degree, axis=-1) for k in BATCH_KEYS}
+def _stack(examples: Sequence[PasskeyExample]) -> Batch:
+    """The rows of ``examples`` as one contiguous batch ``[len(examples), S]`` of each key."""
+    return {k: np.stack([e.arrays[k] for e in examples]) for k in BATCH_KEYS}
 
 
-class PasskeyBatches(BatchStream):
+class PasskeyBatches(Rows, BatchStream):
     """Infinite, deterministic, resumable training batches of passkey rows.
 
     Row ``r`` draws its passkey, depth (uniform in ``[min_depth, max_depth]``) and filler offset
@@ -194,8 +196,6 @@ class PasskeyBatches(BatchStream):
     Raises:
       ValueError: bad sizes, layout or depth range; ``seq_len`` below :func:`min_seq_len`.
     """
-
-    rows_per_epoch = 2**31
 
     def __init__(
         self,
@@ -222,8 +222,7 @@ class PasskeyBatches(BatchStream):
             raise ValueError(f"data.digits must be >= 1, got {digits}")
         if seq_len < min_seq_len(digits):
             raise ValueError(f"train.seq_len={seq_len} is too short for the passkey task; use >= {min_seq_len(digits)}")
-        self.seq_len, self.global_batch = int(seq_len), int(global_batch)
-        self.layout, self.context_degree = layout, int(context_degree)
+        super().__init__(seq_len=seq_len, global_batch=global_batch, layout=layout, context_degree=context_degree)
         self.seed, self.digits = int(seed), int(digits)
         self.min_depth, self.max_depth = float(min_depth), float(max_depth)
         self.recall_loss = bool(recall_loss)
@@ -231,6 +230,11 @@ class PasskeyBatches(BatchStream):
         self._row = 0
         if state is not None:
             self.restore(state)
+
+    @property
+    def rows_per_epoch(self) -> int:
+        """Nominal (2**31): the stream never repeats, so the "epoch" only splits the position."""
+        return 2**31
 
     def example(self, row: int) -> PasskeyExample:
         """Row ``row`` of the stream (original order)."""
@@ -242,10 +246,10 @@ class PasskeyBatches(BatchStream):
             self.seq_len, key, depth, offset, recall_loss=self.recall_loss, filler=self.filler, loss_on=self.loss_on
         )
 
-    def __next__(self) -> dict[str, np.ndarray]:
+    def __next__(self) -> Batch:
         ex = [self.example(self._row + i) for i in range(self.global_batch)]
         self._row += self.global_batch
-        return _stack(ex, self.layout, self.context_degree)
+        return self.lay_out(_stack(ex))
 
     def state(self) -> dict[str, int]:
         """The stream position (``epoch``, ``row``) and its identity (``seed``, ``seq_len``, ``digits``)."""
@@ -276,7 +280,8 @@ class PasskeyBatches(BatchStream):
         self.restore(state)
 
 
-class PasskeyEval(Sequence[dict[str, np.ndarray]]):
+@dataclasses.dataclass(eq=False)
+class PasskeyEval(Rows, Sequence[Batch]):
     """A fixed evaluation set: ``per_depth`` rows at each depth of ``depths``, depth-major.
 
     Rows are drawn from a stream independent of every training seed. ``examples`` lists them
@@ -292,44 +297,35 @@ class PasskeyEval(Sequence[dict[str, np.ndarray]]):
       filler: as in training (:func:`passkey_example`); the loss is always on the answer only.
     """
 
-    def __init__(
-        self,
-        *,
-        seq_len: int,
-        global_batch: int,
-        layout: str = "contiguous",
-        context_degree: int = 1,
-        digits: int = 5,
-        depths: Sequence[float] = tuple(np.linspace(0, 1, 11)),
-        per_depth: int = 8,
-        seed: int = 0,
-        filler: str = "sentences",
-    ):
-        check_layout(layout, seq_len, context_degree)
-        self.seq_len, self.global_batch = int(seq_len), int(global_batch)
-        self.layout, self.context_degree = layout, int(context_degree)
-        self.examples: list[PasskeyExample] = []
-        for i, d in enumerate(depths):
-            for j in range(int(per_depth)):
-                rng = np.random.default_rng([_EVAL_SEED_OFFSET + int(seed), i, j])
-                key = _draw(rng, digits)
-                offset = int(rng.integers(0, len(FILLER) if filler == "sentences" else 2**31))
-                self.examples.append(passkey_example(self.seq_len, key, float(d), offset, filler=filler))
+    digits: int = 5
+    depths: Sequence[float] = tuple(np.linspace(0, 1, 11))
+    per_depth: int = 8
+    seed: int = 0
+    filler: str = "sentences"
+    examples: list[PasskeyExample] = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_layout(self.layout, self.seq_len, self.context_degree)
+        super().__post_init__()
+        self.examples = []
+        for i, d in enumerate(self.depths):
+            for j in range(int(self.per_depth)):
+                rng = np.random.default_rng([_EVAL_SEED_OFFSET + int(self.seed), i, j])
+                key = _draw(rng, self.digits)
+                offset = int(rng.integers(0, len(FILLER) if self.filler == "sentences" else 2**31))
+                self.examples.append(passkey_example(self.seq_len, key, float(d), offset, filler=self.filler))
 
     def __len__(self) -> int:
         return -(-len(self.examples) // self.global_batch)
 
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:  # type: ignore[override]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"evaluation batch {i} out of range ({n} batches)")
-        i %= n
+    def __getitem__(self, i: int) -> Batch:  # type: ignore[override]
+        i = self.batch_index(i, len(self))
         ex = list(self.examples[i * self.global_batch : (i + 1) * self.global_batch])
         pad = self.global_batch - len(ex)
-        batch = _stack(ex + [ex[-1]] * pad, "contiguous", 1)
+        batch = _stack(ex + [ex[-1]] * pad)
         if pad:
             batch["loss_mask"][-pad:] = 0.0
-        return {k: apply_layout(v, self.layout, self.context_degree, axis=-1) for k, v in batch.items()}
+        return self.lay_out(batch)
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
@@ -349,33 +345,30 @@ def passkey_data(cfg_data: Any, spec: BatchSpec) -> Data:
     Raises:
       ValueError: a tokenizer other than ``byte``, or any error of :class:`PasskeyBatches`.
     """
-    get = cfg_data.get if hasattr(cfg_data, "get") else (lambda k, d=None: d)
+
+    def get(key: str, default: Any) -> Any:
+        return cfg_data.get(key, default) if hasattr(cfg_data, "get") else default
+
     if str(get("tokenizer", "byte")) != "byte":
         raise ValueError("data=passkey is byte-level text; keep data.tokenizer=byte")
-    digits = int(get("digits", 5))
+    digits, filler = int(get("digits", 5)), str(get("filler", "sentences"))
     train = PasskeyBatches(
-        seq_len=spec.seq_len,
-        global_batch=spec.global_batch,
-        layout=spec.layout,
-        context_degree=spec.context_degree,
+        **spec.rows(),
         seed=spec.seed,
         digits=digits,
         min_depth=float(get("min_depth", 0.0)),
         max_depth=float(get("max_depth", 1.0)),
         recall_loss=bool(get("recall_loss", False)),
-        filler=str(get("filler", "sentences")),
+        filler=filler,
         loss_on=str(get("loss_on", "answer")),
     )
     depths = get("eval_depths", None)
     val = PasskeyEval(
-        seq_len=spec.seq_len,
-        global_batch=spec.val_global_batch,
-        layout=spec.layout,
-        context_degree=spec.context_degree,
+        **spec.rows(val=True),
         digits=digits,
         depths=[float(d) for d in depths] if depths is not None else tuple(np.linspace(0, 1, 11)),
         per_depth=int(get("eval_per_depth", 8)),
         seed=int(get("split_seed", 0)),
-        filler=str(get("filler", "sentences")),
+        filler=filler,
     )
     return Data(train, val, ByteTokenizer())

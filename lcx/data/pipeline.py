@@ -8,6 +8,7 @@ together, here on the host. Nothing downstream un-permutes it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -16,25 +17,11 @@ import numpy as np
 
 from lcx.data.corpora import Corpus, stdlib_corpus, text_corpus
 from lcx.data.packing import BATCH_KEYS, EpochIndex, Packer, check_packing_args, unigram_entropy
-from lcx.data.stream import Batch, BatchSpec, BatchStream, Data
+from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows
 from lcx.data.tokenizers import get_tokenizer
-from lcx.sharding.layout import apply_layout, check_layout
+from lcx.sharding.layout import check_layout
 
 log = logging.getLogger(__name__)
-
-
-def lay_out(batch: Mapping[str, np.ndarray], layout: str, degree: int) -> Batch:
-    """Apply the sequence layout to every array of ``batch`` along its last (sequence) axis.
-
-    Args:
-      batch: arrays ``[..., S]`` sharing the sequence axis (the five :data:`BATCH_KEYS`).
-      layout: ``"contiguous"`` or ``"zigzag"``.
-      degree: context-parallel degree P.
-
-    Returns:
-      A new dict of the same keys, shapes and dtypes, each permuted by the same permutation.
-    """
-    return {k: apply_layout(v, layout, degree, axis=-1) for k, v in batch.items()}
 
 
 def _check_common(seq_len: int, global_batch: int, layout: str, context_degree: int) -> None:
@@ -42,7 +29,7 @@ def _check_common(seq_len: int, global_batch: int, layout: str, context_degree: 
     check_layout(layout, seq_len, context_degree)
 
 
-class Batches(BatchStream):
+class Batches(Rows, BatchStream):
     """Infinite, deterministic, resumable training batches.
 
     Epoch ``e`` packs the documents in the order ``np.random.default_rng([seed, e]).permutation``
@@ -86,11 +73,8 @@ class Batches(BatchStream):
         state: Mapping[str, int] | None = None,
     ):
         _check_common(seq_len, global_batch, layout, context_degree)
-        self.packer = Packer(documents, seq_len)
-        self.seq_len = int(seq_len)
-        self.global_batch = int(global_batch)
-        self.layout = layout
-        self.context_degree = int(context_degree)
+        super().__init__(seq_len=seq_len, global_batch=global_batch, layout=layout, context_degree=context_degree)
+        self.packer = Packer(documents, self.seq_len)
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self._row = 0  # global row counter over the endless stream of epochs
@@ -153,7 +137,7 @@ class Batches(BatchStream):
             left -= n
         self._row = row
         batch = {k: np.concatenate([p[k] for p in parts]) for k in BATCH_KEYS} if len(parts) > 1 else parts[0]
-        return lay_out(batch, self.layout, self.context_degree)
+        return self.lay_out(batch)
 
     def state(self) -> dict[str, int]:
         """The exact stream position, as a dict of Python ints (JSON- and checkpoint-friendly).
@@ -209,7 +193,8 @@ class Batches(BatchStream):
         self.restore({**state, "seq_len": self.seq_len, "num_tokens": self.num_tokens, "row": row})
 
 
-class EvalBatches(Sequence[Batch]):
+@dataclasses.dataclass(eq=False)
+class EvalBatches(Rows, Sequence[Batch]):
     """One fixed pass over evaluation documents, as a re-iterable sequence of batches.
 
     Documents are packed in their stored order (no shuffling); the last row is padded, and the
@@ -223,33 +208,20 @@ class EvalBatches(Sequence[Batch]):
       ValueError: as for :class:`Batches`.
     """
 
-    def __init__(
-        self,
-        documents: Sequence[np.ndarray],
-        *,
-        seq_len: int,
-        global_batch: int,
-        layout: str = "contiguous",
-        context_degree: int = 1,
-    ):
-        _check_common(seq_len, global_batch, layout, context_degree)
-        self.packer = Packer(documents, seq_len)
-        self.seq_len = int(seq_len)
-        self.global_batch = int(global_batch)
-        self.layout = layout
-        self.context_degree = int(context_degree)
+    documents: dataclasses.InitVar[Sequence[np.ndarray]]
+
+    def __post_init__(self, documents: Sequence[np.ndarray]) -> None:
+        _check_common(self.seq_len, self.global_batch, self.layout, self.context_degree)
+        super().__post_init__()
+        self.packer = Packer(documents, self.seq_len)
         self._index = self.packer.epoch_index()
 
     def __len__(self) -> int:
         return -(-self.packer.rows_per_epoch // self.global_batch)
 
     def __getitem__(self, i: int) -> Batch:  # type: ignore[override]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"evaluation batch {i} out of range ({n} batches)")
-        i %= n
-        rows = self.packer.rows(self._index, i * self.global_batch, self.global_batch)
-        return lay_out(rows, self.layout, self.context_degree)
+        i = self.batch_index(i, len(self))
+        return self.lay_out(self.packer.rows(self._index, i * self.global_batch, self.global_batch))
 
     def __iter__(self) -> Iterator[Batch]:
         return (self[i] for i in range(len(self)))
@@ -373,19 +345,6 @@ def corpus_data(cfg_data: Any, spec: BatchSpec) -> Data:
     train_idx, val_idx = split_documents(
         len(docs), float(data_value(cfg_data, "val_fraction", 0.02)), int(data_value(cfg_data, "split_seed", 0))
     )
-    train = Batches(
-        [docs[i] for i in train_idx],
-        seq_len=spec.seq_len,
-        global_batch=spec.global_batch,
-        layout=spec.layout,
-        context_degree=spec.context_degree,
-        seed=spec.seed,
-    )
-    val = EvalBatches(
-        [docs[i] for i in val_idx],
-        seq_len=spec.seq_len,
-        global_batch=spec.val_global_batch,
-        layout=spec.layout,
-        context_degree=spec.context_degree,
-    )
+    train = Batches([docs[i] for i in train_idx], **spec.rows(), seed=spec.seed)
+    val = EvalBatches([docs[i] for i in val_idx], **spec.rows(val=True))
     return Data(train, val, tokenizer)

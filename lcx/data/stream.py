@@ -15,7 +15,62 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from lcx.sharding.layout import layout_permutation
+
 Batch = dict[str, np.ndarray]
+
+
+def lay_out(batch: Mapping[str, np.ndarray], layout: str, degree: int) -> Batch:
+    """Apply the sequence layout to every array of ``batch`` along its last (sequence) axis.
+
+    Args:
+      batch: NumPy arrays ``[..., S]`` sharing the sequence axis (the five :data:`BATCH_KEYS`).
+      layout: ``"contiguous"`` or ``"zigzag"``.
+      degree: context-parallel degree P.
+
+    Returns:
+      A new dict of the same keys, shapes and dtypes, each permuted by the same permutation
+      (:func:`lcx.sharding.layout.apply_layout`'s NumPy path).
+    """
+    return {k: v.take(layout_permutation(layout, v.shape[-1], degree), axis=-1) for k, v in batch.items()}
+
+
+@dataclasses.dataclass(eq=False)
+class Rows:
+    """What every batch source shares: rows of ``seq_len`` tokens, ``global_batch`` rows per
+    batch, in a sequence layout applied once, on the host (:meth:`lay_out`). Sources extend it
+    with their own (keyword-only) fields; the sizes are stored as ints.
+
+    Attributes:
+      seq_len: S, tokens per row.
+      global_batch: B, rows per batch.
+      layout: sequence layout, ``"contiguous"`` or ``"zigzag"`` (:mod:`lcx.sharding.layout`).
+      context_degree: context-parallel degree P (the layout's chunk count is P or 2P).
+    """
+
+    _: dataclasses.KW_ONLY
+    seq_len: int
+    global_batch: int
+    layout: str = "contiguous"
+    context_degree: int = 1
+
+    def __post_init__(self) -> None:
+        self.seq_len, self.global_batch = int(self.seq_len), int(self.global_batch)
+        self.context_degree = int(self.context_degree)
+
+    def lay_out(self, batch: Mapping[str, np.ndarray]) -> Batch:
+        """``batch`` in this layout (:func:`lay_out`)."""
+        return lay_out(batch, self.layout, self.context_degree)
+
+    def batch_index(self, i: int, n: int) -> int:
+        """Evaluation batch ``i`` of ``n`` as an index in ``[0, n)`` (negative counts from the end).
+
+        Raises:
+          IndexError: ``i`` outside ``[-n, n)``.
+        """
+        if not -n <= i < n:
+            raise IndexError(f"evaluation batch {i} out of range ({n} batches)")
+        return i % n
 
 
 class BatchStream(Iterator[Batch], abc.ABC):
@@ -26,15 +81,20 @@ class BatchStream(Iterator[Batch], abc.ABC):
     :data:`lcx.data.BATCH_KEYS`. Epochs of ``rows_per_epoch`` rows locate a row as
     ``(epoch, row)``, which is what :meth:`state` stores.
 
-    Subclasses set ``seq_len``, ``global_batch``, ``rows_per_epoch`` and ``_row`` and implement
+    Subclasses set ``seq_len``, ``global_batch`` and ``_row`` and implement :attr:`rows_per_epoch`,
     :meth:`__next__`, :meth:`state`, :meth:`restore` and :meth:`resume`; the concrete methods
     here are final.
     """
 
     seq_len: int
     global_batch: int
-    rows_per_epoch: int
     _row: int
+
+    @property
+    @abc.abstractmethod
+    def rows_per_epoch(self) -> int:
+        """Rows per epoch (nominal for a stream that never repeats): positions are stored as
+        ``(epoch, row)``."""
 
     def __iter__(self) -> BatchStream:
         return self
@@ -100,6 +160,15 @@ class BatchSpec:
     seed: int
     val_global_batch: int
 
+    def rows(self, *, val: bool = False) -> dict[str, Any]:
+        """The :class:`Rows` keywords of the training batches (``val``: the evaluation batches)."""
+        return {
+            "seq_len": self.seq_len,
+            "global_batch": self.val_global_batch if val else self.global_batch,
+            "layout": self.layout,
+            "context_degree": self.context_degree,
+        }
+
 
 class Data(NamedTuple):
     """What a data source builds; unpacks as ``train, val, tokenizer = make_data(...)``.
@@ -130,4 +199,4 @@ class Data(NamedTuple):
         return self.val.unigram_entropy()  # type: ignore[attr-defined]
 
 
-__all__ = ["Batch", "BatchSpec", "BatchStream", "Data"]
+__all__ = ["Batch", "BatchSpec", "BatchStream", "Data", "Rows", "lay_out"]
