@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
+from typing import TypedDict, Unpack
+
 import jax
 import optax
 
+Optimizer = tuple[optax.GradientTransformation, optax.Schedule]
+"""An optax transformation and its learning-rate schedule (for logging the rate)."""
 
-def make_optimizer(
-    *,
-    lr: float,
-    steps: int,
-    warmup_steps: int,
-    min_lr_ratio: float = 0.1,
-    weight_decay: float = 0.1,
-    b1: float = 0.9,
-    b2: float = 0.95,
-    eps: float = 1e-8,
-    grad_clip: float = 1.0,
-    schedule_start: int = 0,
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
+
+class OptimizerOptions(TypedDict, total=False):
+    """:func:`make_optimizer`'s optional keywords (the ``train`` config's keys of those names).
+
+    Keys:
+      min_lr_ratio: the cosine's final rate as a fraction of ``lr`` (default 0.1).
+      weight_decay: AdamW's decoupled weight decay (default 0.1).
+      b1, b2, eps: Adam's moment decays and epsilon (defaults 0.9, 0.95, 1e-8).
+      grad_clip: global-norm clipping threshold (default 1.0).
+      schedule_start: the first optimizer step of this stage's schedule (default 0).
+    """
+
+    min_lr_ratio: float
+    weight_decay: float
+    b1: float
+    b2: float
+    eps: float
+    grad_clip: float
+    schedule_start: int
+
+
+def make_optimizer(*, lr: float, steps: int, warmup_steps: int, **options: Unpack[OptimizerOptions]) -> Optimizer:
     """AdamW (Loshchilov & Hutter 2019) with ``optax.warmup_cosine_decay_schedule``.
 
     Weight decay applies only to arrays of rank >= 2 (matrices, embeddings), not to norm scales.
@@ -30,6 +43,7 @@ def make_optimizer(
       ValueError: ``steps <= schedule_start`` or ``warmup_steps`` not in
         ``[0, steps - schedule_start]``.
     """
+    schedule_start = options.get("schedule_start", 0)
     if not 0 <= schedule_start < steps:
         raise ValueError(f"train.steps={steps} must be >= 1 and > train.schedule_start={schedule_start} >= 0")
     span = steps - schedule_start
@@ -40,24 +54,24 @@ def make_optimizer(
         peak_value=lr,
         warmup_steps=warmup_steps,
         decay_steps=max(span, warmup_steps + 1),
-        end_value=lr * min_lr_ratio,
+        end_value=lr * options.get("min_lr_ratio", 0.1),
     )
     schedule = base if schedule_start == 0 else (lambda count: base(count - schedule_start))
     opt = optax.chain(
-        optax.clip_by_global_norm(grad_clip),
+        optax.clip_by_global_norm(options.get("grad_clip", 1.0)),
         optax.adamw(
             schedule,
-            b1=b1,
-            b2=b2,
-            eps=eps,
-            weight_decay=weight_decay,
+            b1=options.get("b1", 0.9),
+            b2=options.get("b2", 0.95),
+            eps=options.get("eps", 1e-8),
+            weight_decay=options.get("weight_decay", 0.1),
             mask=lambda params: jax.tree.map(lambda x: x.ndim >= 2, params),
         ),
     )
     return opt, schedule
 
 
-def optimizer_from_config(t) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def optimizer_from_config(t) -> Optimizer:
     """:func:`make_optimizer` from the ``train`` config node (OmegaConf node or plain dict, e.g.
     the resolved config stored in a checkpoint). ``warmup_steps: null`` means 10% of the steps
     (of the stage's steps with ``schedule_start``, which is optional and 0 by default)."""
