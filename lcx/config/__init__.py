@@ -22,13 +22,13 @@ def register() -> None:
     """Register, once per process (later calls change nothing), what the YAML tree refers to:
 
     - ``plan/schema`` (:func:`lcx.sharding.config.register_schema`), the base of every ``plan=`` preset;
-    - ``schema/<name>`` (:func:`lcx.config.schema.register_schemas`): train, checkpoint, data, ...;
+    - ``schema/<name>`` (:func:`lcx.config.sections.register_schemas`): train, checkpoint, data, ...;
     - the ``${lcx_uid:}`` resolver: six random hex digits, drawn once per process (cached), in the
       default run and sweep directories next to a microsecond time, so two runs launched in the
       same second (or the same microsecond, on two machines sharing a file system) never share a
       directory.
     """
-    from lcx.config.schema import register_schemas
+    from lcx.config.sections import register_schemas
     from lcx.sharding.config import register_schema
 
     register_schema()

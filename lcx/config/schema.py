@@ -1,15 +1,12 @@
-"""Typed schemas of every config section the entry points read, and the one check against them.
+"""The one check of every config section the entry points read against its typed schema.
 
 ``plan`` has its own schema (:mod:`lcx.sharding.config`); ``model`` is checked by
-:meth:`lcx.models.ModelConfig.from_dict`. Everything else an entry point reads is described here:
-the top-level ``train``, ``checkpoint``, ``memory``, ``eval`` and ``distributed`` sections and the
-``hardware`` and ``data`` groups (one schema per data config: stdlib, text and passkey have
-different keys). :func:`register_schemas` (called by :func:`lcx.config.register`) stores each
-dataclass in Hydra's ConfigStore as ``schema/<name>``.
+:meth:`lcx.models.ModelConfig.from_dict`. Everything else an entry point reads has a schema in
+:mod:`lcx.config.sections` (re-exported here): the top-level ``train``, ``checkpoint``,
+``memory``, ``eval`` and ``distributed`` sections and the ``hardware`` and ``data`` groups (one
+schema per data config: stdlib, text and passkey have different keys).
 
-The values live in exactly one place, the YAML files in ``conf/`` (with their comments): the
-fields here are types only (``dataclasses.MISSING``) except for the few keys a YAML file leaves
-out on purpose. :func:`check_section` refuses, before anything compiles:
+:func:`check_section` refuses, before anything compiles:
 
 - a key not in the schema, also one appended with ``+`` (``+train.stpes=1``), naming the nearest
   valid key (difflib) and listing the valid ones;
@@ -29,192 +26,58 @@ import difflib
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any
+
+from lcx.config import sections
+
+# the schemas, re-exported (``X as X``: an explicit re-export)
+from lcx.config.sections import (
+    DATA_SCHEMAS as DATA_SCHEMAS,
+)
+from lcx.config.sections import (
+    SECTIONS as SECTIONS,
+)
+from lcx.config.sections import (
+    CheckpointSchema as CheckpointSchema,
+)
+from lcx.config.sections import (
+    DistributedSchema as DistributedSchema,
+)
+from lcx.config.sections import (
+    EvalCheckpointSchema as EvalCheckpointSchema,
+)
+from lcx.config.sections import (
+    EvalSchema as EvalSchema,
+)
+from lcx.config.sections import (
+    HardwareSchema as HardwareSchema,
+)
+from lcx.config.sections import (
+    MemorySchema as MemorySchema,
+)
+from lcx.config.sections import (
+    PasskeyDataSchema as PasskeyDataSchema,
+)
+from lcx.config.sections import (
+    PlannerSchema as PlannerSchema,
+)
+from lcx.config.sections import (
+    StdlibDataSchema as StdlibDataSchema,
+)
+from lcx.config.sections import (
+    TextDataSchema as TextDataSchema,
+)
+from lcx.config.sections import (
+    TrainSchema as TrainSchema,
+)
+from lcx.config.sections import (
+    make_schema as make_schema,
+)
+from lcx.config.sections import (
+    register_schemas as register_schemas,
+)
 
 REQUIRED = dataclasses.MISSING
-
-
-def _req():
-    return dataclasses.field()  # no default: the YAML file holds the value
-
-
-@dataclasses.dataclass
-class TrainSchema:
-    """``train:`` of ``conf/config.yaml`` (values and their meaning are there)."""
-
-    steps: int = _req()
-    seq_len: int = _req()
-    global_batch: int = _req()
-    seed: int = _req()
-    lr: float = _req()
-    warmup_steps: Optional[int] = _req()
-    min_lr_ratio: float = _req()
-    weight_decay: float = _req()
-    b1: float = _req()
-    b2: float = _req()
-    grad_clip: Optional[float] = _req()
-    log_every: int = _req()
-    eval_every: int = _req()
-    eval_batches: int = _req()
-    check_memory: bool = _req()
-    dry_run: bool = _req()
-    reuse_run_dir: bool = _req()
-    # set by lcx.training.schedule for each stage of a length-extension schedule, never in YAML
-    schedule_start: Optional[int] = None
-
-
-@dataclasses.dataclass
-class CheckpointSchema:
-    """``checkpoint:`` of ``conf/config.yaml``."""
-
-    dir: Optional[str] = _req()
-    every: int = _req()
-    keep: int = _req()
-    async_save: bool = _req()
-    allow_config_change: bool = _req()
-    on_save_error: str = _req()
-
-
-@dataclasses.dataclass
-class EvalCheckpointSchema:
-    """``checkpoint:`` of ``conf/eval_config.yaml`` (which checkpoint ``lcx.eval`` reads)."""
-
-    dir: str = _req()
-    step: Optional[int] = _req()
-
-
-@dataclasses.dataclass
-class MemorySchema:
-    """``memory:`` of ``config.yaml`` (lcx.train) and ``plan_config.yaml`` (lcx.plan also prices
-    the activation policies ``remat``, ``decoder_layer_input``, ``context``, ``qkv``; lcx.train
-    refuses them, :class:`lcx.training.memory.MemoryOptions`)."""
-
-    vocab_tiling: int = _req()
-    offload_optimizer: bool = _req()
-    offload_params: bool = _req()
-    remat: Optional[str] = None
-    decoder_layer_input: Optional[str] = None
-    context: Optional[str] = None
-    qkv: Optional[str] = None
-
-
-@dataclasses.dataclass
-class PlannerSchema:
-    """``planner:`` of ``conf/plan_config.yaml``."""
-
-    search: bool = _req()
-    rows: str = _req()
-    probe_cpu: bool = _req()
-
-
-@dataclasses.dataclass
-class EvalSchema:
-    """``eval:`` of ``conf/eval_config.yaml``."""
-
-    task: str = _req()
-    lengths: Optional[list[int]] = _req()
-    depths: list[float] = _req()
-    per_depth: int = _req()
-    global_batch: Optional[int] = _req()
-    digits: Optional[int] = _req()
-    seed: int = _req()
-
-
-@dataclasses.dataclass
-class DistributedSchema:
-    """``distributed:`` of ``conf/config.yaml``."""
-
-    auto: bool = _req()
-    coordinator_address: Optional[str] = _req()
-    num_processes: int = _req()
-    process_id: int = _req()
-
-
-@dataclasses.dataclass
-class HardwareSchema:
-    """Every preset of the ``hardware=`` group (``conf/hardware/*.yaml``)."""
-
-    name: str = _req()
-    chips: Optional[int] = _req()
-    cpu_devices: Optional[int] = _req()
-    devices_per_chip: int = _req()
-    peak_flops_per_device: Optional[float] = _req()
-    hbm_bytes: Optional[int] = _req()
-    hbm_bandwidth_per_chip: Optional[float] = _req()
-    ici_bandwidth_per_chip: Optional[float] = _req()
-    ici_links_per_chip: int = _req()
-    host_memory_per_chip: Optional[float] = _req()
-    host_bandwidth_per_chip: Optional[float] = _req()
-    libtpu_init_args: list[str] = _req()
-    xla_flags: list[str] = _req()
-    attention_block: int = _req()
-    attention_kernel: str = _req()
-
-
-@dataclasses.dataclass
-class StdlibDataSchema:
-    """``data=stdlib`` (``conf/data/stdlib.yaml``)."""
-
-    name: str = _req()
-    tokenizer: str = _req()
-    val_fraction: float = _req()
-    split_seed: int = _req()
-
-
-@dataclasses.dataclass
-class TextDataSchema:
-    """``data=text`` (``conf/data/text.yaml``)."""
-
-    name: str = _req()
-    paths: list[str] = _req()
-    text_field: str = _req()
-    tokenizer: str = _req()
-    val_fraction: float = _req()
-    split_seed: int = _req()
-
-
-@dataclasses.dataclass
-class PasskeyDataSchema:
-    """``data=passkey`` (``conf/data/passkey.yaml``)."""
-
-    name: str = _req()
-    tokenizer: str = _req()
-    digits: int = _req()
-    min_depth: float = _req()
-    max_depth: float = _req()
-    recall_loss: bool = _req()
-    filler: str = _req()
-    loss_on: str = _req()
-    eval_depths: list[float] = _req()
-    eval_per_depth: int = _req()
-    split_seed: int = _req()
-
-
-DATA_SCHEMAS: dict[str, type] = {"stdlib": StdlibDataSchema, "text": TextDataSchema, "passkey": PasskeyDataSchema}
-"""The schema of each data config, by its ``data.name``."""
-
-SECTIONS: dict[str, type] = {
-    "train": TrainSchema,
-    "checkpoint": CheckpointSchema,
-    "memory": MemorySchema,
-    "eval": EvalSchema,
-    "distributed": DistributedSchema,
-    "hardware": HardwareSchema,
-    "planner": PlannerSchema,
-}
-
-
-def register_schemas() -> None:
-    """Register every schema in Hydra's ConfigStore as ``schema/<name>``."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    for name, node in {
-        **SECTIONS,
-        "eval_checkpoint": EvalCheckpointSchema,
-        **{f"data_{k}": v for k, v in DATA_SCHEMAS.items()},
-    }.items():
-        cs.store(group="schema", name=name, node=node)
 
 
 # -- the check ------------------------------------------------------------------------------------
@@ -390,25 +253,5 @@ def check_overrides(argv: Sequence[str], tool: str = "lcx") -> None:
             raise ValueError(unknown_key_message(section, leaf, valid, tool))
 
 
-__all__ = [
-    "CheckpointSchema",
-    "DATA_SCHEMAS",
-    "DistributedSchema",
-    "EvalCheckpointSchema",
-    "EvalSchema",
-    "HardwareSchema",
-    "MemorySchema",
-    "PasskeyDataSchema",
-    "PlannerSchema",
-    "SECTIONS",
-    "StdlibDataSchema",
-    "TextDataSchema",
-    "TrainSchema",
-    "check_overrides",
-    "check_section",
-    "check_train_config",
-    "data_schema",
-    "nearest",
-    "register_schemas",
-    "unknown_key_message",
-]
+__all__ = ["check_overrides", "check_section", "check_train_config", "data_schema", "nearest", "unknown_key_message"]
+__all__ += sections.__all__  # the schemas, re-exported
