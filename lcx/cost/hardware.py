@@ -185,7 +185,7 @@ def host_memory_available() -> tuple[int, str] | None:
     return avail
 
 
-def _get(node: Any, key: str, default=None):
+def _get(node: Any, key: str, default: Any = None) -> Any:
     if isinstance(node, Mapping) or hasattr(node, "get"):
         v = node.get(key, default)
         return default if v is None else v

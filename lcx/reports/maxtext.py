@@ -272,20 +272,25 @@ def compare_with_maxtext(rec, model_cfg, hw, n: int, S: int, B: int, attention=N
     r = min(cases, key=lambda c: abs(c.seq_len - S))
     att = attention or AttentionConfig()
     pol = ActivationPolicy(**dict(r.policy))
-    kw = dict(
-        policy=pol,
-        dtype=model_cfg.dtype,
-        param_dtype=model_cfg.param_dtype,
-        window=model_cfg.sliding_window,
-        tie_embeddings=model_cfg.tie_embeddings,
-    )
     gib = lambda b: f"{b / 2**30:,.2f} GiB"  # noqa: E731
 
     def priced(seq, batch):
         try:
             plan = _recipe_plan(r, att)
             plan.validate(n, dims=model_cfg.dims(), seq_len=seq, global_batch=batch)
-            return estimate(model_cfg, plan, hw, n, seq_len=seq, global_batch=batch, **kw)
+            return estimate(
+                model_cfg,
+                plan,
+                hw,
+                n,
+                policy=pol,
+                window=model_cfg.sliding_window,
+                seq_len=seq,
+                global_batch=batch,
+                dtype=model_cfg.dtype,
+                param_dtype=model_cfg.param_dtype,
+                tie_embeddings=model_cfg.tie_embeddings,
+            )
         except (PlanError, ValueError):
             return None
 

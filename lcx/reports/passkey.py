@@ -33,6 +33,10 @@ def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
     if cfg.eval.task != "passkey":
         raise ValueError(f"eval.task={cfg.eval.task!r} is unknown; lcx.eval has 'passkey'")
     ckpt = resolve_dir(cfg.checkpoint.dir)
+    if ckpt is None:
+        raise ValueError(
+            "checkpoint.dir is not set: lcx.eval reads a training run's checkpoints (checkpoint.dir=<run>/ckpt)"
+        )
     c = Checkpoints(ckpt, read_only=True)
     try:
         steps = c.steps()
@@ -42,7 +46,9 @@ def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
         run = c.read_meta(step)["config"]
     finally:
         c.close()
-    plan = plan_from_config(OmegaConf.create(run["plan"]), hardware=cfg.hardware)
+    plan_node = OmegaConf.create(run["plan"])
+    assert isinstance(plan_node, DictConfig), "a checkpoint stores its plan as a mapping"
+    plan = plan_from_config(plan_node, hardware=cfg.hardware)
     mp = bind(plan, devices)
     model, meta = load_model(ckpt, mp, step=step)
     S = int(run["train"]["seq_len"])

@@ -15,11 +15,17 @@ import dataclasses
 import json
 import pathlib
 import sys
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from lcx.reports.maxtext import compare_with_maxtext
+
+
+def _as_dict(node: Any) -> dict[str, Any]:
+    """A mapping config node as a plain dict, interpolations resolved (against its root)."""
+    # OmegaConf.to_container of a DictConfig is a dict; its stub says any container
+    return cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
 
 
 def _model_arrays(model_cfg, param_dtype: str):
@@ -107,7 +113,7 @@ def _job(cfg: DictConfig) -> _Job:
     check_section(cfg.get("memory"), MemorySchema, "memory", complete=False, tool="lcx.plan")
     check_section(cfg.get("planner"), PlannerSchema, "planner", tool="lcx.plan")
     check_section(cfg.hardware, HardwareSchema, "hardware", tool="lcx.plan")
-    model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
+    model_cfg = ModelConfig.from_dict(_as_dict(cfg.model))
     hwn = cfg.hardware
     chips = hwn.get("chips")
     devices_per_chip = positive_int(hwn.get("devices_per_chip") or 1, "hardware.devices_per_chip")
@@ -133,7 +139,7 @@ def _job(cfg: DictConfig) -> _Job:
             hw = dataclasses.replace(hw, hbm_bytes=host_ram[0] / n)
     S = positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
     B = positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
-    mem = OmegaConf.to_container(cfg.get("memory") or {}, resolve=True)
+    mem = _as_dict(cfg.get("memory") or {})
     # the model's own remat policy and placements, unless the memory section prices another
     placed = {k: mem[k] for k in ("remat", "decoder_layer_input", "context", "qkv") if mem.get(k) is not None}
     policy = ActivationPolicy.from_model(
