@@ -120,7 +120,7 @@ def test_shipped_experiment_composes_and_validates(devices):
     for i in range(len(stages)):
         c = stage_config(cfg, stages, i)
         ctx = setup(c, devices)
-        assert ctx["model_cfg"].rope_scaling_type == (None if i == 0 else "yarn")
+        assert ctx.model_cfg.rope_scaling_type == (None if i == 0 else "yarn")
         assert int(c.train.steps) == sum(s.steps for s in stages[: i + 1])
     assert OmegaConf.select(cfg, "checkpoint.dir") == "checkpoints/length_extension"
 
@@ -182,4 +182,4 @@ def test_passkey_experiment_composes_and_every_stage_validates(devices):
     assert [(s.seq_len, s.global_batch) for s in stages] == [(256, 32), (512, 16), (1024, 8)]
     for i in range(len(stages)):
         ctx = setup(stage_config(cfg, stages, i), devices)
-        assert ctx["plan"].plan.attention.strategy == "ring" and ctx["plan"].context_degree == 4
+        assert ctx.plan.plan.attention.strategy == "ring" and ctx.plan.context_degree == 4
