@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Required, TypedDict
+from typing import Any, Required, TypedDict
 
 from lcx.attention.strategies import AbstractStrategy, AttentionShard, get_strategy
 from lcx.cost.dtypes import dtype_bytes
@@ -53,6 +53,12 @@ class StepSizes:
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
     tie_embeddings: bool = False
+
+    @classmethod
+    def of_model(cls, cfg: Any, seq_len: int, global_batch: int) -> StepSizes:
+        """``global_batch`` sequences of ``seq_len`` tokens in a model config's dtypes and head
+        (``dtype``, ``param_dtype``, ``tie_embeddings`` of :class:`lcx.models.ModelConfig`)."""
+        return cls(seq_len, global_batch, cfg.dtype, cfg.param_dtype, bool(cfg.tie_embeddings))
 
     def args(self) -> StepArgs:
         """The keywords again (to pass on as ``**step``)."""

@@ -259,6 +259,7 @@ def compare_with_maxtext(rec, model_cfg, hw, n: int, S: int, B: int, attention=N
         hardware preset); the recipe runs it as ring + zigzag.
     """
     from lcx.cost import ActivationPolicy, estimate
+    from lcx.cost.local import StepSizes
     from lcx.sharding import AttentionConfig, PlanError
 
     if rec.best is None:
@@ -278,19 +279,8 @@ def compare_with_maxtext(rec, model_cfg, hw, n: int, S: int, B: int, attention=N
         try:
             plan = _recipe_plan(r, att)
             plan.validate(n, dims=model_cfg.dims(), seq_len=seq, global_batch=batch)
-            return estimate(
-                model_cfg,
-                plan,
-                hw,
-                n,
-                policy=pol,
-                window=model_cfg.sliding_window,
-                seq_len=seq,
-                global_batch=batch,
-                dtype=model_cfg.dtype,
-                param_dtype=model_cfg.param_dtype,
-                tie_embeddings=model_cfg.tie_embeddings,
-            )
+            step = StepSizes.of_model(model_cfg, seq, batch).args()
+            return estimate(model_cfg, plan, hw, n, policy=pol, window=model_cfg.sliding_window, **step)
         except (PlanError, ValueError):
             return None
 

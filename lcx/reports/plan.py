@@ -23,8 +23,8 @@ from lcx.reports.maxtext import compare_with_maxtext
 
 
 def _as_dict(node: Any) -> dict[str, Any]:
-    """A mapping config node as a plain dict, interpolations resolved (against its root)."""
-    # OmegaConf.to_container of a DictConfig is a dict; its stub says any container
+    """A mapping config node as a plain dict, interpolations resolved (against its root): the
+    container of a DictConfig is a dict, though OmegaConf's stub says any container."""
     return cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
 
 
@@ -56,10 +56,9 @@ def _model_arrays(model_cfg, param_dtype: str):
 def _check_kernel(att) -> None:
     """Refuse, before pricing, the kernel block sizes lcx.train would refuse: the kernel's own
     check (:func:`lcx.attention.kernels.make_kernel`; splash: ``block_q`` a multiple of 8, the
-    other blocks multiples of 128, up to 16384),
-    not a copy of it. Building the kernel object compiles nothing. Where splash's Pallas module
-    is missing, its block sizes have already passed (the kernel checks them first) and the
-    planner needs no kernel to price them.
+    other blocks multiples of 128, up to 16384), not a copy of it. Building the kernel object
+    compiles nothing. Where splash's Pallas module is missing, its block sizes have already
+    passed (the kernel checks them first) and the planner needs no kernel to price them.
 
     Raises:
       ValueError: an unknown kernel or block sizes it cannot tile; the message names the fix.
@@ -201,6 +200,7 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
     """Describe and price the given plan (``say`` each line); its report entry and estimate (None
     when the plan does not apply here: the entry says why)."""
     from lcx.cost import estimate
+    from lcx.cost.local import StepSizes
     from lcx.cost.memory import activation_arrays
     from lcx.sharding import PlanError
     from lcx.sharding.describe import describe
@@ -215,19 +215,8 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
         MemoryOptions(vocab_tiling=policy.vocab_tiling).check_tiling(S // P, seq_len=S, context_degree=P)
         say(f"== describe(): the given plan (plan={given.name}); parameters from {source}")
         say(describe(given, n, [*arrays, *activation_arrays(m, S, B, m.dtype)]))
-        e = estimate(
-            m,
-            given,
-            hw,
-            n,
-            seq_len=S,
-            global_batch=B,
-            policy=policy,
-            dtype=m.dtype,
-            param_dtype=m.param_dtype,
-            window=m.sliding_window,
-            tie_embeddings=m.tie_embeddings,
-        )
+        step = StepSizes.of_model(m, S, B).args()
+        e = estimate(m, given, hw, n, policy=policy, window=m.sliding_window, **step)
     except (PlanError, ValueError) as err:
         say(f"== the given plan (plan={given.name}) does not apply here: {err}")
         report["error"] = str(err)
@@ -275,22 +264,14 @@ def _search(job: _Job, given, arrays, say) -> dict[str, Any]:
       PlanError: no candidate (the message says which split fails and what would work).
     """
     from lcx.cost import search, table
+    from lcx.cost.local import StepSizes
     from lcx.cost.memory import activation_arrays
     from lcx.sharding import PlanError
     from lcx.sharding.describe import describe
 
     m, hw, n, S, B = job.model, job.hw, job.n, job.S, job.B
-    rec = search(
-        m,
-        hw,
-        n,
-        seq_len=S,
-        global_batch=B,
-        dtype=m.dtype,
-        param_dtype=m.param_dtype,
-        attention=dataclasses.replace(given.attention),
-        window=m.sliding_window,
-    )
+    attention = dataclasses.replace(given.attention)
+    rec = search(m, hw, n, attention=attention, window=m.sliding_window, **StepSizes.of_model(m, S, B).args())
     if not rec.candidates:
         # an empty table and a blank recommendation say nothing: say which split failed
         from lcx.cost.planner import no_candidates_reason
