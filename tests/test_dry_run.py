@@ -49,7 +49,7 @@ def _dry_run(cfg, tmp_path):
 )
 def test_published_recipes_pass_at_their_chip_counts(experiment, n, seq, local, hbm, tmp_path, no_devices):
     report, text = _dry_run(_config(f"experiment={experiment}"), tmp_path)
-    assert report["n_devices"] == n and report["fits"] is True and report["memory_checked"] is True
+    assert report.n_devices == n and report.fits is True and report.memory_checked is True
     assert f"{seq:,} tokens" in text and f"{local:,} tokens per device" in text
     assert f"against: HBM {hbm:.2f} GiB per device" in text
     assert text.rstrip().endswith("nothing was compiled and no device was used")
@@ -64,18 +64,18 @@ def test_published_recipes_pass_at_their_chip_counts(experiment, n, seq, local, 
         "logits",
     ):
         assert f"  {row} " in text, row
-    m = report["memory_bytes_per_device"]
-    assert 0 < m["total"] <= hbm * GiB and m["host"] <= report["host_limit_bytes"]
-    host = report["host_parts_bytes_per_device"]
+    m = report.memory_bytes_per_device
+    assert 0 < m["total"] <= hbm * GiB and m["host"] <= report.host_limit_bytes
+    host = report.host_parts_bytes_per_device
     assert sum(host.values()) == m["host"] and host["activations"] > 0  # block inputs + context offloaded
-    assert report["policy"]["vocab_tiling"] == 16 and local % 16 == 0
+    assert report.policy["vocab_tiling"] == 16 and local % 16 == 0
     assert json.loads((tmp_path / "dry_run.json").read_text())["n_devices"] == n
 
 
 def test_14m_recipe_offloads_its_state_to_host(tmp_path, no_devices):
     report, text = _dry_run(_config("experiment=longctx_14m_tpu7"), tmp_path)
-    host = report["host_parts_bytes_per_device"]
-    assert report["policy"]["offload_optimizer"] and report["policy"]["offload_params"]
+    host = report.host_parts_bytes_per_device
+    assert report.policy["offload_optimizer"] and report.policy["offload_params"]
     assert host["parameters"] > 0 and host["optimizer"] == 2 * host["parameters"]
     assert "  parameters          host" in text and "  optimizer state     host" in text
 
@@ -85,7 +85,7 @@ def test_cpu_dry_run_validates_the_simulated_devices(tmp_path, no_devices, monke
 
     monkeypatch.setattr(lcx.cost, "host_memory_available", lambda: (16 * GiB, "test"))
     report, text = _dry_run(_config(), tmp_path)
-    assert report["n_devices"] == 8 and report["fits"] is True
+    assert report.n_devices == 8 and report.fits is True
     assert "x 8 simulated devices" in text and "16,384.00 MiB available (test)" in text
     # a mesh for another device count is refused as a real run would refuse it
     from lcx.sharding import PlanError
@@ -142,16 +142,16 @@ def test_state_advice_offers_only_offloads_that_lower_the_estimate(tmp_path, no_
     from lcx.training.preflight import resolve
 
     ctx = resolve(cfg, 1, run_memory_check=False)
-    base = memory_check(cfg, ctx["model_cfg"], ctx["plan"], 1, memory=ctx["memory"])
+    base = memory_check(cfg, ctx.model_cfg, ctx.plan, 1, memory=ctx.memory)
     for key in ("offload_optimizer", "offload_params"):
         import dataclasses
 
         c = memory_check(
             cfg,
-            ctx["model_cfg"],
-            ctx["plan"],
+            ctx.model_cfg,
+            ctx.plan,
             1,
-            memory=ctx["memory"],
+            memory=ctx.memory,
             policy=dataclasses.replace(base.policy, **{key: True}),
         )
         assert (f"memory.{key}=true" in str(e.value)) == (c.need < base.need), key

@@ -399,7 +399,7 @@ def test_train_overrides_are_what_hydra_and_lcx_train_accept():
         with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
             cfg = compose(config_name="config", overrides=["experiment=longctx_14m_tpu7", *ov])
         ctx = resolve(cfg, 128, run_memory_check=False)
-        got = memory_policy(ctx["model_cfg"], ctx["memory"])
+        got = memory_policy(ctx.model_cfg, ctx.memory)
         # full with the block input offloaded is custom with everything else recomputed
         want = (
             pol

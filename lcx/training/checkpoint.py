@@ -182,7 +182,8 @@ class Checkpoints:
             self._pending = None
             self._failed = (int(step), e)
             self._recover(int(step))
-            self.check()
+            self.check()  # raises the failure just recorded
+            return False
         if not self._async:
             self.check(wait=True)
         return bool(started)

@@ -18,7 +18,7 @@ import logging
 import math
 import pathlib
 import time
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
@@ -87,48 +87,40 @@ def train(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> TrainRe
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     run = prepare(cfg, devices)
-    ckpts = Checkpoints(run.ckpt.dir, keep=run.ckpt.keep, async_save=run.ckpt.async_save) if run.ckpt.enabled else None
+    c = run.ckpt
+    ckpts = Checkpoints(c.dir, keep=c.keep, async_save=c.async_save) if c.dir is not None else None
     state, restored = initial_state(run, ckpts)
-    record_run(run, run_dir, state.step, resumed=restored is not None)
     start = state.step
+    record_run(run, run_dir, start, resumed=restored is not None)
     val_loss = restored.meta.get("val_loss") if restored is not None else None
-    if start >= run.total_steps:
-        # no step runs, so no loss is computed: the checkpoint's last loss is not this run's
-        log.info("checkpoint at step %d already reached train.steps=%d; nothing to train", start, run.total_steps)
-        if ckpts is not None:
-            ckpts.close()
-        return TrainResult(
-            losses=[],
-            final_loss=None,
-            val_loss=val_loss,
-            state=state,
-            static=run.static,
-            run_dir=str(run_dir),
-            compile_s=None,
-            start_step=start,
-        )
-    batch = put_batch(next(run.data.train), run.steps.batch_sharding)
-    train_c, first = compile_step(run, state, batch, resumed=restored is not None)
     losses: list[float] = []
+    compile_s = None
     with contextlib.ExitStack() as stack:
         if ckpts is not None:
             stack.callback(ckpts.close)  # an exception still lets an in-flight (good) save finish
-        hooks, ckpt_hook = make_hooks(run, run_dir, stack, ckpts, start, resumed=restored is not None)
-        for step in range(start + 1, run.total_steps + 1):
-            state, batch, info = train_step(
-                run, train_c, state, batch, step, first if step == start + 1 else {}, val_loss, ckpts, ckpt_hook
-            )
-            losses.append(info.loss)
-            hooks.run(info)
-            val_loss = info.val_loss
+        if start >= run.total_steps:
+            # no step runs, so no loss is computed: the checkpoint's last loss is not this run's
+            log.info("checkpoint at step %d already reached train.steps=%d; nothing to train", start, run.total_steps)
+        else:
+            batch = put_batch(next(run.data.train), run.steps.batch_sharding)
+            train_c, first = compile_step(run, state, batch, resumed=restored is not None)
+            compile_s = first["compile_s"]
+            hooks, ckpt_hook = make_hooks(run, run_dir, stack, ckpts, start, resumed=restored is not None)
+            for step in range(start + 1, run.total_steps + 1):
+                assert batch is not None  # only the last step prefetches no next batch
+                extra = first if step == start + 1 else {}
+                state, batch, info = train_step(run, train_c, state, batch, step, extra, val_loss, ckpts, ckpt_hook)
+                losses.append(info.loss)
+                hooks.run(info)
+                val_loss = info.val_loss
     return TrainResult(
         losses=losses,
-        final_loss=losses[-1],
+        final_loss=losses[-1] if losses else None,
         val_loss=val_loss,
         state=state,
         static=run.static,
         run_dir=str(run_dir),
-        compile_s=first["compile_s"],
+        compile_s=compile_s,
         start_step=start,
     )
 
@@ -167,9 +159,9 @@ def prepare(cfg: DictConfig, devices=None) -> Run:
     t = cfg.train
     ckpt = checkpoint_config(cfg.get("checkpoint"))
     ctx = setup(cfg, devices)
-    mp: MeshPlan = ctx["plan"]
-    model_cfg, devices = ctx["model_cfg"], ctx["devices"]
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    mp, model_cfg, devices = ctx.plan, ctx.model_cfg, ctx.devices
+    # the root of a composed config converts to a dict (OmegaConf types the result loosely)
+    resolved = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     data = make_data(
         cfg.data,
         seq_len=int(t.seq_len),
@@ -185,7 +177,7 @@ def prepare(cfg: DictConfig, devices=None) -> Run:
     abstract_params, static = eqx.partition(abstract, is_arraylike)
     optimizer, schedule = optimizer_from_config(t)
     # where parameters and optimizer state live between steps: pinned_host when offloaded
-    steps = make_steps(abstract, optimizer, mp, model_shardings(abstract, mp), ctx["memory"])
+    steps = make_steps(abstract, optimizer, mp, model_shardings(abstract, mp), ctx.memory)
     return Run(
         cfg=cfg,
         resolved=resolved,
@@ -215,7 +207,6 @@ def initial_state(run: Run, ckpts: Checkpoints | None) -> tuple[TrainState, Rest
     dropout); the key is carried through checkpoints so that a stochastic step would resume
     exactly too.
     """
-    restored = None
     if ckpts is not None:
         restored = ckpts.restore_latest(
             lambda: abstract_train_state(
@@ -229,19 +220,19 @@ def initial_state(run: Run, ckpts: Checkpoints | None) -> tuple[TrainState, Rest
                 meta, run.resolved, where=where, allow=run.ckpt.allow_config_change, job=multirun_job()
             ),
         )
-    if restored is None:
-        state = init_train_state(
-            run.model_cfg,
-            run.key,
-            run.optimizer,
-            run.steps,
-            rng=jax.random.fold_in(run.key, 1),
-            data=run.data.train.state(),
-        )
-        return state, None
-    run.data.train.resume(restored.meta["data"])
-    log.info("resumed from %s at step %d", ckpts.directory / str(restored.step), restored.step)
-    return restored.state.replace(data=run.data.train.state()), restored
+        if restored is not None:
+            run.data.train.resume(restored.meta["data"])
+            log.info("resumed from %s at step %d", ckpts.directory / str(restored.step), restored.step)
+            return restored.state.replace(data=run.data.train.state()), restored
+    state = init_train_state(
+        run.model_cfg,
+        run.key,
+        run.optimizer,
+        run.steps,
+        rng=jax.random.fold_in(run.key, 1),
+        data=run.data.train.state(),
+    )
+    return state, None
 
 
 def record_run(run: Run, run_dir: pathlib.Path, start: int, *, resumed: bool) -> None:
@@ -264,7 +255,9 @@ def record_run(run: Run, run_dir: pathlib.Path, start: int, *, resumed: bool) ->
     truncate_metrics(run_dir / "metrics.jsonl", start)
 
 
-def compile_step(run: Run, state: TrainState, batch: dict, *, resumed: bool) -> tuple[Any, dict[str, Any]]:
+def compile_step(
+    run: Run, state: TrainState, batch: dict[str, jax.Array], *, resumed: bool
+) -> tuple[jax.stages.Compiled, dict[str, Any]]:
     """Phase 4: compile the train step for ``batch``'s shapes.
 
     Returns:
@@ -318,15 +311,15 @@ def make_hooks(
 
 def train_step(
     run: Run,
-    compiled: Any,
+    compiled: jax.stages.Compiled,
     state: TrainState,
-    batch: dict,
+    batch: dict[str, jax.Array],
     step: int,
     extra: dict[str, Any],
     val_loss: float | None,
     ckpts: Checkpoints | None,
     ckpt_hook: CheckpointHook | None,
-) -> tuple[TrainState, dict | None, StepInfo]:
+) -> tuple[TrainState, dict[str, jax.Array] | None, StepInfo]:
     """Phase 6, once per step: run step ``step`` on ``batch``, prefetch the next batch while the
     devices work, and build the step's :class:`StepInfo` (its metrics record plus ``extra``).
 
@@ -337,7 +330,7 @@ def train_step(
     params, opt_state, m = compiled(state.params, state.opt_state, batch)  # dispatched asynchronously
     # Host work overlaps the step on the devices: fetch the next batch while it runs.
     last = step == run.total_steps
-    batch = None if last else put_batch(next(run.data.train), run.steps.batch_sharding)
+    next_batch = None if last else put_batch(next(run.data.train), run.steps.batch_sharding)
     loss = float(m["loss"])  # blocks: the step time below is the whole step
     dt = time.perf_counter() - ts
     grad_norm = float(m["grad_norm"])
@@ -362,7 +355,7 @@ def train_step(
         "valid_tokens": float(m["tokens"]),
         **extra,
     }
-    return state, batch, StepInfo(state=state, last=last, loss=loss, record=record, val_loss=val_loss)
+    return state, next_batch, StepInfo(state=state, last=last, loss=loss, record=record, val_loss=val_loss)
 
 
 def checkpoint_meta(run: Run, loss: float | None, val: float | None) -> dict[str, Any]:

@@ -7,13 +7,14 @@ sequence are split, nor on the sequence layout (a sum is order-free; nothing un-
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-__all__ = ["loss_sum_and_count", "token_nll", "vocab_tiled_loss_sum_and_count", "vocab_tiled_predictions"]
+__all__ = ["VocabTiles", "loss_sum_and_count", "token_nll", "vocab_tiled_loss_sum_and_count", "vocab_tiled_predictions"]
 
 
 def token_nll(logits: Float[Array, "*b V"], targets: Int[Array, "*b"]) -> Float[Array, "*b"]:
@@ -30,15 +31,32 @@ def loss_sum_and_count(
     return jnp.sum(token_nll(logits, targets) * m), jnp.sum(m)
 
 
+@dataclasses.dataclass(frozen=True)
+class VocabTiles:
+    """How the vocabulary-tiled functions cut each device's local sequence.
+
+    Attributes:
+      tiles: number of tiles N (1: one tile, the whole local sequence).
+      seq_shards: devices the sequence axis is split over (the context degree P).
+      constrain: ``(array, logical_axes) -> array`` sharding constraint
+        (:meth:`lcx.sharding.MeshPlan.constrain`); None: no constraint.
+    """
+
+    tiles: int
+    seq_shards: int = 1
+    constrain: Callable[[Array, tuple[str | None, ...]], Array] | None = None
+
+    def pin(self, x: Array, logical_axes: tuple[str | None, ...]) -> Array:
+        """``x`` constrained to ``logical_axes`` (unchanged without ``constrain``)."""
+        return x if self.constrain is None else self.constrain(x, logical_axes)
+
+
 def vocab_tiled_loss_sum_and_count(
     h: Float[Array, "B S D"],
     head: Float[Array, "D V"],
     targets: Int[Array, "B S"],
     loss_mask: Float[Array, "B S"],
-    *,
-    tiles: int,
-    seq_shards: int = 1,
-    constrain: Callable[[Array, tuple[str | None, ...]], Array] | None = None,
+    tiling: VocabTiles,
 ) -> tuple[Float[Array, ""], Float[Array, ""]]:
     """:func:`loss_sum_and_count` of ``h @ head`` without ever forming the logits ``[B, S, V]``.
 
@@ -63,10 +81,7 @@ def vocab_tiled_loss_sum_and_count(
       head: ``[D, V]`` output projection in the compute dtype.
       targets: int ``[B, S]`` next-token ids.
       loss_mask: ``[B, S]``, 1 for tokens in the loss.
-      tiles: number of tiles N (1: one tile, the whole local sequence).
-      seq_shards: devices the sequence axis is split over (the context degree P).
-      constrain: ``(array, logical_axes) -> array`` sharding constraint
-        (:meth:`lcx.sharding.MeshPlan.constrain`); None: no constraint.
+      tiling: the tiles, the sequence shards and the sharding constraint.
 
     Returns:
       ``(sum of masked token NLL in nats, number of valid tokens)``, float32 scalars.
@@ -74,8 +89,8 @@ def vocab_tiled_loss_sum_and_count(
     Raises:
       ValueError: ``S`` not divisible by ``seq_shards * tiles``.
     """
-    tile, _ = _tiler(h.shape[:2], seq_shards, tiles)
-    pin = constrain or (lambda x, _: x)
+    tile, _ = _tiler(h.shape[:2], tiling)
+    pin = tiling.pin
     hs = pin(tile(h), (None, "batch", "seq", None, "embed"))
     ys = pin(tile(targets), (None, "batch", "seq", None))
     ms = pin(tile(loss_mask.astype(jnp.float32)), (None, "batch", "seq", None))
@@ -99,10 +114,7 @@ def vocab_tiled_predictions(
     h: Float[Array, "B S D"],
     head: Float[Array, "D V"],
     targets: Int[Array, "B S"],
-    *,
-    tiles: int,
-    seq_shards: int = 1,
-    constrain: Callable[[Array, tuple[str | None, ...]], Array] | None = None,
+    tiling: VocabTiles,
 ) -> tuple[Int[Array, "B S"], Float[Array, "B S"]]:
     """Per-token ``(argmax of the logits, NLL of the target in nats)`` of ``h @ head``, one tile
     of the local sequence at a time (the tiles of :func:`vocab_tiled_loss_sum_and_count`), for
@@ -114,8 +126,8 @@ def vocab_tiled_predictions(
     Raises:
       ValueError: ``S`` not divisible by ``seq_shards * tiles``.
     """
-    tile, untile = _tiler(h.shape[:2], seq_shards, tiles)
-    pin = constrain or (lambda x, _: x)
+    tile, untile = _tiler(h.shape[:2], tiling)
+    pin = tiling.pin
 
     def one(xs):
         h_t, y_t = xs
@@ -130,12 +142,12 @@ def vocab_tiled_predictions(
     return untile(pred), untile(nll)
 
 
-def _tiler(bs: tuple[int, int], seq_shards: int, tiles: int):
+def _tiler(bs: tuple[int, ...], tiling: VocabTiles) -> tuple[Callable[[Array], Array], Callable[[Array], Array]]:
     """``(tile, untile)``: ``[B, S, ...] <-> [N, B, P, t, ...]`` where tile ``j`` holds tokens
     ``[j t, (j + 1) t)`` of every one of the ``P`` sequence shards (``S = P N t``, the shard index
     major as the sequence axis is sharded), so tiling moves no data between devices."""
     B, S = bs
-    P, n = seq_shards, tiles
+    P, n = tiling.seq_shards, tiling.tiles
     if S % (P * n):
         raise ValueError(
             f"vocabulary tiling: the sequence of {S} tokens over {P} shards does not split into {n} "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -193,6 +194,7 @@ def check_memory(
             f"{gib(m.total + m.host)} per device x {k} simulated CPU devices = {gib(chk.need)} of host RAM, "
             f"but this machine has {gib(chk.limit)} available ({chk.limit_source})"
         )
+        assert chk.limit is not None  # fits is known (False), so the RAM was read
         state_alone = state_min * k > chk.limit
     else:
         what = (
@@ -202,7 +204,7 @@ def check_memory(
         )
         state_alone = chk.over_hbm and state_min > hw.hbm_bytes
     parts = memory_parts(m) if chk.on_cpu or chk.over_hbm else _host_parts(m, chk.policy)
-    big = max(parts, key=parts.get)
+    big = largest(parts)
     fixes = memory_fixes(
         model_cfg,
         plan,
@@ -237,13 +239,22 @@ def _host_parts(m, policy) -> dict[str, int]:
 
 def memory_parts(m) -> dict[str, int]:
     """The parts of a :class:`lcx.cost.MemoryBreakdown` the memory check names as the largest."""
-    return {
-        "parameters + gradients + optimizer state": m.state,
-        "saved activations": m.activations,
-        "block backward": m.layer_working,
-        "attention backward": m.attention,
-        "logits": m.logits,
-    }
+    return {name: getattr(m, field) for name, field in _PARTS}
+
+
+# (what the message calls a part, its MemoryBreakdown field)
+_PARTS = (
+    ("parameters + gradients + optimizer state", "state"),
+    ("saved activations", "activations"),
+    ("block backward", "layer_working"),
+    ("attention backward", "attention"),
+    ("logits", "logits"),
+)
+
+
+def largest(parts: Mapping[str, float]) -> str:
+    """The name of the largest of ``parts`` (the first of equal ones)."""
+    return max(parts, key=lambda p: parts[p])
 
 
 def format_count(n: int) -> str:

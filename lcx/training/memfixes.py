@@ -16,7 +16,7 @@ import dataclasses
 
 from lcx.cost.planner import divisors
 from lcx.models import ModelConfig
-from lcx.training.memcheck import MemoryCheck, memory_parts
+from lcx.training.memcheck import MemoryCheck, largest, memory_parts
 
 
 def memory_fixes(
@@ -74,7 +74,7 @@ def memory_fixes(
         )
     opts = []
     parts = memory_parts(m)
-    big = max(parts, key=parts.get)
+    big = largest(parts)
     if check is not None and reprice is not None:
         if big == "logits" and local_seq:
             tile = _tiling_fix(check, reprice, local_seq, gib)
@@ -119,7 +119,7 @@ def _tiling_fix(check: MemoryCheck, reprice, local_seq: int, gib) -> str | None:
         c = reprice(dataclasses.replace(check.policy, vocab_tiling=d))
         if c.fits:
             return _tiling_text(d, local_seq, check, c, gib, fits=True)
-        if first_not_largest is None and max(memory_parts(c.breakdown), key=memory_parts(c.breakdown).get) != "logits":
+        if first_not_largest is None and largest(memory_parts(c.breakdown)) != "logits":
             first_not_largest = (d, c)
     if first_not_largest is not None:
         return _tiling_text(*first_not_largest[:1], local_seq, check, first_not_largest[1], gib, fits=False)

@@ -36,6 +36,13 @@ PLAN_ONLY_KEYS = {
 ``model.*`` key ``lcx.train`` reads instead."""
 
 
+def _tiling_error(n: Any) -> ValueError:
+    return ValueError(
+        f"memory.vocab_tiling={n!r}: must be a whole number >= 1 (tiles of the local sequence "
+        "the output head and loss are computed in; 1: untiled)"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class MemoryOptions:
     """The ``memory:`` section of an ``lcx.train`` config.
@@ -54,10 +61,7 @@ class MemoryOptions:
     def __post_init__(self):
         n = self.vocab_tiling
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(
-                f"memory.vocab_tiling={n!r}: must be a whole number >= 1 (tiles of the local sequence "
-                "the output head and loss are computed in; 1: untiled)"
-            )
+            raise _tiling_error(n)
         for name in ("offload_optimizer", "offload_params"):
             v = getattr(self, name)
             if not isinstance(v, bool):
@@ -95,6 +99,8 @@ class MemoryOptions:
         vt = d.get("vocab_tiling", 1)
         if isinstance(vt, float) and vt.is_integer():
             vt = int(vt)
+        if not isinstance(vt, int):
+            raise _tiling_error(vt)
         return cls(
             vocab_tiling=vt,
             offload_optimizer=d.get("offload_optimizer", False),

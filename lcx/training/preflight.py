@@ -16,21 +16,54 @@ import jax
 from omegaconf import DictConfig, OmegaConf
 
 from lcx.models import ModelConfig
-from lcx.sharding import bind
+from lcx.sharding import MeshPlan, Plan, bind
 from lcx.sharding.config import plan_from_config
-from lcx.training.memcheck import MemoryCheck, check_memory, format_count, memory_check
+from lcx.training.memcheck import MemoryCheck, check_memory, format_count, largest, memory_check
 from lcx.training.memory import MemoryOptions
 
 log = logging.getLogger("lcx.training.loop")
 
 
-def setup(cfg: DictConfig, devices=None) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """What :func:`resolve` checked, from the configuration alone.
+
+    Attributes:
+      plan: the unbound plan.
+      model_cfg: the model configuration.
+      memory: the ``memory:`` section's options.
+      n_devices: JAX devices of the run (all processes together).
+      check_memory: ``train.check_memory``.
+    """
+
+    plan: Plan
+    model_cfg: ModelConfig
+    memory: MemoryOptions
+    n_devices: int
+    check_memory: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What :func:`setup` resolved for the devices of a run.
+
+    Attributes:
+      plan: the plan bound to ``devices``.
+      model_cfg: the model configuration.
+      devices: the devices the mesh is built on (``jax.Device``).
+      memory: the ``memory:`` section's options.
+    """
+
+    plan: MeshPlan
+    model_cfg: ModelConfig
+    devices: list[Any]
+    memory: MemoryOptions
+
+
+def setup(cfg: DictConfig, devices=None) -> Setup:
     """Resolve and validate everything a run needs, before compiling anything.
 
     :func:`resolve` on the device count, then the plan bound to ``devices``.
-
-    Returns a dict with ``plan`` (MeshPlan), ``model_cfg``, ``devices``, ``memory``
-    (:class:`~lcx.training.memory.MemoryOptions` of the ``memory:`` section).
 
     Raises:
       PlanError / ValueError: an invalid plan, model, batch or sequence configuration, with a
@@ -39,18 +72,13 @@ def setup(cfg: DictConfig, devices=None) -> dict[str, Any]:
     devices = list(jax.devices() if devices is None else devices)
     me = jax.process_index()
     local = sum(1 for d in devices if getattr(d, "process_index", 0) == me) or len(devices)
-    ctx = resolve(cfg, len(devices), local_devices=local)
-    return {
-        "plan": bind(ctx["plan"], devices),
-        "model_cfg": ctx["model_cfg"],
-        "devices": devices,
-        "memory": ctx["memory"],
-    }
+    r = resolve(cfg, len(devices), local_devices=local)
+    return Setup(plan=bind(r.plan, devices), model_cfg=r.model_cfg, devices=devices, memory=r.memory)
 
 
 def resolve(
     cfg: DictConfig, n_devices: int, *, local_devices: int | None = None, run_memory_check: bool = True
-) -> dict[str, Any]:
+) -> Resolved:
     """Validate a run on ``n_devices`` devices from the configuration alone: the settings, the
     plan, the model, the ``memory:`` options and (``train.check_memory``) the cost ledger's
     memory estimate. No device is touched and nothing compiles, so it serves a dry run for a
@@ -63,10 +91,6 @@ def resolve(
         devices that share this host's RAM); None: all of them.
       run_memory_check: False: skip the memory check even where ``train.check_memory`` asks for
         it (:func:`dry_run` prints the anatomy first, then checks).
-
-    Returns:
-      A dict with ``plan`` (the unbound :class:`~lcx.sharding.Plan`), ``model_cfg``, ``memory``
-      (:class:`~lcx.training.memory.MemoryOptions`), ``n_devices`` and ``check_memory`` (bool).
 
     Raises:
       PlanError / ValueError: as :func:`setup`.
@@ -81,7 +105,7 @@ def resolve(
     positive_int(cfg.train.steps, "train.steps", "optimizer steps")
     check = boolean(cfg.train.check_memory, "train.check_memory", "refuse a step the cost ledger says exceeds memory")
     plan = plan_from_config(cfg.plan, hardware=cfg.hardware)
-    model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
+    model_cfg = ModelConfig.from_dict(_mapping(OmegaConf.to_container(cfg.model, resolve=True), "model"))
     plan.validate(
         n_devices, dims=model_cfg.dims(), seq_len=int(cfg.train.seq_len), global_batch=int(cfg.train.global_batch)
     )
@@ -90,7 +114,18 @@ def resolve(
     memory.check_tiling(int(cfg.train.seq_len) // P, seq_len=int(cfg.train.seq_len), context_degree=P)
     if check and run_memory_check:
         check_memory(cfg, model_cfg, plan, n_devices, memory=memory, local_devices=local_devices)
-    return {"plan": plan, "model_cfg": model_cfg, "memory": memory, "n_devices": n_devices, "check_memory": check}
+    return Resolved(plan=plan, model_cfg=model_cfg, memory=memory, n_devices=n_devices, check_memory=check)
+
+
+def _mapping(node: Any, key: str) -> dict[str, Any]:
+    """``node`` (an OmegaConf container converted to plain values) as a dict.
+
+    Raises:
+      ValueError: the ``key`` section is not a mapping (a YAML list or a scalar).
+    """
+    if not isinstance(node, dict):
+        raise ValueError(f"the {key} section must be a mapping of its fields, got {node!r}")
+    return node
 
 
 def dry_run_devices(cfg: DictConfig) -> tuple[int, int]:
@@ -124,7 +159,34 @@ def dry_run_devices(cfg: DictConfig) -> tuple[int, int]:
     return n, n
 
 
-def dry_run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None, *, file=None) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class DryRunReport:
+    """What :func:`dry_run` found; ``dry_run.json`` holds its fields.
+
+    Attributes:
+      n_devices, local_devices: devices of the run, and of this process.
+      plan: the plan as its ``plan`` config (:meth:`lcx.sharding.Plan.to_config`).
+      policy: the :class:`lcx.cost.ActivationPolicy` priced, as a dict.
+      memory_bytes_per_device: the ledger's breakdown (:meth:`lcx.cost.MemoryBreakdown.as_dict`).
+      host_parts_bytes_per_device: ``parameters``, ``optimizer``, ``activations`` in host memory.
+      limit_bytes, host_limit_bytes: what the check compared with (None: unknown).
+      fits: the ledger's verdict (None: this machine's RAM cannot be read).
+      memory_checked: ``train.check_memory``.
+    """
+
+    n_devices: int
+    local_devices: int
+    plan: dict[str, Any]
+    policy: dict[str, Any]
+    memory_bytes_per_device: dict[str, int]
+    host_parts_bytes_per_device: dict[str, int]
+    limit_bytes: float | None
+    host_limit_bytes: float | None
+    fits: bool | None
+    memory_checked: bool
+
+
+def dry_run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None, *, file=None) -> DryRunReport:
     """``train.dry_run=true``: validate the run for the device count of its hardware preset and
     check its memory, without any device.
 
@@ -137,9 +199,7 @@ def dry_run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None, *, file=
     checked on a CPU machine.
 
     Returns:
-      The JSON-able report: ``n_devices``, ``plan``, ``policy``, ``memory_bytes_per_device``
-      (the breakdown), ``host_parts_bytes_per_device``, ``limit_bytes``, ``host_limit_bytes``,
-      ``fits``.
+      The :class:`DryRunReport`.
 
     Raises:
       PlanError / ValueError: what :func:`setup` refuses, with the same messages (the memory
@@ -148,27 +208,27 @@ def dry_run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None, *, file=
     out = file or sys.stdout
     n, k = dry_run_devices(cfg)
     # everything but the memory check, whose verdict follows the anatomy it judges
-    ctx = resolve(cfg, n, local_devices=k, run_memory_check=False)
-    plan, model_cfg, mem, check = ctx["plan"], ctx["model_cfg"], ctx["memory"], ctx["check_memory"]
+    r = resolve(cfg, n, local_devices=k, run_memory_check=False)
+    plan, model_cfg, mem, check = r.plan, r.model_cfg, r.memory, r.check_memory
     chk = memory_check(cfg, model_cfg, plan, n, memory=mem, local_devices=k)
     text, host_parts = memory_anatomy(chk, cfg, model_cfg, plan)
     print(text, file=out, flush=True)
-    report = {
-        "n_devices": n,
-        "local_devices": k,
-        "plan": plan.to_config(),
-        "policy": dataclasses.asdict(chk.policy),
-        "memory_bytes_per_device": chk.breakdown.as_dict(),
-        "host_parts_bytes_per_device": host_parts,
-        "limit_bytes": chk.limit,
-        "host_limit_bytes": chk.host_limit,
-        "fits": chk.fits,
-        "memory_checked": check,
-    }
+    report = DryRunReport(
+        n_devices=n,
+        local_devices=k,
+        plan=plan.to_config(),
+        policy=dataclasses.asdict(chk.policy),
+        memory_bytes_per_device=chk.breakdown.as_dict(),
+        host_parts_bytes_per_device=host_parts,
+        limit_bytes=chk.limit,
+        host_limit_bytes=chk.host_limit,
+        fits=chk.fits,
+        memory_checked=check,
+    )
     if out_dir is not None:
         p = pathlib.Path(out_dir)
         p.mkdir(parents=True, exist_ok=True)
-        (p / "dry_run.json").write_text(json.dumps(report, indent=1, default=str))
+        (p / "dry_run.json").write_text(json.dumps(dataclasses.asdict(report), indent=1, default=str))
     if check:
         check_memory(cfg, model_cfg, plan, n, memory=mem, local_devices=k)  # raises the one-line error
     verdict = (
@@ -236,7 +296,7 @@ def memory_anatomy(chk: MemoryCheck, cfg: DictConfig, model_cfg: ModelConfig, pl
         "logits": m.logits,
         "attention forward": m.attention_forward,
     }
-    peak = max(phase, key=phase.get)
+    peak = largest(phase)
     if upd > m.activations + m.working:
         peak = "optimizer update"
     rows = []

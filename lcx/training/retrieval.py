@@ -20,14 +20,15 @@ import equinox as eqx
 import numpy as np
 
 from lcx.data.passkey import PasskeyEval, min_seq_len
+from lcx.models import Llama
 from lcx.sharding import MeshPlan
 from lcx.sharding.layout import undo_layout
-from lcx.training.loss import token_nll, vocab_tiled_predictions
+from lcx.training.loss import VocabTiles, token_nll, vocab_tiled_predictions
 from lcx.training.step import put_batch
 
 
 def passkey_grid(
-    model: eqx.Module,
+    model: Llama,
     mp: MeshPlan,
     *,
     lengths: Sequence[int],
@@ -72,9 +73,8 @@ def passkey_grid(
     def forward(m, batch):
         if vocab_tiling > 1:
             h = m.features(batch["tokens"], batch["positions"], batch["segment_ids"], plan=mp)
-            return vocab_tiled_predictions(
-                h, m.output_head(), batch["targets"], tiles=vocab_tiling, seq_shards=degree, constrain=mp.constrain
-            )
+            tiles = VocabTiles(vocab_tiling, degree, mp.constrain)
+            return vocab_tiled_predictions(h, m.output_head(), batch["targets"], tiles)
         logits = m(batch["tokens"], batch["positions"], batch["segment_ids"], plan=mp)
         return logits.argmax(-1), token_nll(logits, batch["targets"])
 

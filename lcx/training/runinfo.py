@@ -15,6 +15,7 @@ import platform
 import subprocess
 import sys
 from importlib import metadata
+from typing import cast
 
 PACKAGES = ("jax", "jaxlib", "equinox", "optax", "orbax-checkpoint", "hydra-core", "omegaconf", "numpy")
 # Environment variables that change what XLA/JAX compute or how many devices exist.
@@ -78,14 +79,17 @@ def _hydra() -> dict | None:
     """The Hydra job's overrides, run mode and job number, when Hydra runs this process."""
     try:
         from hydra.core.hydra_config import HydraConfig
+        from omegaconf import DictConfig
 
         if not HydraConfig.initialized():
             return None
         hc = HydraConfig.get()
+        # a DictConfig typed as Hydra's schema: .get reads job.num, unset (???) outside a multirun
+        job = cast(DictConfig, hc.job)
         return {
             "overrides": list(hc.overrides.task),
             "mode": str(hc.mode.name) if hc.mode is not None else None,
-            "job_num": hc.job.get("num"),
+            "job_num": job.get("num"),
             "output_dir": hc.runtime.output_dir,
             "cwd": hc.runtime.cwd,
         }
@@ -120,6 +124,7 @@ def run_info(devices) -> dict:
       ``process_count``, ``command`` (argv), ``hydra`` (overrides, mode, job number).
     """
     import jax
+    import jax.extend.backend
 
     import lcx
 

@@ -20,7 +20,7 @@ import optax
 
 from lcx.data.packing import BATCH_KEYS as BATCH_KEYS  # the five arrays of a batch, defined once
 from lcx.sharding import MeshPlan
-from lcx.training.loss import loss_sum_and_count, vocab_tiled_loss_sum_and_count
+from lcx.training.loss import VocabTiles, loss_sum_and_count, vocab_tiled_loss_sum_and_count
 from lcx.training.memory import DEVICE, HOST, MemoryOptions, with_memory_kind
 
 BATCH_AXES = ("batch", "seq")
@@ -41,8 +41,8 @@ class Steps:
       memory: the :class:`~lcx.training.memory.MemoryOptions` the steps were built with.
     """
 
-    train: Callable
-    evaluate: Callable
+    train: jax.stages.Wrapped  # jitted: lowered and compiled ahead by the loop
+    evaluate: jax.stages.Wrapped
     param_shardings: Any
     opt_shardings: Any
     batch_sharding: jax.sharding.NamedSharding
@@ -146,9 +146,7 @@ def loss_function(static: Any, plan: MeshPlan, memory: MemoryOptions | None = No
                 m.output_head(),
                 batch["targets"],
                 batch["loss_mask"],
-                tiles=mem.vocab_tiling,
-                seq_shards=plan.context_degree,
-                constrain=plan.constrain,
+                VocabTiles(mem.vocab_tiling, plan.context_degree, plan.constrain),
             )
         return s / jnp.maximum(c, 1.0), (s, c)
 
