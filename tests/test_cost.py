@@ -273,6 +273,19 @@ def test_attention_working_memory_ordering():
     assert ring < ag and ring < a2a  # ring is O(S/P), all-gather and Ulysses hold O(S) per device
 
 
+def test_local_step_is_one_devices_share_and_step_defaults_are_stated_once():
+    cfg = preset("llama3_1_8b_longctx")
+    plan = plan_preset("ring").with_mesh(data=2, context=8)
+    local = cost.LocalStep.of(cfg, plan, 16, cost.StepSizes(seq_len=1 << 20, global_batch=4))
+    assert (local.context_degree, local.local_batch, local.tensor_degree) == (8, 2, 1)
+    assert local.tokens == 2 * (1 << 20) // 8 and local.attention.act_bytes == 2
+    assert local.attention == AttentionShard.from_model(cfg, seq_len=1 << 20, local_batch=2, context_degree=8)
+    kw = dict(seq_len=4096, global_batch=4, policy=cost.ActivationPolicy("full"))
+    spelt = dict(dtype="bfloat16", param_dtype="float32", tie_embeddings=False)
+    assert cost.memory_breakdown(cfg, plan, 16, **kw) == cost.memory_breakdown(cfg, plan, 16, **kw, **spelt)
+    assert cost.comm_bytes(cfg, plan, 16, **kw) == cost.comm_bytes(cfg, plan, 16, **kw, **spelt)
+
+
 def test_comm_bytes_per_strategy():
     cfg = preset("llama3_1_8b_longctx")
     S, P, L, K, H = 1 << 20, 16, 32, 4, 256

@@ -75,6 +75,9 @@ from lcx.cost.ledger import (
 from lcx.cost.ledger import (
     step_metrics as step_metrics,
 )
+from lcx.cost.local import LocalStep as LocalStep
+from lcx.cost.local import StepArgs as StepArgs
+from lcx.cost.local import StepSizes as StepSizes
 from lcx.cost.memory import (
     ActivationPolicy as ActivationPolicy,
 )
