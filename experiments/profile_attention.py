@@ -3,7 +3,7 @@
 Ablations of the SAME work on 8 simulated CPU devices (B=1, 8 heads, head_dim 64, float32,
 causal, zigzag), each timed as a median of ``--repeats`` runs after a warm-up, in one process:
 
-1. ``ring``: the real ring, forward and forward+backward (:func:`lcx.attention.ring_attention`).
+1. ``ring``: the real ring, forward and forward+backward (:class:`lcx.attention.Ring`).
 2. ``no transfer``: every device is handed, as a program input, the K/V shard it would hold at
    each ring step, then runs the same per-step kernel calls and logsumexp merges (forward), or
    the same per-step kernel backward calls and accumulations (backward) with no collective at all.
@@ -36,7 +36,7 @@ from jax import lax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from lcx.attention import Mask, XlaKernel, merge_partials, ring_attention  # noqa: E402
+from lcx.attention import Cotangent, KVBlock, Mask, QueryBlock, Ring, XlaKernel, merge_partials  # noqa: E402
 from lcx.attention.kernels.xla import FULL, PARTIAL, block_size, tile_class  # noqa: E402
 from lcx.attention.strategies.ring import heads_per_pass  # noqa: E402
 from lcx.sharding import apply_layout  # noqa: E402
@@ -80,7 +80,8 @@ def main():
         return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
 
     # 1. the ring
-    ring = lambda q, k, v, p, s: ring_attention(q, k, v, p, p, s, s, kernel=kern, mask=MASK, axes=("c",), size=Pd)
+    ring_strategy = Ring(kernel=kern, mask=MASK, axes=("c",), degree=Pd)
+    ring = lambda q, k, v, p, s: ring_strategy(QueryBlock(q, p, s), KVBlock(k, v, p, s))
     ring_f = smap(ring, (spec,) * 3 + (pspec,) * 2, spec)
 
     def ring_b(q, k, v, p, s, do):
@@ -101,7 +102,8 @@ def main():
             o = jnp.zeros(qi.shape, jnp.float32)
             l = jnp.full(qi.shape[:3], -jnp.inf, jnp.float32)
             for st in range(Pd):
-                ob, lb = kern.forward(qi, heads(kss[st], i, kvh), heads(vss[st], i, kvh), p, pss[st], s, s, mask=MASK)
+                kvb = KVBlock(heads(kss[st], i, kvh), heads(vss[st], i, kvh), pss[st], s)
+                ob, lb = kern.forward(QueryBlock(qi, p, s), kvb, mask=MASK)
                 o, l = merge_partials(o, l, ob, lb) if merge else (o + ob, l)
             return lax.dynamic_update_slice_in_dim(acc, o, i * kvh, axis=2)
 
@@ -118,9 +120,8 @@ def main():
             dq = jnp.zeros(qi.shape, jnp.float32)
             dks = []
             for st in range(Pd):
-                g = kern.backward(
-                    qi, heads(kss[st], i, kvh), heads(vss[st], i, kvh), p, pss[st], s, s, oi, li, doi, mask=MASK
-                )
+                kvb = KVBlock(heads(kss[st], i, kvh), heads(vss[st], i, kvh), pss[st], s)
+                g = kern.backward(QueryBlock(qi, p, s), kvb, Cotangent.of(oi, li, doi), mask=MASK)
                 dq = dq + g[0]
                 dks.append(g[1] + g[2])
             return lax.dynamic_update_slice_in_dim(acc, dq + sum(dks), i * kvh, axis=2)
@@ -132,7 +133,9 @@ def main():
         o = jnp.zeros(q.shape, jnp.float32)
         l = jnp.full(q.shape[:3], -jnp.inf, jnp.float32)
         for st in range(Pd):
-            o, l = merge_partials(o, l, *kern.forward(q, kss[st], vss[st], p, pss[st], s, s, mask=MASK))
+            o, l = merge_partials(
+                o, l, *kern.forward(QueryBlock(q, p, s), KVBlock(kss[st], vss[st], pss[st], s), mask=MASK)
+            )
         return o, l
 
     out, lse = smap(fwd_lse, (spec, sspec, sspec, sspec, pspec, pspec), (spec, pspec))(qd, ksd, vsd, psd, posd, segd)

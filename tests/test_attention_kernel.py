@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _kernel_calls import kernel_backward, kernel_forward
 
 from lcx.attention import (
     Mask,
@@ -20,6 +21,7 @@ from lcx.attention import (
     merge_partials,
     reference_attention,
 )
+from lcx.attention.blocks import Cotangent, KVBlock, QueryBlock
 from lcx.attention.kernels import AbstractComposedKernel, BlockSizes, block_size, output_delta
 
 # XLA:CPU optimisation level 0 halves compile time at these tiny shapes; semantics unchanged.
@@ -96,7 +98,9 @@ def test_kernel_forward_backward_matches_reference(mask_name, heads_name):
     q, k, v, do = _inputs(B, T, S, N, K, H)
     qp, kp, qs, ks = _cross_positions(B, T, S)
     kern = XlaKernel(block_q=7, block_kv=16)  # -> 6 and 10 token blocks: 4 x 4 tiles
-    out, lse = jax.jit(lambda *a: kern.forward(*a, mask=mask), compiler_options=FAST_COMPILE)(q, k, v, qp, kp, qs, ks)
+    out, lse = jax.jit(lambda *a: kernel_forward(kern, *a, mask=mask), compiler_options=FAST_COMPILE)(
+        q, k, v, qp, kp, qs, ks
+    )
     ref = lambda q, k, v: reference_attention(
         q, k, v, mask=mask, positions=qp, segment_ids=qs, kv_positions=kp, kv_segment_ids=ks
     )
@@ -108,7 +112,7 @@ def test_kernel_forward_backward_matches_reference(mask_name, heads_name):
     assert bool(jnp.all(jnp.isneginf(lse) == jnp.isneginf(ref_lse)))
     fin = jnp.isfinite(ref_lse)
     np.testing.assert_allclose(jnp.where(fin, lse, 0), jnp.where(fin, ref_lse, 0), atol=OUT_TOL, rtol=0)
-    grads = jax.jit(lambda *a: kern.backward(*a, mask=mask), compiler_options=FAST_COMPILE)(
+    grads = jax.jit(lambda *a: kernel_backward(kern, *a, mask=mask), compiler_options=FAST_COMPILE)(
         q, k, v, qp, kp, qs, ks, out, lse, do
     )
     for g, r in zip(grads, ref_grads):
@@ -138,19 +142,23 @@ def test_kernel_backward_with_its_own_blocks_matches_reference(mask_name, heads_
     # the blocks each pass really uses: the forward's accumulator has T / block_q query blocks,
     # the backward's dQ accumulator T / bq_dkv, and its (transposed) tiles are [B, K, bk, G bq]
     G = N // K
-    assert kern.forward_start(q, qp, qs, kv_heads=K)[1][0].shape[0] == T // fwd[0]
+    assert kern.forward_start(QueryBlock(q, qp, qs), kv_heads=K)[1][0].shape[0] == T // fwd[0]
     zero = jnp.zeros((B, T, N), jnp.float32)
-    assert kern.backward_start(q, qp, qs, zero, do, zero, kv_heads=K)[1].shape == (
+    assert kern.backward_start(QueryBlock(q, qp, qs), Cotangent(zero, do, zero), kv_heads=K)[1].shape == (
         T // clamped[0],
         B,
         K,
         H,
         G * clamped[0],
     )
-    bwd_jaxpr = str(jax.make_jaxpr(lambda *a: kern.backward(*a, mask=mask))(q, k, v, qp, kp, qs, ks, q, zero, do))
+    bwd_jaxpr = str(
+        jax.make_jaxpr(lambda *a: kernel_backward(kern, *a, mask=mask))(q, k, v, qp, kp, qs, ks, q, zero, do)
+    )
     assert f"f32[{B},{K},{clamped[1]},{G * clamped[0]}]" in bwd_jaxpr
     assert f"f32[{B},{K},{block_size(S, fwd[1])},{G * block_size(T, fwd[0])}]" not in bwd_jaxpr  # the forward's
-    out, lse = jax.jit(lambda *a: kern.forward(*a, mask=mask), compiler_options=FAST_COMPILE)(q, k, v, qp, kp, qs, ks)
+    out, lse = jax.jit(lambda *a: kernel_forward(kern, *a, mask=mask), compiler_options=FAST_COMPILE)(
+        q, k, v, qp, kp, qs, ks
+    )
     ref = lambda q, k, v: reference_attention(
         q, k, v, mask=mask, positions=qp, segment_ids=qs, kv_positions=kp, kv_segment_ids=ks
     )
@@ -158,7 +166,7 @@ def test_kernel_backward_with_its_own_blocks_matches_reference(mask_name, heads_
         q, k, v, do
     )
     np.testing.assert_allclose(out, ref_out, atol=OUT_TOL, rtol=0)
-    grads = jax.jit(lambda *a: kern.backward(*a, mask=mask), compiler_options=FAST_COMPILE)(
+    grads = jax.jit(lambda *a: kernel_backward(kern, *a, mask=mask), compiler_options=FAST_COMPILE)(
         q, k, v, qp, kp, qs, ks, out, lse, do
     )
     for g, r in zip(grads, ref_grads):
@@ -177,11 +185,11 @@ def test_kernel_backward_is_additive_over_key_blocks():
 
     @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
     def run(q, k, v, qp, kp, qs, ks, do):
-        out, lse = kern.forward(q, k, v, qp, kp, qs, ks, mask=mask)
-        full = kern.backward(q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
+        out, lse = kernel_forward(kern, q, k, v, qp, kp, qs, ks, mask=mask)
+        full = kernel_backward(kern, q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
         h = S // 2
         parts = [
-            kern.backward(q, k[:, sl], v[:, sl], qp, kp[:, sl], qs, ks[:, sl], out, lse, do, mask=mask)
+            kernel_backward(kern, q, k[:, sl], v[:, sl], qp, kp[:, sl], qs, ks[:, sl], out, lse, do, mask=mask)
             for sl in (slice(0, h), slice(h, S))
         ]
         return full, parts
@@ -210,11 +218,11 @@ class ForwardBackwardOnly(AbstractComposedKernel):
     def step_tile_bytes(self, batch, q_len, kv_len, group):
         return 0  # as splash: the ring's heads_per_pass counts no tiles
 
-    def forward(self, *args, mask):
-        return self.inner.forward(*args, mask=mask)
+    def forward(self, q, kv, *, mask):
+        return self.inner.forward(q, kv, mask=mask)
 
-    def backward(self, *args, mask, delta=None):
-        return self.inner.backward(*args, mask=mask, delta=delta)
+    def backward(self, q, kv, ct, *, mask):
+        return self.inner.backward(q, kv, ct, mask=mask)
 
 
 @pytest.mark.parametrize("kind", ["xla", "xla_dkv", "defaults"])
@@ -235,18 +243,18 @@ def test_accumulating_form_equals_one_call(kind):
 
     @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
     def run(q, k, v, qp, kp, qs, ks, do):
-        out, lse = xla.forward(q, k, v, qp, kp, qs, ks, mask=mask)
-        whole = xla.backward(q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
-        blocks = [tuple(x[:, a:b] for x in (k, v, kp, ks)) for a, b in cuts]
-        prep, acc = kern.forward_start(q, qp, qs, kv_heads=K)
-        for kb, vb, kpb, ksb in blocks:
-            acc = kern.forward_step(prep, acc, kb, vb, kpb, ksb, mask=mask)
+        out, lse = kernel_forward(xla, q, k, v, qp, kp, qs, ks, mask=mask)
+        whole = kernel_backward(xla, q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
+        blocks = [KVBlock(*(x[:, a:b] for x in (k, v, kp, ks))) for a, b in cuts]
+        prep, acc = kern.forward_start(QueryBlock(q, qp, qs), kv_heads=K)
+        for kvb in blocks:
+            acc = kern.forward_step(prep, acc, kvb, mask=mask)
         out_s, lse_s = kern.forward_finish(prep, acc)
-        prep, dq = kern.backward_start(q, qp, qs, lse, do, output_delta(out, do), kv_heads=K)
+        prep, dq = kern.backward_start(QueryBlock(q, qp, qs), Cotangent(lse, do, output_delta(out, do)), kv_heads=K)
         dks, dvs = [], []
-        for kb, vb, kpb, ksb in blocks:
-            one = jnp.ones(kb.shape, jnp.float32)
-            dq, dk, dv = kern.backward_step(prep, dq, one, -one, kb, vb, kpb, ksb, mask=mask)
+        for kvb in blocks:
+            one = jnp.ones(kvb.k.shape, jnp.float32)
+            dq, dk, dv = kern.backward_step(prep, (dq, one, -one), kvb, mask=mask)
             dks.append(dk - 1.0)
             dvs.append(dv + 1.0)
         dq = kern.backward_finish(prep, dq)
@@ -275,7 +283,7 @@ def test_no_visible_key_gives_zero_and_finite_grads():
     seg = jnp.zeros((B, T), jnp.int32).at[:, 10].set(7)  # query 10 is alone in document 7
     kseg = jnp.zeros((B, T), jnp.int32)
     kern = XlaKernel(block_q=4, block_kv=4)
-    out, lse = jax.jit(lambda *a: kern.forward(*a, mask=mask))(q, k, v, pos, kp, seg, kseg)
+    out, lse = jax.jit(lambda *a: kernel_forward(kern, *a, mask=mask))(q, k, v, pos, kp, seg, kseg)
     empty = np.array([0, 1, 2, 3, 10])
     assert bool(jnp.all(out[:, empty] == 0)) and bool(jnp.all(jnp.isneginf(lse[:, empty])))
     assert bool(jnp.all(jnp.isfinite(lse[:, 4:10])))
@@ -321,7 +329,8 @@ def test_scale_is_one_over_sqrt_head_dim():
     q = jnp.ones((1, 1, 1, H), jnp.float32)
     k = jnp.stack([jnp.zeros(H), jnp.ones(H) / H], 0)[None, :, None]  # q.k = 0 and 1
     v = jnp.stack([jnp.zeros(H), jnp.ones(H)], 0)[None, :, None]
-    out, lse = XlaKernel(block_q=1, block_kv=1).forward(
+    out, lse = kernel_forward(
+        XlaKernel(block_q=1, block_kv=1),
         q,
         k,
         v,
@@ -390,9 +399,9 @@ def test_merge_partials_equals_whole_and_handles_empty_rows():
 
     @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
     def run(q, k, v, qp, kp, qs, ks):
-        whole = kern.forward(q, k, v, qp, kp, qs, ks, mask=mask)
-        a = kern.forward(q, k[:, :8], v[:, :8], qp, kp[:, :8], qs, ks[:, :8], mask=mask)
-        b = kern.forward(q, k[:, 8:], v[:, 8:], qp, kp[:, 8:], qs, ks[:, 8:], mask=mask)
+        whole = kernel_forward(kern, q, k, v, qp, kp, qs, ks, mask=mask)
+        a = kernel_forward(kern, q, k[:, :8], v[:, :8], qp, kp[:, :8], qs, ks[:, :8], mask=mask)
+        b = kernel_forward(kern, q, k[:, 8:], v[:, 8:], qp, kp[:, 8:], qs, ks[:, 8:], mask=mask)
         return whole, merge_partials(*a, *b)
 
     whole, (out, lse) = run(q, k, v, qp, kp, qs, ks)
@@ -415,7 +424,12 @@ def test_make_kernel_refuses_unknown_names_and_untileable_splash_blocks():
 
 def test_make_kernel_passes_the_backward_blocks_and_refuses_empty_ones():
     kern = make_kernel("xla", 64, 32, 16, 8)
-    assert (kern.block_q, kern.block_kv, kern.block_q_dkv, kern.block_kv_dkv) == (64, 32, 16, 8)
+    assert (kern.blocks.block_q, kern.blocks.block_kv, kern.blocks.block_q_dkv, kern.blocks.block_kv_dkv) == (
+        64,
+        32,
+        16,
+        8,
+    )
     assert make_kernel("xla", 64, 32).backward_blocks == (64, 32)
     # one check, BlockSizes', whichever way the blocks are given
     with pytest.raises(ValueError, match=r"block_kv_dkv must be >= 1 token.*got 0"):
@@ -482,7 +496,7 @@ def test_kernel_three_tile_classes_match_reference(heads_name):
     pos, seg = jnp.asarray(pos), jnp.asarray(seg)
     assert _tile_classes(mask, pos, pos, seg, seg, blk, blk) == {HIDDEN, FULL, PARTIAL}
     kern = XlaKernel(block_q=blk, block_kv=blk)
-    out, lse = jax.jit(lambda *a: kern.forward(*a, mask=mask), compiler_options=FAST_COMPILE)(
+    out, lse = jax.jit(lambda *a: kernel_forward(kern, *a, mask=mask), compiler_options=FAST_COMPILE)(
         q, k, v, pos, pos, seg, seg
     )
     ref = lambda q, k, v: reference_attention(q, k, v, mask=mask, positions=pos, segment_ids=seg)
@@ -491,7 +505,7 @@ def test_kernel_three_tile_classes_match_reference(heads_name):
     )
     np.testing.assert_allclose(out, ref_out, atol=OUT_TOL, rtol=0)
     np.testing.assert_allclose(lse, _dense_lse(q, k, pos, pos, seg, seg, mask), atol=OUT_TOL, rtol=0)
-    grads = jax.jit(lambda *a: kern.backward(*a, mask=mask), compiler_options=FAST_COMPILE)(
+    grads = jax.jit(lambda *a: kernel_backward(kern, *a, mask=mask), compiler_options=FAST_COMPILE)(
         q, k, v, pos, pos, seg, seg, out, lse, do
     )
     for g, r in zip(grads, ref_grads):
@@ -513,8 +527,8 @@ def test_fully_visible_tiles_take_the_unmasked_path():
     kern = XlaKernel(block_q=blk, block_kv=blk)
     outs = {}
     for name, mask in (("causal", Mask()), ("full", Mask(causal=False))):
-        out, lse = kern.forward(q, k, v, qp, kp, z, z, mask=mask)
-        outs[name] = (out, lse, kern.backward(q, k, v, qp, kp, z, z, out, lse, do, mask=mask))
+        out, lse = kernel_forward(kern, q, k, v, qp, kp, z, z, mask=mask)
+        outs[name] = (out, lse, kernel_backward(kern, q, k, v, qp, kp, z, z, out, lse, do, mask=mask))
     ref = lambda q, k, v: reference_attention(q, k, v, mask=Mask(causal=False))
     ref_out, ref_grads = _value_and_vjp(ref, do, q, k, v)
     np.testing.assert_allclose(outs["causal"][0], ref_out, atol=OUT_TOL, rtol=0)

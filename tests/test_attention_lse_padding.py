@@ -20,6 +20,7 @@ import pytest
 from jax.experimental import checkify
 
 from lcx.attention import Mask, attention, merge_partials, reference_attention
+from lcx.attention.kernels import sorted_chunks
 from lcx.attention.kernels import splash as splash_mod
 from lcx.attention.kernels.xla import HIDDEN, tile_class
 from lcx.sharding import AttentionConfig, Plan, apply_layout, bind, undo_layout
@@ -222,9 +223,8 @@ def test_fully_padded_blocks_are_hidden(mask):
     L = 256
     p = jnp.arange(L, dtype=jnp.int32)
     seg = jnp.where(p < 128, 0, -1)
-    kern = splash_mod.SplashKernel(block_q=128, block_kv=128)
     plan = splash_mod._Plan(L, L, 128, 128)
-    perm, lo, hi, empty = kern._prepare(plan, mask, p, seg, p, seg)
+    perm, lo, hi, empty = sorted_chunks.sorted_intervals(plan, mask, p, seg, p, seg)
     info, _ = splash_mod._block_info(mi, lo[0], hi[0], 128, 128, 2, empty[0])
     np.testing.assert_array_equal(info.block_mask[0], [[1, 0], [0, 0]])
     assert bool(empty[0, 128:].all()) and not bool(empty[0, :128].any())
@@ -256,10 +256,10 @@ def test_merge_partials_with_inf_or_nan_lse_drops_that_partial_and_checkify_rais
 
 
 def test_splash_chunk_merge_is_merge_partials():
-    """The splash adapter merges its kv chunks with merge_partials (no second copy of the
-    formula that could keep the +inf behaviour)."""
-    assert not hasattr(splash_mod, "_merge")
-    assert splash_mod.merge_partials is merge_partials
+    """The splash and tokamax adapters merge their kv chunks with merge_partials (in the driver
+    they share; no second copy of the formula that could keep the +inf behaviour)."""
+    assert not hasattr(splash_mod, "_merge") and not hasattr(sorted_chunks, "_merge")
+    assert sorted_chunks.merge_partials is merge_partials
 
 
 # --------------------------------------------------------------------------------------------

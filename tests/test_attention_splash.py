@@ -14,11 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _kernel_calls import kernel_backward, kernel_forward
 
 from lcx.attention import Mask, XlaKernel, make_kernel, merge_partials, reference_attention
 from lcx.attention.kernels import splash as splash_mod
 from lcx.attention.kernels import splash_intervals
-from lcx.attention.kernels.splash import SplashKernel, _intervals
+from lcx.attention.kernels.splash import SplashKernel
+from lcx.attention.kernels.splash_intervals import _intervals
 from lcx.sharding import apply_layout
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -82,8 +84,8 @@ def _two_block_run(kern, mask, q, k, v, qp, kp, qs, ks, do):
     then each half's backward with the GLOBAL out/lse; dq summed, dk/dv concatenated."""
     h = k.shape[1] // 2
     halves = [(k[:, s], v[:, s], kp[:, s], ks[:, s]) for s in (slice(0, h), slice(h, None))]
-    fwd = jax.jit(lambda *a: kern.forward(*a, mask=mask), compiler_options=FAST_COMPILE)
-    bwd = jax.jit(lambda *a: kern.backward(*a, mask=mask), compiler_options=FAST_COMPILE)
+    fwd = jax.jit(lambda *a: kernel_forward(kern, *a, mask=mask), compiler_options=FAST_COMPILE)
+    bwd = jax.jit(lambda *a: kernel_backward(kern, *a, mask=mask), compiler_options=FAST_COMPILE)
     parts = [fwd(q, kb, vb, qp, kpb, qs, ksb) for kb, vb, kpb, ksb in halves]
     out, lse = merge_partials(*parts[0], *parts[1])
     grads = [bwd(q, kb, vb, qp, kpb, qs, ksb, out, lse, do) for kb, vb, kpb, ksb in halves]
@@ -151,8 +153,8 @@ def test_splash_pads_odd_lengths_chunks_long_kv_and_handles_empty_rows(monkeypat
 
     @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
     def run(q, k, v, qp, kp, qs, ks, do):
-        out, lse = kern.forward(q, k, v, qp, kp, qs, ks, mask=mask)
-        return out, lse, kern.backward(q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
+        out, lse = kernel_forward(kern, q, k, v, qp, kp, qs, ks, mask=mask)
+        return out, lse, kernel_backward(kern, q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
 
     out, lse, grads = run(q, k, v, qp, kp, qs, ks, do)
     ref_out, ref_grads, ref_lse = _reference(mask, q, k, v, qp, kp, qs, ks, do)
@@ -231,8 +233,8 @@ def test_splash_backward_blocks_tile_the_dkv_kernel(monkeypatch):
 
     @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
     def run(q, k, v, qp, kp, qs, ks, do):
-        out, lse = kern.forward(q, k, v, qp, kp, qs, ks, mask=mask)
-        return out, lse, kern.backward(q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
+        out, lse = kernel_forward(kern, q, k, v, qp, kp, qs, ks, mask=mask)
+        return out, lse, kernel_backward(kern, q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
 
     _assert_matches(*run(q, k, v, qp, kp, qs, ks, do), *_reference(mask, q, k, v, qp, kp, qs, ks, do))
     # 40 queries: one 128-query block for both; kv: 256-key forward blocks, 128-key dkv blocks
@@ -290,7 +292,7 @@ def test_splash_refuses_blocks_it_cannot_tile():
     with pytest.raises(ValueError, match=r"plan\.attention\.block_q must be >= 1 token, got 0"):
         make_kernel("splash", 0, 128)
     for bq in (8, 32, 64, 200):
-        assert make_kernel("splash", bq, 128).block_q == bq
+        assert make_kernel("splash", bq, 128).blocks.block_q == bq
     with pytest.raises(ValueError, match="block_kv <= 16384"):
         make_kernel("splash", 128, 32768)
     # the backward's blocks, by their own names
@@ -304,7 +306,7 @@ def test_splash_refuses_blocks_it_cannot_tile():
         make_kernel("splash", 128, 128, None, 32768)
     with pytest.raises(ValueError, match="least common multiple 49152 exceeds 16384"):
         make_kernel("splash", 128, 16384, None, 384)
-    assert make_kernel("splash", 1024, 2048, 512, 1024).block_kv_dkv == 1024
+    assert make_kernel("splash", 1024, 2048, 512, 1024).blocks.block_kv_dkv == 1024
     assert isinstance(make_kernel("splash", 1024, 2048), SplashKernel)
 
 
@@ -319,7 +321,7 @@ def test_splash_and_xla_kernels_agree_with_bf16_inputs():
     pos, seg = jnp.asarray(pos), jnp.asarray(seg)
     res = []
     for kern in (SplashKernel(block_q=128, block_kv=128), XlaKernel(block_q=64, block_kv=64)):
-        out, lse = jax.jit(lambda *a: kern.forward(*a, mask=mask), compiler_options=FAST_COMPILE)(
+        out, lse = jax.jit(lambda *a: kernel_forward(kern, *a, mask=mask), compiler_options=FAST_COMPILE)(
             q, k, v, pos, pos, seg, seg
         )
         assert out.dtype == lse.dtype == jnp.float32

@@ -449,7 +449,12 @@ def _check_ring_against_reference(mp, strategy, heads):
     and compare with the single-device float32 reference; returns the traced function and its
     sharded inputs (for counting collectives)."""
     qs, ps = (mp.plan.activation_spec(a) for a in (("batch", "seq", "heads", "head_dim"), ("batch", "seq")))
-    fn = jax.shard_map(strategy, mesh=mp.mesh, in_specs=(qs, qs, qs, ps, ps, ps, ps), out_specs=qs, check_vma=False)
+    from lcx.attention import KVBlock, QueryBlock
+
+    def local(q, k, v, q_pos, k_pos, q_seg, k_seg):
+        return strategy(QueryBlock(q, q_pos, q_seg), KVBlock(k, v, k_pos, k_seg))
+
+    fn = jax.shard_map(local, mesh=mp.mesh, in_specs=(qs, qs, qs, ps, ps, ps, ps), out_specs=qs, check_vma=False)
     ref_out, ref_grads = reference("causal_doc", heads)
     q, k, v, pos, seg, do = (_lay(x, "zigzag", 4) for x in inputs("causal_doc", heads))
     q, k, v, pos, seg, do = sharded(mp, q, k, v, pos, seg, do)
@@ -503,11 +508,11 @@ def test_ring_with_a_forward_backward_only_kernel_matches_reference():
         def step_tile_bytes(self, batch, q_len, kv_len, group):
             return 0
 
-        def forward(self, *args, mask):
-            return self.inner.forward(*args, mask=mask)
+        def forward(self, q, kv, *, mask):
+            return self.inner.forward(q, kv, mask=mask)
 
-        def backward(self, *args, mask, delta=None):
-            return self.inner.backward(*args, mask=mask, delta=delta)
+        def backward(self, q, kv, ct, *, mask):
+            return self.inner.backward(q, kv, ct, mask=mask)
 
     mp = make_mesh_plan("ring", 4)
     strategy = Ring(
@@ -525,7 +530,7 @@ def test_ring_with_backward_blocks_of_its_own_matches_reference():
     for dkv in ((4, 2), (3, 5)):
         mp = make_mesh_plan("ring", 8, block_q_dkv=dkv[0], block_kv_dkv=dkv[1])
         strategy, _ = build_strategy(mp, MASKS["causal_doc"], (B, T, N, H), (B, T, KV_HEADS["gqa4"], H))
-        assert (strategy.kernel.block_q_dkv, strategy.kernel.block_kv_dkv) == dkv
+        assert (strategy.kernel.blocks.block_q_dkv, strategy.kernel.blocks.block_kv_dkv) == dkv
         check_against_reference(mp, "causal_doc", "gqa4")
 
 
@@ -549,10 +554,9 @@ def test_ring_heads_per_pass_rule():
     assert XlaKernel(block_q=512, block_kv=512).step_tile_bytes(1, 100, 60, 1) == 4 * 3 * 100 * 60
     assert heads_per_pass((2, 64, 2, 8), jnp.float32, XlaKernel().step_tile_bytes(2, 64, 64, 1)) == 2
     with pytest.raises(ValueError, match="must divide the 8 kv heads"):
-        from lcx.attention import ring_attention
+        from lcx.attention import KVBlock, QueryBlock, Ring
 
         x = jnp.zeros((1, 8, 8, 4))
         p = jnp.zeros((1, 8), jnp.int32)
-        ring_attention(
-            x, x, x, p, p, p, p, kernel=XlaKernel(), mask=Mask(), axes=("context",), size=1, kv_heads_per_pass=3
-        )
+        ring = Ring(kernel=XlaKernel(), mask=Mask(), axes=("context",), degree=1, kv_heads_per_pass=3)
+        ring(QueryBlock(x, p, p), KVBlock(x, x, p, p))

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _kernel_calls import kernel_backward, kernel_forward
 
 from lcx.attention import Mask, make_kernel
 from lcx.attention.kernels import KernelNotAvailableError, splash_intervals
@@ -73,8 +74,8 @@ def test_tokamax_pads_odd_lengths_chunks_long_kv_and_handles_empty_rows(tokamax_
 
     @functools.partial(jax.jit, compiler_options=splash_tests.FAST_COMPILE)
     def run(q, k, v, qp, kp, qs, ks, do):
-        out, lse = kern.forward(q, k, v, qp, kp, qs, ks, mask=mask)
-        return out, lse, kern.backward(q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
+        out, lse = kernel_forward(kern, q, k, v, qp, kp, qs, ks, mask=mask)
+        return out, lse, kernel_backward(kern, q, k, v, qp, kp, qs, ks, out, lse, do, mask=mask)
 
     out, lse, grads = run(q, k, v, qp, kp, qs, ks, do)
     ref_out, ref_grads, ref_lse = splash_tests._reference(mask, q, k, v, qp, kp, qs, ks, do)
@@ -109,7 +110,7 @@ def test_tokamax_refuses_blocks_it_cannot_tile(tokamax_kernel):
         tokamax_kernel(128, 32768)
     with pytest.raises(ValueError, match="least common multiple 49152 exceeds 16384"):
         tokamax_kernel(128, 16384, None, 384)
-    assert tokamax_kernel(8, 128).block_q == 8
+    assert tokamax_kernel(8, 128).blocks.block_q == 8
 
 
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="tokamax installs on Python >= 3.12")

@@ -60,7 +60,12 @@ def test_kernel_backward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block, 
     f = jax.ShapeDtypeStruct
     q, kv = f((1, T, N, H), jnp.float32), f((1, T, K, H), jnp.float32)
     pos, lse = f((1, T), jnp.int32), f((1, T, N), jnp.float32)
-    fn = jax.jit(lambda q, k, v, p, s, o, l, do: kern.backward(q, k, v, p, p, s, s, o, l, do, mask=CAUSAL))
+    from lcx.attention.blocks import Cotangent, KVBlock, QueryBlock
+
+    qkv = lambda q, k, v, p, s: (QueryBlock(q, p, s), KVBlock(k, v, p, s))
+    fn = jax.jit(
+        lambda q, k, v, p, s, o, l, do: kern.backward(*qkv(q, k, v, p, s), Cotangent.of(o, l, do), mask=CAUSAL)
+    )
     m = fn.lower(q, kv, kv, pos, pos, q, lse, q).compile().memory_analysis()
     compiled = m.temp_size_in_bytes + m.output_size_in_bytes + T * N * H * 4
     call = KernelCall(local_batch=1, q_len=T, kv_len=T, q_heads=N, kv_heads=K, head_dim=H, act_bytes=4)
@@ -74,6 +79,7 @@ def test_kernel_forward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block):
     # device, float32, causal): temporaries + its outputs (out, lse)
     import jax.numpy as jnp
 
+    from lcx.attention.blocks import KVBlock, QueryBlock
     from lcx.attention.kernels import BlockSizes, KernelCall
     from lcx.attention.kernels.xla import XlaKernel
     from lcx.attention.masks import CAUSAL
@@ -82,7 +88,7 @@ def test_kernel_forward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block):
     kern = XlaKernel(block_q=block, block_kv=block)
     f = jax.ShapeDtypeStruct
     q, kv, pos = f((1, T, N, H), jnp.float32), f((1, T, K, H), jnp.float32), f((1, T), jnp.int32)
-    fn = jax.jit(lambda q, k, v, p, s: kern.forward(q, k, v, p, p, s, s, mask=CAUSAL))
+    fn = jax.jit(lambda q, k, v, p, s: kern.forward(QueryBlock(q, p, s), KVBlock(k, v, p, s), mask=CAUSAL))
     m = fn.lower(q, kv, kv, pos, pos).compile().memory_analysis()
     compiled = m.temp_size_in_bytes + m.output_size_in_bytes
     call = KernelCall(local_batch=1, q_len=T, kv_len=T, q_heads=N, kv_heads=K, head_dim=H)

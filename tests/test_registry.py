@@ -23,7 +23,7 @@ from jax import lax
 import lcx.sharding as sh
 from lcx import cost
 from lcx.attention import Mask, attention, reference_attention
-from lcx.attention.flash import flash_attention
+from lcx.attention.flash import flash_blocks
 from lcx.attention.kernels import KERNELS, AbstractKernel, BlockSizes, KernelCall, get_kernel, make_kernel
 from lcx.attention.strategies import (
     STRATEGIES,
@@ -169,11 +169,9 @@ class Halves(AbstractStrategy):
     def check(self, q_shape, kv_shape):
         return None
 
-    def __call__(self, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks=None, return_lse=False):
-        k, v, k_pos, k_seg = (lax.all_gather(x, self.axes, axis=1, tiled=True) for x in (k, v, k_pos, k_seg))
-        return flash_attention(
-            q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse
-        )
+    def __call__(self, q, kv, sinks=None, return_lse=False):
+        kv = jax.tree.map(lambda x: lax.all_gather(x, self.axes, axis=1, tiled=True), kv)
+        return flash_blocks(q, kv, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse)
 
     @classmethod
     def check_plan_axes(cls, plan):

@@ -25,7 +25,11 @@ Public API:
 - :func:`attention`: context-parallel attention on global arrays, strategy chosen by the plan.
 - :class:`Mask`, :data:`CAUSAL`, :data:`FULL`: mask predicates on global positions/segment ids.
 - :func:`reference_attention`: dense single-device float32 reference.
-- :func:`flash_attention`: local blockwise attention with a custom VJP.
+- :func:`flash_attention` (and :func:`flash_blocks`, its form on blocks): local blockwise
+  attention with a custom VJP.
+- :class:`QueryBlock`, :class:`KVBlock`, :class:`Cotangent`: the arrays kernels and strategies
+  take together (queries / keys and values with their positions and segment ids; the output's
+  cotangent).
 - :func:`merge_sinks`, :func:`sinks_grad`: the attention-sink merge and its gradient.
 - :func:`merge_partials`: merge two partial ``(out, lse)`` results over disjoint key sets (e.g.
   ``attention(..., return_lse=True)`` with a block of the caller's own).
@@ -38,7 +42,11 @@ Public API:
 
 from lcx.attention.api import attention as attention
 from lcx.attention.api import build_strategy as build_strategy
+from lcx.attention.blocks import Cotangent as Cotangent
+from lcx.attention.blocks import KVBlock as KVBlock
+from lcx.attention.blocks import QueryBlock as QueryBlock
 from lcx.attention.flash import flash_attention as flash_attention
+from lcx.attention.flash import flash_blocks as flash_blocks
 from lcx.attention.kernels import KERNELS as KERNELS
 from lcx.attention.kernels import AbstractKernel as AbstractKernel
 from lcx.attention.kernels import BlockSizes as BlockSizes
@@ -62,4 +70,3 @@ from lcx.attention.strategies import Strategy as Strategy
 from lcx.attention.strategies import Ulysses as Ulysses
 from lcx.attention.strategies import get_strategy as get_strategy
 from lcx.attention.strategies import merge_partials as merge_partials
-from lcx.attention.strategies import ring_attention as ring_attention

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, ArrayLike, Float, Int
 
+from lcx.attention.blocks import KVBlock, QueryBlock
 from lcx.attention.kernels import make_kernel
 from lcx.attention.masks import Mask
 from lcx.attention.strategies import AbstractStrategy, get_strategy
@@ -113,8 +115,9 @@ def attention(
     if not isinstance(return_lse, bool):
         raise TypeError(f"attention: return_lse must be a Python bool (it is static), got {type(return_lse).__name__}")
     mp = plan if isinstance(plan, MeshPlan) else bind(plan)
-    B, T = q.shape[:2] if q.ndim == 4 else (None, None)
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     _check_shapes(q, k, v)
+    B, T = q.shape[:2]
     strategy, (q_spec, kv_spec, pos_spec) = build_strategy(mp, mask, q.shape, k.shape)
     positions = _default(positions, lambda: _layout_positions(mp, B, T), (B, T), "positions")
     segment_ids = _default(segment_ids, lambda: jnp.zeros((B, T), jnp.int32), (B, T), "segment_ids")
@@ -122,6 +125,7 @@ def attention(
     kv_segment_ids = _default(kv_segment_ids, lambda: segment_ids, (B, T), "kv_segment_ids")
 
     if sinks is not None:
+        sinks = jnp.asarray(sinks)
         if tuple(sinks.shape) != (q.shape[2],) or not jnp.issubdtype(sinks.dtype, jnp.floating):
             raise ValueError(
                 f"attention: sinks must be a float array of shape [heads] = ({q.shape[2]},), got {sinks.dtype} "
@@ -225,8 +229,9 @@ def _tie_masks_to_queries(strategy, return_lse, q, k, v, q_pos, k_pos, q_seg, k_
     x = q[(0,) * q.ndim]
     zero = jnp.where(x == x, 0, 0).astype(jnp.int32)
     # profiles then read as the architecture does: lcx.Attention / lcx.Ring / lcx.XlaKernel.forward
+    qb, kvb = QueryBlock(q, q_pos + zero, q_seg + zero), KVBlock(k, v, k_pos + zero, k_seg + zero)
     with jax.named_scope(f"lcx.{type(strategy).__name__}"):
-        return strategy(q, k, v, q_pos + zero, k_pos + zero, q_seg + zero, k_seg + zero, *rest, return_lse=return_lse)
+        return strategy(qb, kvb, *rest, return_lse=return_lse)
 
 
 def _layout_positions(mp: MeshPlan, B: int, T: int) -> Int[Array, "B T"]:
@@ -280,7 +285,7 @@ def _unsupported_message(unsupported) -> str:
     )
 
 
-def _check_shapes(q, k, v) -> None:
+def _check_shapes(q: Array, k: Array, v: Array) -> None:
     if q.ndim != 4 or k.ndim != 4:
         raise ValueError(f"attention: q and k must be [batch, seq, heads, head_dim], got {q.shape} and {k.shape}")
     if k.shape != v.shape:
@@ -293,8 +298,13 @@ def _check_shapes(q, k, v) -> None:
         raise ValueError(f"attention: query heads {q.shape[2]} must be a multiple of kv heads {k.shape[2]} (GQA)")
 
 
-def _default(x, make, shape, name):
-    x = make() if x is None else x
+def _default(x: ArrayLike | None, make: Callable[[], Array], shape: tuple[int, int], name: str) -> Int[Array, "B T"]:
+    """``x`` (``make()`` if None) as int32 ``[B, T]``.
+
+    Raises:
+      ValueError: another shape, or not an integer dtype.
+    """
+    x = make() if x is None else jnp.asarray(x)
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"attention: {name} must have shape [batch, seq] = {shape}, got {tuple(x.shape)}")
     if not jnp.issubdtype(x.dtype, jnp.integer):

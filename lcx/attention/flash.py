@@ -3,7 +3,8 @@
 Built on a :class:`~lcx.attention.kernels.AbstractKernel`: the forward saves only ``out`` (float32) and
 the logsumexp, and the backward recomputes the probabilities block by block (Dao et al. 2022,
 arXiv:2205.14135), so training memory is linear in the sequence length. The all-gather and
-Ulysses strategies call it on their local blocks; it is also usable on its own.
+Ulysses strategies call it on their local blocks (:func:`flash_blocks`); it is also usable on
+its own (:func:`flash_attention`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ import functools
 import jax
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels import AbstractKernel, XlaKernel, kernel_scope, output_delta
+from lcx.attention.blocks import Cotangent, KVBlock, OutLse, QueryBlock
+from lcx.attention.kernels import AbstractKernel, XlaKernel, kernel_scope
 from lcx.attention.masks import Mask
 from lcx.attention.names import name_context
 from lcx.attention.sinks import merge_sinks, row_sinks, sinks_grad
+
+Output = Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]
+"""``out`` in ``q.dtype``, or with ``return_lse`` ``(out, lse)`` with ``lse`` float32."""
 
 
 def flash_attention(
@@ -32,7 +37,7 @@ def flash_attention(
     kernel: AbstractKernel | None = None,
     sinks: Float[Array, " N"] | None = None,
     return_lse: bool = False,
-) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+) -> Output:
     """Memory-efficient attention of ``q`` against ``k``/``v`` on one device, differentiable.
 
     Args:
@@ -59,50 +64,53 @@ def flash_attention(
     Raises:
       ValueError: ``N`` not a multiple of ``K``.
     """
+    qb, kvb = QueryBlock(q, q_pos, q_seg), KVBlock(k, v, k_pos, k_seg)
+    return flash_blocks(qb, kvb, mask=mask, kernel=kernel, sinks=sinks, return_lse=return_lse)
+
+
+def flash_blocks(
+    q: QueryBlock,
+    kv: KVBlock,
+    *,
+    mask: Mask,
+    kernel: AbstractKernel | None = None,
+    sinks: Float[Array, " N"] | None = None,
+    return_lse: bool = False,
+) -> Output:
+    """:func:`flash_attention` of a query block against a K/V block (the strategies' form)."""
     kernel = XlaKernel() if kernel is None else kernel
-    return _flash(kernel, mask, bool(return_lse), q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
+    return _flash(kernel, mask, bool(return_lse), q, kv, sinks)
 
 
-def _forward(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
+def _forward(kernel: AbstractKernel, mask: Mask, q: QueryBlock, kv: KVBlock, sinks) -> OutLse:
     with kernel_scope(kernel, "forward"):
-        out, lse = kernel.forward(q, k, v, q_pos, k_pos, q_seg, k_seg, mask=mask)
+        out, lse = kernel.forward(q, kv, mask=mask)
     # None has no leaves: without sinks the traced program is the plain kernel's
-    return (out, lse) if sinks is None else merge_sinks(out, lse, row_sinks(sinks, q_seg))
+    return (out, lse) if sinks is None else merge_sinks(out, lse, row_sinks(sinks, q.seg))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _flash(kernel, mask, with_lse, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
-    out, lse = _forward(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
-    return (out.astype(q.dtype), lse) if with_lse else out.astype(q.dtype)
+def _flash(kernel, mask, with_lse, q: QueryBlock, kv: KVBlock, sinks):
+    out, lse = _forward(kernel, mask, q, kv, sinks)
+    return (out.astype(q.q.dtype), lse) if with_lse else out.astype(q.q.dtype)
 
 
-def _flash_fwd(kernel, mask, with_lse, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
-    out, lse = _forward(kernel, mask, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
+def _flash_fwd(kernel, mask, with_lse, q: QueryBlock, kv: KVBlock, sinks):
+    out, lse = _forward(kernel, mask, q, kv, sinks)
     out, lse = name_context(out, lse)  # remat: custom can keep or offload them (model.remat_context)
     # keep out in float32 for delta = sum(dout * out): the residuals are O(T), not O(T * S)
-    res = (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks)
-    return ((out.astype(q.dtype), lse) if with_lse else out.astype(q.dtype)), res
+    return ((out.astype(q.q.dtype), lse) if with_lse else out.astype(q.q.dtype)), (q, kv, out, lse, sinks)
 
 
 def _flash_bwd(kernel, mask, with_lse, res, ct):
-    q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks = res
+    q, kv, out, lse, sinks = res
     dout, dlse = ct if with_lse else (ct, None)
     # with sinks, out and lse already include them: the kernel's backward is then exact
-    delta = lse_delta(output_delta(out, dout), dlse)
+    cot = Cotangent.of(out, lse, dout, dlse)
     with kernel_scope(kernel, "backward"):
-        dq, dk, dv = kernel.backward(q, k, v, q_pos, k_pos, q_seg, k_seg, None, lse, dout, mask=mask, delta=delta)
-    ds = None if sinks is None else sinks_grad(delta, lse, sinks).astype(sinks.dtype)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, ds
+        dq, dk, dv = kernel.backward(q, kv, cot, mask=mask)
+    ds = None if sinks is None else sinks_grad(cot.delta, lse, sinks).astype(sinks.dtype)
+    return q.cotangent(dq), kv.cotangent(dk, dv), ds
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
-
-
-def lse_delta(delta: Float[Array, "B T N"], dlse: Float[Array, "B T N"] | None) -> Float[Array, "B T N"]:
-    """The flash backward's ``delta`` when the logsumexp is an output too: ``delta - dlse``.
-
-    With ``P = exp(s - lse)``: ``d out / d s_j = P_j (v_j - out)`` and ``d lse / d s_j = P_j``, so
-    ``dS = P * (dP - delta) + P * dlse = P * (dP - (delta - dlse))``; the same substitution gives
-    the sink gradient (:func:`~lcx.attention.sinks.sinks_grad`). ``dlse`` None: ``delta``.
-    """
-    return delta if dlse is None else delta - dlse.astype(delta.dtype)

@@ -14,9 +14,26 @@ is ``-inf``, and blocks or ring steps made only of padding are skipped like any 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Int
+
+QPos = Int[ArrayLike, "*b t"]
+"""int32 global positions or segment ids of the queries ``[..., t]`` (any array-like)."""
+KPos = Int[ArrayLike, "*b s"]
+"""int32 global positions or segment ids of the keys ``[..., s]`` (any array-like)."""
+
+
+class _Ids(NamedTuple):
+    """One side's positions and segment ids as jax arrays (None: no segment ids)."""
+
+    pos: Array
+    seg: Array | None
+
+
+def _block(pos: ArrayLike, seg: ArrayLike | None) -> _Ids:
+    return _Ids(jnp.asarray(pos), None if seg is None else jnp.asarray(seg))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,39 +64,24 @@ class Mask:
             raise ValueError(f"sliding window must be >= 1 token or None, got {self.window}")
 
     def visible(
-        self,
-        q_pos: Int[ArrayLike, "*b t"],
-        k_pos: Int[ArrayLike, "*b s"],
-        q_seg: Int[ArrayLike, "*b t"] | None = None,
-        k_seg: Int[ArrayLike, "*b s"] | None = None,
+        self, q_pos: QPos, k_pos: KPos, q_seg: QPos | None = None, k_seg: KPos | None = None
     ) -> Bool[Array, "*b t s"]:
         """Boolean ``[..., T, S]``: True where query t may attend to key s (False wherever
         ``q_seg`` or ``k_seg``, when given, is negative: padding)."""
-        qp = q_pos[..., :, None]
-        kp = k_pos[..., None, :]
-        ok = jnp.ones(jnp.broadcast_shapes(qp.shape, kp.shape), bool)
-        if self.causal:
-            ok = ok & (kp <= qp)
-        if self.window is not None:
-            ok = ok & (qp - kp < self.window)
-            if not self.causal:
-                ok = ok & (kp - qp < self.window)
-        if self.document:
-            if q_seg is None or k_seg is None:
-                raise ValueError("a document mask needs segment ids for queries and keys")
-            ok = ok & (q_seg[..., :, None] == k_seg[..., None, :])
-        if q_seg is not None:
-            ok = ok & (q_seg[..., :, None] >= 0)
-        if k_seg is not None:
-            ok = ok & (k_seg[..., None, :] >= 0)
+        q, k = _block(q_pos, q_seg), _block(k_pos, k_seg)
+        self._check_segments(q, k)
+        qp, kp = q.pos[..., :, None], k.pos[..., None, :]
+        ok = self._positions_pass(qp, qp, kp, kp)  # [..., T, S]: every pair on its own
+        if q.seg is not None and k.seg is not None and self.document:
+            ok = ok & (q.seg[..., :, None] == k.seg[..., None, :])
+        if q.seg is not None:
+            ok = ok & (q.seg[..., :, None] >= 0)
+        if k.seg is not None:
+            ok = ok & (k.seg[..., None, :] >= 0)
         return ok
 
     def may_be_visible(
-        self,
-        q_pos: Int[ArrayLike, "*b t"],
-        k_pos: Int[ArrayLike, "*b s"],
-        q_seg: Int[ArrayLike, "*b t"] | None = None,
-        k_seg: Int[ArrayLike, "*b s"] | None = None,
+        self, q_pos: QPos, k_pos: KPos, q_seg: QPos | None = None, k_seg: KPos | None = None
     ) -> Bool[Array, ""]:
         """Scalar bool: False only if NO query of the block may attend to any key of the block.
 
@@ -103,31 +105,19 @@ class Mask:
         Returns:
           bool ``[]``: True if any batch row may have a visible (query, key) pair.
         """
-        qmin, qmax = q_pos.min(-1), q_pos.max(-1)
-        kmin, kmax = k_pos.min(-1), k_pos.max(-1)
-        ok = jnp.ones(jnp.broadcast_shapes(qmin.shape, kmin.shape), bool)
-        if self.causal:
-            ok = ok & (kmin <= qmax)
-        if self.window is not None:
-            ok = ok & (qmin - kmax < self.window)
-            if not self.causal:
-                ok = ok & (kmin - qmax < self.window)
-        if self.document:
-            if q_seg is None or k_seg is None:
-                raise ValueError("a document mask needs segment ids for queries and keys")
-            ok = ok & (k_seg.max(-1) >= q_seg.min(-1)) & (k_seg.min(-1) <= q_seg.max(-1))
-        if q_seg is not None:
-            ok = ok & (q_seg.max(-1) >= 0)
-        if k_seg is not None:
-            ok = ok & (k_seg.max(-1) >= 0)
+        q, k = _block(q_pos, q_seg), _block(k_pos, k_seg)
+        self._check_segments(q, k)
+        ok = self._positions_pass(q.pos.min(-1), q.pos.max(-1), k.pos.min(-1), k.pos.max(-1))
+        if q.seg is not None and k.seg is not None and self.document:
+            ok = ok & (k.seg.max(-1) >= q.seg.min(-1)) & (k.seg.min(-1) <= q.seg.max(-1))
+        if q.seg is not None:
+            ok = ok & (q.seg.max(-1) >= 0)
+        if k.seg is not None:
+            ok = ok & (k.seg.max(-1) >= 0)
         return jnp.any(ok)
 
     def all_visible(
-        self,
-        q_pos: Int[ArrayLike, "*b t"],
-        k_pos: Int[ArrayLike, "*b s"],
-        q_seg: Int[ArrayLike, "*b t"] | None = None,
-        k_seg: Int[ArrayLike, "*b s"] | None = None,
+        self, q_pos: QPos, k_pos: KPos, q_seg: QPos | None = None, k_seg: KPos | None = None
     ) -> Bool[Array, ""]:
         """Scalar bool: True only if EVERY query of the block may attend to every key of it.
 
@@ -150,25 +140,36 @@ class Mask:
         Returns:
           bool ``[]``: True if in every batch row every (query, key) pair is visible.
         """
-        qmin, qmax = q_pos.min(-1), q_pos.max(-1)
-        kmin, kmax = k_pos.min(-1), k_pos.max(-1)
-        ok = jnp.ones(jnp.broadcast_shapes(qmin.shape, kmin.shape), bool)
-        if self.causal:
-            ok = ok & (kmax <= qmin)
-        if self.window is not None:
-            ok = ok & (qmax - kmin < self.window)
-            if not self.causal:
-                ok = ok & (kmax - qmin < self.window)
-        if self.document:
-            if q_seg is None or k_seg is None:
-                raise ValueError("a document mask needs segment ids for queries and keys")
-            qs_min, qs_max = q_seg.min(-1), q_seg.max(-1)
-            ok = ok & (qs_min == qs_max) & (k_seg.min(-1) == qs_min) & (k_seg.max(-1) == qs_min)
-        if q_seg is not None:
-            ok = ok & (q_seg.min(-1) >= 0)
-        if k_seg is not None:
-            ok = ok & (k_seg.min(-1) >= 0)
+        q, k = _block(q_pos, q_seg), _block(k_pos, k_seg)
+        self._check_segments(q, k)
+        # the may_be_visible test with each range's ends swapped: the farthest pair must pass
+        ok = self._positions_pass(q.pos.max(-1), q.pos.min(-1), k.pos.max(-1), k.pos.min(-1))
+        if q.seg is not None and k.seg is not None and self.document:
+            qs_min, qs_max = q.seg.min(-1), q.seg.max(-1)
+            ok = ok & (qs_min == qs_max) & (k.seg.min(-1) == qs_min) & (k.seg.max(-1) == qs_min)
+        if q.seg is not None:
+            ok = ok & (q.seg.min(-1) >= 0)
+        if k.seg is not None:
+            ok = ok & (k.seg.min(-1) >= 0)
         return jnp.all(ok)
+
+    def _check_segments(self, q: _Ids, k: _Ids) -> None:
+        if self.document and (q.seg is None or k.seg is None):
+            raise ValueError("a document mask needs segment ids for queries and keys")
+
+    def _positions_pass(self, q_lo: Array, q_hi: Array, k_lo: Array, k_hi: Array) -> Array:
+        """bool, broadcast of the inputs: the causal and window conditions, ``k_lo <= q_hi``,
+        ``q_lo - k_hi < window`` and (not causal) ``k_lo - q_hi < window``. On one pair per
+        element give each position twice; on the ranges of a block, the ends that make each
+        condition easiest (:meth:`may_be_visible`) or hardest (:meth:`all_visible`) to meet."""
+        ok = jnp.ones(jnp.broadcast_shapes(q_lo.shape, k_lo.shape), bool)
+        if self.causal:
+            ok = ok & (k_lo <= q_hi)
+        if self.window is not None:
+            ok = ok & (q_lo - k_hi < self.window)
+            if not self.causal:
+                ok = ok & (k_lo - q_hi < self.window)
+        return ok
 
     @property
     def is_full(self) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jaxtyping import ArrayLike, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from lcx.attention.masks import Mask
 
@@ -20,7 +20,7 @@ def reference_attention(
     kv_segment_ids: Int[ArrayLike, "B S"] | None = None,
     sinks: Float[ArrayLike, " N"] | None = None,
     return_lse: bool = False,
-) -> Float[ArrayLike, "B T N H"] | tuple[Float[ArrayLike, "B T N H"], Float[ArrayLike, "B T N"]]:
+) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
     """Dense softmax attention ``softmax(q k^T / sqrt(H) + mask) v`` (Vaswani et al. 2017).
 
     GQA: the N query heads form K groups of G = N / K (head n uses kv head n // G); K/V are
@@ -47,15 +47,16 @@ def reference_attention(
       (when given), ``-inf`` where neither exists. Plain ``jnp`` arithmetic: differentiable by
       JAX's own rules in both outputs.
     """
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     B, T, N, H = q.shape
     K = k.shape[2]
     if N % K:
         raise ValueError(f"query heads {N} must be a multiple of kv heads {K} (GQA)")
     G = N // K
-    if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    if segment_ids is None:
-        segment_ids = jnp.zeros((B, T), jnp.int32)
+    positions = (
+        jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)) if positions is None else jnp.asarray(positions)
+    )
+    segment_ids = jnp.zeros((B, T), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids)
     kv_positions = positions if kv_positions is None else kv_positions
     kv_segment_ids = segment_ids if kv_segment_ids is None else kv_segment_ids
     qg = q.reshape(B, T, K, G, H).astype(jnp.float32) / jnp.sqrt(jnp.float32(H))
@@ -63,15 +64,16 @@ def reference_attention(
     vis = mask.visible(positions, kv_positions, segment_ids, kv_segment_ids)[:, None, None]
     s = jnp.where(vis, s, -jnp.inf)
     m = jnp.max(s, axis=-1, keepdims=True)
+    sink = None
     if sinks is not None:
-        sink = sinks.astype(jnp.float32).reshape(K, G)[None, :, :, None, None]  # head n = k G + g
+        sink = jnp.asarray(sinks).astype(jnp.float32).reshape(K, G)[None, :, :, None, None]  # head n = k G + g
         # padding queries (negative segment id) get no sink either
         sink = jnp.where((segment_ids < 0)[:, None, None, :, None], -jnp.inf, sink)
         m = jnp.maximum(m, sink)
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.where(vis, jnp.exp(s - m), 0.0)
     l = p.sum(-1, keepdims=True)
-    if sinks is not None:
+    if sink is not None:
         l = l + jnp.exp(sink - m)  # the sink's column: in the denominator, value 0
     p = p / jnp.where(l == 0, 1.0, l)
     o = jnp.einsum("BKGTS,BSKH->BTKGH", p, v.astype(jnp.float32))

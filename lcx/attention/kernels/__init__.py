@@ -11,12 +11,16 @@ function-local import of :func:`get_kernel`), the cost ledger prices them throug
 
 from __future__ import annotations
 
+from lcx.attention.blocks import Cotangent as Cotangent
+from lcx.attention.blocks import KVBlock as KVBlock
+from lcx.attention.blocks import QueryBlock as QueryBlock
+from lcx.attention.blocks import output_delta as output_delta
 from lcx.attention.kernels.base import AbstractKernel as AbstractKernel
 from lcx.attention.kernels.base import Kernel as Kernel
 from lcx.attention.kernels.base import KernelCall as KernelCall
+from lcx.attention.kernels.base import as_blocks
 from lcx.attention.kernels.base import kernel_scope as kernel_scope
 from lcx.attention.kernels.base import merge_partials as merge_partials
-from lcx.attention.kernels.base import output_delta as output_delta
 from lcx.attention.kernels.composed import AbstractComposedKernel as AbstractComposedKernel
 from lcx.attention.kernels.splash import KernelNotAvailableError as KernelNotAvailableError
 from lcx.attention.kernels.splash import SplashKernel as SplashKernel
@@ -53,4 +57,4 @@ def make_kernel(name: str, *blocks: BlockSizes | int | None, **block_sizes: int 
         (splash: ``block_q`` a multiple of 8, the others multiples of 128, kv blocks up to 16384).
       KernelNotAvailableError: (a ``NotImplementedError``) the kernel's library is missing here.
     """
-    return get_kernel(name)(*blocks, **block_sizes)
+    return get_kernel(name)(as_blocks(blocks, block_sizes))

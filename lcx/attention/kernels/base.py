@@ -3,9 +3,12 @@
 A kernel computes attention of a local query block against ONE key/value block, with every mask
 defined on global positions and segment ids. Context-parallel strategies call it once per block
 they hold (all-gather: once; ring: once per ring step) and merge partial results through the
-logsumexp, which is why the kernel returns it and why its backward takes the GLOBAL output and
-logsumexp (flash-attention backward, Dao et al. 2022, arXiv:2205.14135, Algorithm 2): with those,
-the gradient contributions of disjoint key blocks simply add up.
+logsumexp, which is why the kernel returns it and why its backward takes the GLOBAL logsumexp and
+``delta = sum(dout * out)`` (a :class:`~lcx.attention.blocks.Cotangent`; flash-attention
+backward, Dao et al. 2022, arXiv:2205.14135, Algorithm 2): with those, the gradient
+contributions of disjoint key blocks simply add up. Queries and K/V travel as
+:class:`~lcx.attention.blocks.QueryBlock` and :class:`~lcx.attention.blocks.KVBlock`, each with
+its global positions and segment ids.
 
 A caller that runs MANY blocks against the same queries (the ring: one block per ring step) uses
 the accumulating form instead: ``forward_start`` / ``forward_step`` / ``forward_finish`` and
@@ -39,8 +42,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, Float, PyTree
 
+from lcx.attention.blocks import Cotangent, Grads, KVBlock, OutLse, QueryBlock
 from lcx.attention.masks import Mask
 from lcx.sharding.blocks import BlockSizes
 
@@ -92,12 +96,6 @@ def kernel_scope(kernel: AbstractKernel, what: str) -> Iterator[None]:
         yield
 
 
-def output_delta(out: Float[Array, "B T N H"], dout: Float[Array, "B T N H"]) -> Float[Array, "B T N"]:
-    """float32 ``delta = sum(dout * out, -1)`` ``[B, T, N]`` of the flash-attention backward
-    (Dao et al. 2022, arXiv:2205.14135, Algorithm 2), from the GLOBAL output."""
-    return jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-
-
 def merge_partials(
     out: Float[Array, "*lead H"],
     lse: Float[Array, "*lead"],
@@ -144,6 +142,9 @@ def merge_partials(
 # Opaque per-kernel state of the accumulating form (pytrees of arrays only the kernel reads).
 Prepared = PyTree[Any]
 Accumulator = PyTree[Any]
+GradAccumulator = tuple[Accumulator, Float[Array, "B S K H"], Float[Array, "B S K H"]]
+"""``(dq_acc, dk, dv)`` of :meth:`AbstractKernel.backward_step`: the kernel's dQ accumulator and
+float32 dK/dV of one K/V block."""
 
 
 class AbstractKernel(eqx.Module):
@@ -161,23 +162,6 @@ class AbstractKernel(eqx.Module):
 
     def __check_init__(self):
         type(self).check_blocks(self.blocks)
-
-    # the four sizes by their plan.attention names (final: read from blocks)
-    @property
-    def block_q(self) -> int:
-        return self.blocks.block_q
-
-    @property
-    def block_kv(self) -> int:
-        return self.blocks.block_kv
-
-    @property
-    def block_q_dkv(self) -> int | None:
-        return self.blocks.block_q_dkv
-
-    @property
-    def block_kv_dkv(self) -> int | None:
-        return self.blocks.block_kv_dkv
 
     # ------------------------------------------------------------------ rules and price (class)
     @classmethod
@@ -206,68 +190,32 @@ class AbstractKernel(eqx.Module):
         XLA creates it as soon as its inputs exist (during the MLP's backward)."""
 
     @abc.abstractmethod
-    def forward(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B S K H"],
-        v: Float[Array, "B S K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B S"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B S"],
-        *,
-        mask: Mask,
-    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
-        """Attention of ``q`` against this K/V block.
-
-        Args:
-          q: queries ``[B, T, N, H]``, any float dtype, unscaled.
-          k, v: keys and values ``[B, S, K, H]``; ``N % K == 0``.
-          q_pos, k_pos: int32 global positions ``[B, T]``, ``[B, S]``.
-          q_seg, k_seg: int32 segment ids ``[B, T]``, ``[B, S]``.
-          mask: which (query, key) pairs are visible.
+    def forward(self, q: QueryBlock, kv: KVBlock, *, mask: Mask) -> OutLse:
+        """Attention of the queries ``q`` against this K/V block ``kv`` (``N % K == 0``).
 
         Returns:
-          ``(out, lse)``: ``out`` float32 ``[B, T, N, H]`` normalised within this block, ``lse``
-          float32 ``[B, T, N]`` the logsumexp of the scaled visible logits (natural log). A row
-          with no visible key has ``out == 0`` and ``lse == -inf``.
+          ``(out, lse)`` (:data:`~lcx.attention.blocks.OutLse`): ``out`` float32
+          ``[B, T, N, H]`` normalised within this block, ``lse`` float32 ``[B, T, N]`` the
+          logsumexp of the scaled visible logits (natural log). A row with no visible key has
+          ``out == 0`` and ``lse == -inf``.
         """
 
     @abc.abstractmethod
-    def backward(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B S K H"],
-        v: Float[Array, "B S K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B S"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B S"],
-        out: Float[Array, "B T N H"] | None,
-        lse: Float[Array, "B T N"],
-        dout: Float[Array, "B T N H"],
-        *,
-        mask: Mask,
-        delta: Float[Array, "B T N"] | None = None,
-    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
-        """Gradient contributions of this K/V block, given the GLOBAL ``out`` and ``lse``.
+    def backward(self, q: QueryBlock, kv: KVBlock, ct: Cotangent, *, mask: Mask) -> Grads:
+        """Gradient contributions of this K/V block, given the GLOBAL output's cotangent ``ct``.
 
         With ``P = exp(s - lse)`` (the global softmax restricted to this block) and
         ``delta = sum(dout * out, -1)``: ``dV = P^T dout``, ``dS = P * (dout V^T - delta)``,
         ``dQ = dS K * scale``, ``dK = dS^T Q * scale``. Contributions of disjoint K/V blocks add.
 
         Args:
-          q, k, v, q_pos, k_pos, q_seg, k_seg, mask: as in :meth:`forward`.
-          out: float32 ``[B, T, N, H]`` the final attention output over ALL key blocks.
-          lse: float32 ``[B, T, N]`` the final logsumexp over ALL key blocks (``-inf``: no key).
-          dout: cotangent of ``out`` ``[B, T, N, H]``.
-          delta: optional float32 ``[B, T, N]`` ``sum(dout * out, -1)`` computed once by a caller
-            that calls the backward for many K/V blocks (the ring); ``out`` is then not read and
-            may be None.
+          q, kv, mask: as in :meth:`forward`.
+          ct: the final logsumexp and ``delta`` over ALL key blocks and the output's cotangent
+            (:meth:`Cotangent.of <lcx.attention.blocks.Cotangent.of>` makes it from ``out``).
 
         Returns:
-          ``(dq, dk, dv)`` float32 with the shapes of ``q``, ``k``, ``v``; zero (never NaN) for
-          rows without a visible key.
+          ``(dq, dk, dv)`` float32 with the shapes of ``q.q``, ``kv.k``, ``kv.v``; zero (never
+          NaN) for rows without a visible key.
         """
 
     # ------------------------------------------------------------------ accumulating form
@@ -283,14 +231,11 @@ class AbstractKernel(eqx.Module):
         hold; 0 when the kernel keeps its tiles in on-chip memory (splash: VMEM)."""
 
     @abc.abstractmethod
-    def forward_start(
-        self, q: Float[Array, "B T N H"], q_pos: Int[Array, "B T"], q_seg: Int[Array, "B T"], *, kv_heads: int
-    ) -> tuple[Prepared, Accumulator]:
+    def forward_start(self, q: QueryBlock, *, kv_heads: int) -> tuple[Prepared, Accumulator]:
         """Prepare the query side once for many :meth:`forward_step` calls (one per K/V block).
 
         Args:
-          q: queries ``[B, T, N, H]``, any float dtype, unscaled.
-          q_pos, q_seg: int32 ``[B, T]`` global positions and segment ids.
+          q: the queries with their positions and segment ids.
           kv_heads: K, the kv heads of every K/V block that will follow (``N % K == 0``).
 
         Returns:
@@ -299,23 +244,12 @@ class AbstractKernel(eqx.Module):
         """
 
     @abc.abstractmethod
-    def forward_step(
-        self,
-        prepared: Prepared,
-        acc: Accumulator,
-        k: Float[Array, "B S K H"],
-        v: Float[Array, "B S K H"],
-        k_pos: Int[Array, "B S"],
-        k_seg: Int[Array, "B S"],
-        *,
-        mask: Mask,
-    ) -> Accumulator:
+    def forward_step(self, prepared: Prepared, acc: Accumulator, kv: KVBlock, *, mask: Mask) -> Accumulator:
         """Fold one K/V block (disjoint from the blocks folded before) into the running result.
 
         Args:
           prepared, acc: from :meth:`forward_start` (``acc`` possibly from earlier steps).
-          k, v: keys and values ``[B, S, K, H]`` (S may differ from step to step).
-          k_pos, k_seg: int32 ``[B, S]`` global positions and segment ids.
+          kv: keys and values ``[B, S, K, H]`` with positions and ids (S may vary per step).
           mask: which (query, key) pairs are visible.
 
         Returns:
@@ -323,31 +257,17 @@ class AbstractKernel(eqx.Module):
         """
 
     @abc.abstractmethod
-    def forward_finish(
-        self, prepared: Prepared, acc: Accumulator
-    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+    def forward_finish(self, prepared: Prepared, acc: Accumulator) -> OutLse:
         """``(out, lse)`` over every block folded into ``acc``, as :meth:`forward` returns them
         for the union of those blocks (float32; empty rows ``out = 0``, ``lse = -inf``)."""
 
     @abc.abstractmethod
-    def backward_start(
-        self,
-        q: Float[Array, "B T N H"],
-        q_pos: Int[Array, "B T"],
-        q_seg: Int[Array, "B T"],
-        lse: Float[Array, "B T N"],
-        dout: Float[Array, "B T N H"],
-        delta: Float[Array, "B T N"],
-        *,
-        kv_heads: int,
-    ) -> tuple[Prepared, Accumulator]:
+    def backward_start(self, q: QueryBlock, ct: Cotangent, *, kv_heads: int) -> tuple[Prepared, Accumulator]:
         """Prepare the query side once for many :meth:`backward_step` calls (one per K/V block).
 
         Args:
-          q, q_pos, q_seg: as in :meth:`forward_start`.
-          lse: float32 ``[B, T, N]`` the final logsumexp over ALL key blocks (``-inf``: no key).
-          dout: cotangent of the output ``[B, T, N, H]``.
-          delta: float32 ``[B, T, N]`` :func:`output_delta` of the final output and ``dout``.
+          q: as in :meth:`forward_start`.
+          ct: the final logsumexp and ``delta`` over ALL key blocks and the output's cotangent.
           kv_heads: K, the kv heads of every K/V block that will follow.
 
         Returns:
@@ -356,21 +276,15 @@ class AbstractKernel(eqx.Module):
         """
 
     @abc.abstractmethod
-    def backward_step(
-        self,
-        prepared: Prepared,
-        dq_acc: Accumulator,
-        dk: Float[Array, "B S K H"],
-        dv: Float[Array, "B S K H"],
-        k: Float[Array, "B S K H"],
-        v: Float[Array, "B S K H"],
-        k_pos: Int[Array, "B S"],
-        k_seg: Int[Array, "B S"],
-        *,
-        mask: Mask,
-    ) -> tuple[Accumulator, Float[Array, "B S K H"], Float[Array, "B S K H"]]:
+    def backward_step(self, prepared: Prepared, acc: GradAccumulator, kv: KVBlock, *, mask: Mask) -> GradAccumulator:
         """Add this K/V block's gradient contributions (see :meth:`backward`) to the running dQ
         and to this block's float32 ``dk``, ``dv`` accumulators (the ring's travelling ones).
+
+        Args:
+          prepared: from :meth:`backward_start`.
+          acc: ``(dq_acc, dk, dv)``: the dQ accumulator (from :meth:`backward_start` or earlier
+            steps) and float32 ``[B, S, K, H]`` dK/dV accumulators of this block.
+          kv, mask: as in :meth:`forward_step`.
 
         Returns:
           ``(dq_acc, dk, dv)`` updated, with the structures, shapes and dtypes passed in.

@@ -44,7 +44,7 @@ private functions of JAX 0.10.2; the adapter pins their signatures in one place
 fails loudly.
 
 **Scale.** Splash does not scale logits; the adapter multiplies q by ``1/sqrt(H)`` once
-(:func:`_prescale`, the one place the scale lives) and applies the same factor to dQ by the
+(:func:`~lcx.attention.kernels.sorted_chunks.prescale`, the one place the scale lives) and applies the same factor to dQ by the
 chain rule. ``lse`` returned by splash is then the natural-log logsumexp of the scaled logits,
 as the interface requires.
 
@@ -86,18 +86,16 @@ from __future__ import annotations
 import math
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
-from jax import lax
-from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels.base import KernelCall, as_blocks, merge_partials, output_delta
+from lcx.attention.blocks import Cotangent, Grads, KVBlock, OutLse, QueryBlock
+from lcx.attention.kernels.base import KernelCall, as_blocks
 from lcx.attention.kernels.composed import AbstractComposedKernel
-from lcx.attention.kernels.splash_intervals import _HI_BITS as _HI_BITS
+from lcx.attention.kernels.sorted_chunks import chunked_backward, chunked_forward, interpret
 from lcx.attention.kernels.splash_intervals import LANES as LANES
 from lcx.attention.kernels.splash_intervals import MAX_KV_CHUNK as MAX_KV_CHUNK
 from lcx.attention.kernels.splash_intervals import SUBLANES as SUBLANES
-from lcx.attention.kernels.splash_intervals import _block_info, _intervals, _mask_fn, _Plan, _round_up
+from lcx.attention.kernels.splash_intervals import _block_info, _mask_fn, _Plan, _round_up
 from lcx.attention.masks import Mask
 from lcx.sharding.blocks import BlockSizes
 
@@ -118,16 +116,6 @@ def _splash_modules():
             f"({e}); install a JAX with Pallas or set plan.attention.kernel='xla'"
         ) from e
     return sk, mi
-
-
-def _prescale(x: Array) -> Array:
-    # The ONE place the softmax scale lives (splash itself never scales): the forward multiplies
-    # q by it, the backward reuses it for the chain rule of that same linear map.
-    return x * jnp.asarray(1.0 / (x.shape[-1] ** 0.5), x.dtype)
-
-
-def _interpret() -> bool:
-    return jax.default_backend() != "tpu"
 
 
 class SplashKernel(AbstractComposedKernel):
@@ -206,159 +194,53 @@ class SplashKernel(AbstractComposedKernel):
     def step_tile_bytes(self, batch: int, q_len: int, kv_len: int, group: int) -> int:
         return 0  # tiles in VMEM
 
-    # -- per batch row, per kv chunk ------------------------------------------------------------
-
-    def _prepare(self, plan: _Plan, mask: Mask, q_pos, q_seg, k_pos, k_seg):
-        """Sort every kv chunk by the mask's key, and each query's interval in every chunk.
-
-        Args: one batch row: ``q_pos, q_seg`` ``[T]``, ``k_pos, k_seg`` ``[S]`` int32.
-        Returns: ``perm`` ``[n, C]`` (sorted index -> padded kv index), ``lo, hi`` ``[n, Tp]``,
-        ``empty`` ``[n, Tp]`` bool.
-        """
-        n, C = plan.n_chunks, plan.chunk
-        pad_k = plan.Sp - plan.S
-        # keys past S (tiling) and padding keys (negative segment id) sort after the real keys of
-        # their chunk, where no query's interval reaches: n_real counts the others
-        is_pad = jnp.concatenate([(k_seg < 0).astype(jnp.int32), jnp.ones(pad_k, jnp.int32)])
-        kp = jnp.pad(k_pos, (0, pad_k)).reshape(n, C)
-        ks = jnp.pad(k_seg, (0, pad_k)).reshape(n, C)
-        is_pad = is_pad.reshape(n, C)
-        idx = jnp.arange(plan.Sp, dtype=jnp.int32).reshape(n, C)
-        n_real = C - is_pad.sum(axis=1, dtype=jnp.int32)
-        if mask.document:
-            _, ks_s, kp_s, perm = lax.sort((is_pad, ks, kp, idx), dimension=1, num_keys=3)
-        else:
-            _, kp_s, perm = lax.sort((is_pad, kp, idx), dimension=1, num_keys=2)
-            ks_s = jnp.zeros_like(kp_s)
-        pad_q = plan.Tp - plan.T
-        qp = jnp.pad(q_pos, (0, pad_q))
-        qs = jnp.pad(q_seg, (0, pad_q))
-        q_real = (jnp.arange(plan.Tp) < plan.T) & (qs >= 0)  # padding queries are empty rows
-        lo, hi = jax.vmap(lambda a, b, c: _intervals(mask, qp, qs, a, b, c))(kp_s, ks_s, n_real)
-        empty = (lo >= hi) | ~q_real[None, :]
-        lo = jnp.where(empty, 0, lo)
-        hi = jnp.where(empty, 0, hi)
-        return perm, lo, hi, empty
-
-    def forward(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B S K H"],
-        v: Float[Array, "B S K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B S"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B S"],
-        *,
-        mask: Mask,
-    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+    def forward(self, q: QueryBlock, kv: KVBlock, *, mask: Mask) -> OutLse:
         sk, mi = _splash_modules()
-        B, T, N, H = q.shape
-        S, K = k.shape[1], k.shape[2]
-        _groups(N, K)
-        plan = _Plan(T, S, self.block_q, self.block_kv)
-        interpret = _interpret()
+        plan = _Plan(q.q.shape[1], kv.k.shape[1], self.blocks.block_q, self.blocks.block_kv)  # forward blocks only
         block_sizes = sk.BlockSizes(block_q=plan.bq, block_kv=plan.bkv, block_kv_compute=plan.bkv)
 
-        def row(q, k, v, q_pos, k_pos, q_seg, k_seg):
-            perm, lo, hi, empty = self._prepare(plan, mask, q_pos, q_seg, k_pos, k_seg)
-            qh = _prescale(jnp.pad(q, ((0, plan.Tp - T), (0, 0), (0, 0)))).transpose(1, 0, 2)  # [N, Tp, H]
-            kh = jnp.pad(k, ((0, plan.Sp - S), (0, 0), (0, 0)))
-            vh = jnp.pad(v, ((0, plan.Sp - S), (0, 0), (0, 0)))
+        def chunk(qh, kc, vc, lo_c, hi_c, empty_c):
+            info, _ = _block_info(mi, lo_c, hi_c, plan.bq, plan.bkv, plan.chunk // plan.bkv, empty_c)
+            o_c, (l_c,) = sk._splash_attention_forward(
+                info,
+                qh,
+                kc,
+                vc,
+                None,
+                None,
+                block_sizes=block_sizes,
+                residual_checkpoint_name=None,
+                save_residuals=True,
+                **_settings(sk),
+            )
+            o_c = jnp.where(empty_c[None, :, None], 0.0, o_c.astype(_F32))
+            return o_c, jnp.where(empty_c[None, :], -jnp.inf, l_c.astype(_F32))
 
-            def chunk(carry, xs):
-                out, lse = carry
-                perm_c, lo_c, hi_c, empty_c = xs
-                kc = kh[perm_c].transpose(1, 0, 2)  # [K, C, H] sorted by the mask key
-                vc = vh[perm_c].transpose(1, 0, 2)
-                info, _ = _block_info(mi, lo_c, hi_c, plan.bq, plan.bkv, plan.chunk // plan.bkv, empty_c)
-                o_c, (l_c,) = sk._splash_attention_forward(
-                    info,
-                    qh,
-                    kc,
-                    vc,
-                    None,
-                    None,
-                    mask_value=sk.DEFAULT_MASK_VALUE,
-                    is_mqa=False,
-                    block_sizes=block_sizes,
-                    residual_checkpoint_name=None,
-                    save_residuals=True,
-                    mask_function=_mask_fn,
-                    interpret=interpret,
-                )
-                o_c = jnp.where(empty_c[None, :, None], 0.0, o_c.astype(_F32))
-                l_c = jnp.where(empty_c[None, :], -jnp.inf, l_c.astype(_F32))
-                return merge_partials(out, lse, o_c, l_c), None
+        return chunked_forward(plan, mask, q, kv, chunk)
 
-            init = (jnp.zeros((N, plan.Tp, H), _F32), jnp.full((N, plan.Tp), -jnp.inf, _F32))
-            (out, lse), _ = lax.scan(chunk, init, (perm, lo, hi, empty))
-            return out.transpose(1, 0, 2)[:T], lse.T[:T]
-
-        return jax.vmap(row)(q, k, v, q_pos, k_pos, q_seg, k_seg)
-
-    def backward(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B S K H"],
-        v: Float[Array, "B S K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B S"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B S"],
-        out: Float[Array, "B T N H"] | None,
-        lse: Float[Array, "B T N"],
-        dout: Float[Array, "B T N H"],
-        *,
-        mask: Mask,
-        delta: Float[Array, "B T N"] | None = None,
-    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
+    def backward(self, q: QueryBlock, kv: KVBlock, ct: Cotangent, *, mask: Mask) -> Grads:
         sk, mi = _splash_modules()
-        B, T, N, H = q.shape
-        S, K = k.shape[1], k.shape[2]
-        _groups(N, K)
-        plan = _Plan(T, S, self.block_q, self.block_kv, self.block_q_dkv, self.block_kv_dkv)
-        interpret = _interpret()
+        plan = _Plan.of(q.q.shape[1], kv.k.shape[1], self.blocks)
 
-        if delta is None:
-            delta = output_delta(out, dout)  # [B, T, N]
+        def chunk(qh, kc, vc, lse, doh, di, lo_c, hi_c, empty_c):
+            dq_info, dkv_info = _block_info(mi, lo_c, hi_c, plan.bq_dq, plan.bkv, plan.chunk // plan.bkv, empty_c)
+            if (plan.bq_dkv, plan.bkv_dkv) != (plan.bq_dq, plan.bkv):  # the dK/dV kernel's own grid
+                _, dkv_info = _block_info(
+                    mi, lo_c, hi_c, plan.bq_dkv, plan.bkv_dkv, plan.chunk // plan.bkv_dkv, empty_c
+                )
+            grads = _splash_bwd(sk, qh, kc, vc, lse, doh, di, dq_info, dkv_info, plan)
+            return tuple(g.astype(_F32) for g in grads)
 
-        def row(q, k, v, q_pos, k_pos, q_seg, k_seg, delta, lse, dout):
-            perm, lo, hi, empty = self._prepare(plan, mask, q_pos, q_seg, k_pos, k_seg)
-            padq = ((0, plan.Tp - T), (0, 0), (0, 0))
-            qh = _prescale(jnp.pad(q, padq)).transpose(1, 0, 2)  # [N, Tp, H]
-            doh = jnp.pad(dout, padq).astype(q.dtype).transpose(1, 0, 2)
-            di = jnp.pad(delta.astype(_F32), ((0, plan.Tp - T), (0, 0))).T  # [N, Tp]
-            # a row that sees no key anywhere has lse = -inf: any finite value makes its masked
-            # probabilities exp(mask_value - lse) = 0 (its dout/delta then contribute nothing)
-            lse_h = jnp.pad(jnp.where(jnp.isfinite(lse), lse, 0.0).astype(_F32), ((0, plan.Tp - T), (0, 0))).T
-            kh = jnp.pad(k, ((0, plan.Sp - S), (0, 0), (0, 0)))
-            vh = jnp.pad(v, ((0, plan.Sp - S), (0, 0), (0, 0)))
-
-            def chunk(dq, xs):
-                perm_c, lo_c, hi_c, empty_c = xs
-                kc = kh[perm_c].transpose(1, 0, 2)
-                vc = vh[perm_c].transpose(1, 0, 2)
-                dq_info, dkv_info = _block_info(mi, lo_c, hi_c, plan.bq_dq, plan.bkv, plan.chunk // plan.bkv, empty_c)
-                if (plan.bq_dkv, plan.bkv_dkv) != (plan.bq_dq, plan.bkv):  # the dK/dV kernel's own grid
-                    _, dkv_info = _block_info(
-                        mi, lo_c, hi_c, plan.bq_dkv, plan.bkv_dkv, plan.chunk // plan.bkv_dkv, empty_c
-                    )
-                dq_c, dk_c, dv_c = _splash_bwd(sk, qh, kc, vc, lse_h, doh, di, dq_info, dkv_info, plan, interpret)
-                # sorted chunk order -> the caller's kv order
-                inv = jnp.argsort(perm_c)
-                return dq + dq_c.astype(_F32), (dk_c.astype(_F32)[:, inv], dv_c.astype(_F32)[:, inv])
-
-            dq, (dk, dv) = lax.scan(chunk, jnp.zeros((N, plan.Tp, H), _F32), (perm, lo, hi, empty))
-            # dk, dv: [n, K, C, H] -> [Sp, K, H]
-            dk = dk.transpose(0, 2, 1, 3).reshape(plan.Sp, K, H)[:S]
-            dv = dv.transpose(0, 2, 1, 3).reshape(plan.Sp, K, H)[:S]
-            return _prescale(dq.transpose(1, 0, 2)[:T]), dk, dv
-
-        return jax.vmap(row)(q, k, v, q_pos, k_pos, q_seg, k_seg, delta, lse, dout)
+        return chunked_backward(plan, mask, q, kv, ct, chunk, None)
 
 
-def _splash_bwd(sk, q, k, v, lse, do, di, dq_info, dkv_info, plan: _Plan, interpret: bool):
+def _settings(sk) -> dict:
+    """What every splash call of lcx passes alike: MHA (GQA by head index, K/V never repeated),
+    splash's mask value, the sorted-interval mask function, interpret mode off TPU."""
+    return {"is_mqa": False, "mask_value": sk.DEFAULT_MASK_VALUE, "mask_function": _mask_fn, "interpret": interpret()}
+
+
+def _splash_bwd(sk, q, k, v, lse, do, di, dq_info, dkv_info, plan: _Plan):
     """Splash's own backward kernels with the GLOBAL ``lse`` and ``di = sum(dout * out)``.
 
     The only use of JAX-private splash functions (signatures of JAX 0.10.2); ``q`` is already
@@ -367,39 +249,10 @@ def _splash_bwd(sk, q, k, v, lse, do, di, dq_info, dkv_info, plan: _Plan, interp
     ``plan.bq_dkv x plan.bkv_dkv`` (``dkv_info``'s grid).
     """
     layout = sk.QKVLayout.HEAD_DIM_MINOR
-    common = dict(
-        is_mqa=False,
-        mask_value=sk.DEFAULT_MASK_VALUE,
-        attn_logits_soft_cap=None,
-        q_layout=layout,
-        k_layout=layout,
-        v_layout=layout,
-        mask_function=_mask_fn,
-        interpret=interpret,
-    )
-    dq = sk._splash_attention_bwd_dq(
-        q, k, v, None, None, lse, do, di, bq=plan.bq_dq, bkv=plan.bkv, mask_info=dq_info, **common
-    )
+    common = dict(attn_logits_soft_cap=None, q_layout=layout, k_layout=layout, v_layout=layout, **_settings(sk))
+    operands = (q, k, v, None, None, lse, do, di)  # both kernels: no segment ids, the global lse and di
+    dq = sk._splash_attention_bwd_dq(*operands, bq=plan.bq_dq, bkv=plan.bkv, mask_info=dq_info, **common)
     _, dk, dv = sk._splash_attention_bwd_dkv(
-        q,
-        k,
-        v,
-        None,
-        None,
-        lse,
-        do,
-        di,
-        bq=plan.bq_dkv,
-        bkv=plan.bkv_dkv,
-        bkv_compute=plan.bkv_dkv,
-        use_fused_bwd_kernel=False,
-        mask_info=dkv_info,
-        **common,
+        *operands, **plan.dkv_blocks, use_fused_bwd_kernel=False, mask_info=dkv_info, **common
     )
     return dq, dk, dv
-
-
-def _groups(n_heads: int, n_kv_heads: int) -> int:
-    if n_heads % n_kv_heads:
-        raise ValueError(f"query heads {n_heads} must be a multiple of kv heads {n_kv_heads} (GQA)")
-    return n_heads // n_kv_heads

@@ -14,6 +14,7 @@ import numpy as np
 from jax import lax
 
 from lcx.attention.masks import Mask
+from lcx.sharding.blocks import BlockSizes
 
 LANES = 128
 """Splash kv blocks and backward query blocks must be multiples of this (the TPU lane width), in
@@ -79,6 +80,17 @@ class _Plan:
         self.chunk = -(-nkb // self.n_chunks) * unit
         self.Sp = self.n_chunks * self.chunk
         self.T, self.S = T, S
+
+    @classmethod
+    def of(cls, T: int, S: int, blocks: BlockSizes) -> _Plan:
+        """The tiling of all four of ``blocks`` for ``T`` queries and ``S`` keys (tokens)."""
+        return cls(T, S, blocks.block_q, blocks.block_kv, blocks.block_q_dkv, blocks.block_kv_dkv)
+
+    @property
+    def dkv_blocks(self) -> dict[str, int]:
+        """The dK/dV kernel's blocks as the keywords of ``_splash_attention_bwd_dkv`` (JAX's and
+        tokamax's take the same three)."""
+        return {"bq": self.bq_dkv, "bkv": self.bkv_dkv, "bkv_compute": self.bkv_dkv}
 
 
 def _search(keys_seg, keys_pos, n_real, q_seg, q_pos, *, strict: bool, use_seg: bool):

@@ -54,18 +54,18 @@ query's dtype (three partial buffers): with bf16 queries, dQ carries bf16 roundi
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
-from jax import lax
-from jaxtyping import Array, Float, Int
 
-from lcx.attention.kernels.base import KernelCall, as_blocks, merge_partials, output_delta
+from lcx.attention.blocks import Cotangent, Grads, KVBlock, OutLse, QueryBlock
+from lcx.attention.kernels.base import KernelCall, as_blocks
 from lcx.attention.kernels.composed import AbstractComposedKernel
-from lcx.attention.kernels.splash import KernelNotAvailableError, SplashKernel, _groups, _interpret, _prescale
+from lcx.attention.kernels.sorted_chunks import chunked_backward, chunked_forward, interpret
+from lcx.attention.kernels.splash import KernelNotAvailableError, SplashKernel
 from lcx.attention.kernels.splash_intervals import _HI_BITS, LANES, MAX_KV_CHUNK, SUBLANES, _mask_fn, _Plan
 from lcx.attention.masks import Mask
 from lcx.sharding.blocks import BlockSizes
@@ -80,8 +80,6 @@ _RULES = (
     ("block_q_dkv", LANES, "the fused backward's query blocks, which it puts on the 128 lanes"),
     ("block_kv_dkv", LANES, "the fused backward's key blocks, tiled by the 128 lanes"),
 )
-# splash's sort of each kv chunk by the mask key and per-query search: it reads no kernel field
-_sorted_intervals = SplashKernel._prepare
 
 
 def _tokamax():
@@ -149,7 +147,7 @@ def _config(sk, plan: _Plan):
         block_q_dkv=plan.bq_dkv,
         block_kv_dkv=plan.bkv_dkv,
         block_kv_dkv_compute=plan.bkv_dkv,
-        interpret=_interpret(),
+        interpret=interpret(),
     )
 
 
@@ -189,9 +187,7 @@ def _backward_chunk(sk, plan: _Plan, q, k, v, lse2, dout, delta, lo, hi, empty):
         lse2,
         dout,
         delta,
-        bq=plan.bq_dkv,
-        bkv=plan.bkv_dkv,
-        bkv_compute=plan.bkv_dkv,
+        **plan.dkv_blocks,
         is_mqa=False,
         mask_info=info,
         mask_value=sk.base.DEFAULT_MASK_VALUE,
@@ -265,97 +261,10 @@ class TokamaxKernel(AbstractComposedKernel):
     def step_tile_bytes(self, batch: int, q_len: int, kv_len: int, group: int) -> int:
         return 0  # tiles in VMEM
 
-    def _plan(self, T: int, S: int) -> _Plan:
-        return _Plan(T, S, self.block_q, self.block_kv, self.block_q_dkv, self.block_kv_dkv)
+    def forward(self, q: QueryBlock, kv: KVBlock, *, mask: Mask) -> OutLse:
+        sk, plan = _tokamax(), _Plan.of(q.q.shape[1], kv.k.shape[1], self.blocks)
+        return chunked_forward(plan, mask, q, kv, functools.partial(_forward_chunk, sk, plan))
 
-    def forward(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B S K H"],
-        v: Float[Array, "B S K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B S"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B S"],
-        *,
-        mask: Mask,
-    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
-        sk = _tokamax()
-        B, T, N, H = q.shape
-        S = k.shape[1]
-        _groups(N, k.shape[2])
-        plan = self._plan(T, S)
-
-        def row(q, k, v, q_pos, k_pos, q_seg, k_seg):
-            perm, lo, hi, empty = _sorted_intervals(self, plan, mask, q_pos, q_seg, k_pos, k_seg)
-            qh = _heads_first(_prescale(q), plan.Tp)
-            kh, vh = (jnp.pad(x, ((0, plan.Sp - S), (0, 0), (0, 0))) for x in (k, v))
-
-            def chunk(acc, xs):
-                perm_c, lo_c, hi_c, empty_c = xs
-                part = _forward_chunk(
-                    sk, plan, qh, _heads_first(kh[perm_c]), _heads_first(vh[perm_c]), lo_c, hi_c, empty_c
-                )
-                return merge_partials(*acc, *part), None
-
-            init = (jnp.zeros((N, plan.Tp, H), _F32), jnp.full((N, plan.Tp), -jnp.inf, _F32))
-            (out, lse), _ = lax.scan(chunk, init, (perm, lo, hi, empty))
-            return out.transpose(1, 0, 2)[:T], lse.T[:T]
-
-        return jax.vmap(row)(q, k, v, q_pos, k_pos, q_seg, k_seg)
-
-    def backward(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B S K H"],
-        v: Float[Array, "B S K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B S"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B S"],
-        out: Float[Array, "B T N H"] | None,
-        lse: Float[Array, "B T N"],
-        dout: Float[Array, "B T N H"],
-        *,
-        mask: Mask,
-        delta: Float[Array, "B T N"] | None = None,
-    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
-        sk = _tokamax()
-        B, T, N, H = q.shape
-        S, K = k.shape[1], k.shape[2]
-        _groups(N, K)
-        plan = self._plan(T, S)
-        delta = output_delta(out, dout) if delta is None else delta
-
-        def row(q, k, v, q_pos, k_pos, q_seg, k_seg, delta, lse, dout):
-            perm, lo, hi, empty = _sorted_intervals(self, plan, mask, q_pos, q_seg, k_pos, k_seg)
-            qh = _heads_first(_prescale(q), plan.Tp)
-            doh = _heads_first(dout.astype(q.dtype), plan.Tp)
-            di = jnp.pad(delta.astype(_F32), ((0, plan.Tp - T), (0, 0))).T  # [N, Tp]
-            # a row that sees no key anywhere has lse = -inf: any finite value makes its masked
-            # probabilities 2^(mask_value - lse2) = 0 (its dout/delta then contribute nothing)
-            lse2 = jnp.where(jnp.isfinite(lse), lse, 0.0).astype(_F32) * _LOG2E
-            lse2 = jnp.pad(lse2, ((0, plan.Tp - T), (0, 0))).T
-            kh, vh = (jnp.pad(x, ((0, plan.Sp - S), (0, 0), (0, 0))) for x in (k, v))
-
-            def chunk(dq, xs):
-                perm_c, lo_c, hi_c, empty_c = xs
-                dq_c, dk_c, dv_c = _backward_chunk(
-                    sk, plan, qh, _heads_first(kh[perm_c]), _heads_first(vh[perm_c]), lse2, doh, di, lo_c, hi_c, empty_c
-                )
-                inv = jnp.argsort(perm_c)  # sorted chunk order -> the caller's kv order
-                return dq + dq_c, (dk_c[:, inv], dv_c[:, inv])
-
-            dq, (dk, dv) = lax.scan(chunk, jnp.zeros((N, plan.Tp, H), _F32), (perm, lo, hi, empty))
-            # dk, dv: [n, K, C, H] -> [Sp, K, H]
-            dk, dv = (x.transpose(0, 2, 1, 3).reshape(plan.Sp, K, H)[:S] for x in (dk, dv))
-            return _prescale(dq.transpose(1, 0, 2)[:T]), dk, dv
-
-        return jax.vmap(row)(q, k, v, q_pos, k_pos, q_seg, k_seg, delta, lse, dout)
-
-
-def _heads_first(x: Array, length: int | None = None) -> Array:
-    """``[L, heads, H]`` -> ``[heads, L', H]`` (tokamax's layout), zero-padded to ``length``."""
-    if length is not None:
-        x = jnp.pad(x, ((0, length - x.shape[0]), (0, 0), (0, 0)))
-    return x.transpose(1, 0, 2)
+    def backward(self, q: QueryBlock, kv: KVBlock, ct: Cotangent, *, mask: Mask) -> Grads:
+        sk, plan = _tokamax(), _Plan.of(q.q.shape[1], kv.k.shape[1], self.blocks)
+        return chunked_backward(plan, mask, q, kv, ct, functools.partial(_backward_chunk, sk, plan), _LOG2E)

@@ -50,9 +50,10 @@ from __future__ import annotations
 import equinox as eqx
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
-from lcx.attention.kernels.base import AbstractKernel, KernelCall, as_blocks, output_delta
+from lcx.attention.blocks import Cotangent, Grads, KVBlock, OutLse, QueryBlock
+from lcx.attention.kernels.base import AbstractKernel, GradAccumulator, KernelCall, as_blocks
 from lcx.attention.kernels.xla_tiles import FULL as FULL
 from lcx.attention.kernels.xla_tiles import HIDDEN as HIDDEN
 from lcx.attention.kernels.xla_tiles import PARTIAL as PARTIAL
@@ -151,47 +152,19 @@ class XlaKernel(AbstractKernel):
         ``2 x [G * block_q, block_kv]``, or the backward's probabilities, dP and dS,
         ``3 x [block_kv_dkv, G * block_q_dkv]``, whichever is larger (blocks clamped to the
         lengths by :func:`block_size`), times ``batch``."""
-        bq, bk = block_size(q_len, self.block_q), block_size(kv_len, self.block_kv)
+        bq, bk = block_size(q_len, self.blocks.block_q), block_size(kv_len, self.blocks.block_kv)
         dq, dk = self.backward_blocks
         bqd, bkd = block_size(q_len, dq), block_size(kv_len, dk)
         return 4 * batch * group * max(2 * bq * bk, 3 * bqd * bkd)
 
-    def forward(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B S K H"],
-        v: Float[Array, "B S K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B S"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B S"],
-        *,
-        mask: Mask,
-    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
-        prepared, acc = self.forward_start(q, q_pos, q_seg, kv_heads=k.shape[2])
-        return self.forward_finish(prepared, self.forward_step(prepared, acc, k, v, k_pos, k_seg, mask=mask))
+    def forward(self, q: QueryBlock, kv: KVBlock, *, mask: Mask) -> OutLse:
+        prepared, acc = self.forward_start(q, kv_heads=kv.k.shape[2])
+        return self.forward_finish(prepared, self.forward_step(prepared, acc, kv, mask=mask))
 
-    def backward(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B S K H"],
-        v: Float[Array, "B S K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B S"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B S"],
-        out: Float[Array, "B T N H"] | None,
-        lse: Float[Array, "B T N"],
-        dout: Float[Array, "B T N H"],
-        *,
-        mask: Mask,
-        delta: Float[Array, "B T N"] | None = None,
-    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
-        if delta is None:
-            delta = output_delta(out, dout)
-        prepared, dq = self.backward_start(q, q_pos, q_seg, lse, dout, delta, kv_heads=k.shape[2])
-        zero = jnp.zeros(k.shape, _F32)
-        dq, dk, dv = self.backward_step(prepared, dq, zero, zero, k, v, k_pos, k_seg, mask=mask)
+    def backward(self, q: QueryBlock, kv: KVBlock, ct: Cotangent, *, mask: Mask) -> Grads:
+        prepared, dq = self.backward_start(q, ct, kv_heads=kv.k.shape[2])
+        zero = jnp.zeros(kv.k.shape, _F32)
+        dq, dk, dv = self.backward_step(prepared, (dq, zero, zero), kv, mask=mask)
         return self.backward_finish(prepared, dq), dk, dv
 
     # The accumulating form (AbstractKernel.forward_start & co.): the query side is scaled and upcast
@@ -201,21 +174,19 @@ class XlaKernel(AbstractKernel):
     # result merged afterwards), the backward adds dQ pieces into one blocked accumulator, and
     # dK/dV go straight into the caller's [B, S, K, H] accumulators, one K/V block at a time.
 
-    def forward_start(
-        self, q: Float[Array, "B T N H"], q_pos: Int[Array, "B T"], q_seg: Int[Array, "B T"], *, kv_heads: int
-    ) -> tuple[tuple, tuple]:
+    def forward_start(self, q: QueryBlock, *, kv_heads: int) -> tuple[tuple, tuple]:
         """Scaled float32 queries ``[B, T, N, H]`` with their positions and segment ids, in the
         caller's layout (each query block is regrouped into GEMM rows where it is used); the
         online softmax's running max and sum (float32 ``[nq, B, K, G * bq]``) and unnormalised
         output (``[nq, B, K, G * bq, H]``), blocked in GEMM row order."""
-        B, T, N, H = q.shape
+        B, T, N, H = q.q.shape
         K = kv_heads
         G = _groups(N, K)
-        bq = block_size(T, self.block_q)
+        bq = block_size(T, self.blocks.block_q)
         nq, R = T // bq, G * bq
         # the queries keep the caller's layout (a blocked copy made here would be read both in
         # and after the caller's loop over K/V blocks, and XLA:CPU then keeps it in two layouts)
-        prepared = (q.astype(_F32) * _scale(H), q_pos, q_seg)
+        prepared = (q.q.astype(_F32) * _scale(H), q.pos, q.seg)
         m, l = jnp.full((nq, B, K, R), -jnp.inf, _F32), jnp.zeros((nq, B, K, R), _F32)
         return prepared, (m, l, jnp.zeros((nq, B, K, R, H), _F32))
 
@@ -236,20 +207,11 @@ class XlaKernel(AbstractKernel):
         bk = block_size(k.shape[1], block_kv)
         return bq, R // bq, bk, k.shape[1] // bk
 
-    def forward_step(
-        self,
-        prepared: tuple,
-        acc: tuple,
-        k: Float[Array, "B S K H"],
-        v: Float[Array, "B S K H"],
-        k_pos: Int[Array, "B S"],
-        k_seg: Int[Array, "B S"],
-        *,
-        mask: Mask,
-    ) -> tuple:
+    def forward_step(self, prepared: tuple, acc: tuple, kv: KVBlock, *, mask: Mask) -> tuple:
         q_sc, q_pos, q_seg = prepared
+        k, v, k_pos, k_seg = kv
         nq, B, K, R, H = acc[2].shape
-        bq, G, bk, nk = self._step_blocks("forward_step", q_pos, nq, R, K, k, self.block_kv)
+        bq, G, bk, nk = self._step_blocks("forward_step", q_pos, nq, R, K, k, self.blocks.block_kv)
 
         def q_block(i, acc):
             qi = _q_tile(q_sc, i, bq, K, G)  # [B, K, R, H]
@@ -290,7 +252,7 @@ class XlaKernel(AbstractKernel):
 
         return lax.fori_loop(0, nq, q_block, acc)
 
-    def forward_finish(self, prepared: tuple, acc: tuple) -> tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+    def forward_finish(self, prepared: tuple, acc: tuple) -> OutLse:
         m, l, o = acc
         nq, _, K, R, _ = o.shape
         G = R // (prepared[1].shape[1] // nq)
@@ -300,45 +262,28 @@ class XlaKernel(AbstractKernel):
         return _q_unblocks(out, K, G), _q_unblocks(lse, K, G)
 
     def backward_start(
-        self,
-        q: Float[Array, "B T N H"],
-        q_pos: Int[Array, "B T"],
-        q_seg: Int[Array, "B T"],
-        lse: Float[Array, "B T N"],
-        dout: Float[Array, "B T N H"],
-        delta: Float[Array, "B T N"],
-        *,
-        kv_heads: int,
+        self, q: QueryBlock, ct: Cotangent, *, kv_heads: int
     ) -> tuple[tuple, Float[Array, "nq B K H R"]]:
         """float32 scaled q and dout ``[B, T, N, H]``, logsumexp (0 where ``-inf``) and delta
         ``[B, T, N]``, positions and segment ids, all in the caller's layout (see
         :meth:`forward_start`); the dQ accumulator, float32 blocked ``[nq, B, K, H, G * bq]``
         (transposed: the GEMM emits its pieces that way), ``bq`` being the backward's query
         block (``block_q_dkv``, or ``block_q``)."""
-        B, T, N, H = q.shape
+        B, T, N, H = q.q.shape
+        lse, dout, delta = ct
         K = kv_heads
         G = _groups(N, K)
         bq = block_size(T, self.backward_blocks[0])
         nq = T // bq
         # a row with no visible key anywhere has lse = -inf and every logit masked: p = 0 there
         lse_safe = jnp.where(jnp.isfinite(lse), lse, 0.0).astype(_F32)
-        prepared = (q.astype(_F32) * _scale(H), dout.astype(_F32), lse_safe, delta.astype(_F32), q_pos, q_seg)
+        prepared = (q.q.astype(_F32) * _scale(H), dout.astype(_F32), lse_safe, delta.astype(_F32), q.pos, q.seg)
         return prepared, jnp.zeros((nq, B, K, H, G * bq), _F32)
 
-    def backward_step(
-        self,
-        prepared: tuple,
-        dq_acc: Float[Array, "nq B K H R"],
-        dk: Float[Array, "B S K H"],
-        dv: Float[Array, "B S K H"],
-        k: Float[Array, "B S K H"],
-        v: Float[Array, "B S K H"],
-        k_pos: Int[Array, "B S"],
-        k_seg: Int[Array, "B S"],
-        *,
-        mask: Mask,
-    ) -> tuple[Float[Array, "nq B K H R"], Float[Array, "B S K H"], Float[Array, "B S K H"]]:
+    def backward_step(self, prepared: tuple, acc: GradAccumulator, kv: KVBlock, *, mask: Mask) -> GradAccumulator:
         q_sc, dos, lses, deltas, q_pos, q_seg = prepared
+        k, v, k_pos, k_seg = kv
+        dq_acc, dk, dv = acc
         nq, B, K, H, R = dq_acc.shape
         bq, G, bk, nk = self._step_blocks("backward_step", q_pos, nq, R, K, k, self.backward_blocks[1])
 

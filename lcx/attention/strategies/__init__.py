@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from lcx.attention.strategies.a2a import Ulysses as Ulysses
 from lcx.attention.strategies.allgather import AllGather as AllGather
+from lcx.attention.strategies.base import AbstractContextStrategy as AbstractContextStrategy
 from lcx.attention.strategies.base import AbstractStrategy as AbstractStrategy
 from lcx.attention.strategies.base import Strategy as Strategy
 from lcx.attention.strategies.pricing import AttentionShard as AttentionShard
@@ -20,7 +21,6 @@ from lcx.attention.strategies.pricing import SearchMesh as SearchMesh
 from lcx.attention.strategies.pricing import Traffic as Traffic
 from lcx.attention.strategies.ring import Ring as Ring
 from lcx.attention.strategies.ring import merge_partials as merge_partials
-from lcx.attention.strategies.ring import ring_attention as ring_attention
 from lcx.attention.strategies.usp import USP as USP
 from lcx.sharding.attention_config import lookup
 

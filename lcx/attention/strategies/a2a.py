@@ -30,12 +30,13 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from lcx.attention.flash import flash_attention
+from lcx.attention.blocks import KVBlock, QueryBlock
+from lcx.attention.flash import Output, flash_blocks
 from lcx.attention.kernels import AbstractKernel
 from lcx.attention.masks import Mask
 from lcx.attention.sinks import local_head_sinks
-from lcx.attention.strategies.base import AbstractStrategy, Shape
-from lcx.attention.strategies.pricing import AttentionShard, RingHop, SearchMesh, Traffic
+from lcx.attention.strategies.base import AbstractContextStrategy, Shape
+from lcx.attention.strategies.pricing import AttentionShard, RingHop, Traffic
 from lcx.sharding import axes as ax
 from lcx.sharding.plan import PlanError
 
@@ -173,17 +174,29 @@ def gather_seq(x: Int[Array, "B T"], axes: tuple[str, ...]) -> Int[Array, "B TU"
     return lax.all_gather(x, axes, axis=1, tiled=True)
 
 
-def ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, axes, replication):
-    """Sequence -> head sharding of q/k/v (kv heads replicated ``replication`` times first)."""
+def ulysses_in(q: QueryBlock, kv: KVBlock, axes: tuple[str, ...], replication: int) -> tuple[QueryBlock, KVBlock]:
+    """Sequence -> head sharding of q/k/v (kv heads replicated ``replication`` times first), with
+    the positions and segment ids of the whole Ulysses group gathered alongside."""
+    k, v = kv.k, kv.v
     if replication > 1:
         # only as many copies as the all-to-all needs: K * r = U heads travel, one per device
         k, v = (jnp.repeat(x, replication, axis=2) for x in (k, v))
-    q, k, v = (seq_to_heads(x, axes) for x in (q, k, v))
-    q_pos, k_pos, q_seg, k_seg = (gather_seq(x, axes) for x in (q_pos, k_pos, q_seg, k_seg))
-    return q, k, v, q_pos, k_pos, q_seg, k_seg
+    q_h, k, v = (seq_to_heads(x, axes) for x in (q.q, k, v))
+    q_pos, k_pos, q_seg, k_seg = (gather_seq(x, axes) for x in (q.pos, kv.pos, q.seg, kv.seg))
+    return QueryBlock(q_h, q_pos, q_seg), KVBlock(k, v, k_pos, k_seg)
 
 
-class Ulysses(AbstractStrategy):
+def ulysses_out(
+    res: Float[Array, "B TU Nu H"] | tuple[Float[Array, "B TU Nu H"], Float[Array, "B TU Nu"]], axes: tuple[str, ...]
+) -> Output:
+    """Head -> sequence sharding of the output (and of the logsumexp ``[B, T U, N/U]`` with it)."""
+    if isinstance(res, tuple):
+        out, lse = res
+        return heads_to_seq(out, axes), heads_to_seq(lse, axes)
+    return heads_to_seq(res, axes)
+
+
+class Ulysses(AbstractContextStrategy):
     """DeepSpeed-Ulysses: all-to-all from sequence to head sharding, local attention, and back.
 
     Attributes:
@@ -199,6 +212,7 @@ class Ulysses(AbstractStrategy):
     axes: tuple[str, ...] = eqx.field(static=True)
     degree: int = eqx.field(static=True)
     allow_kv_replication: bool = eqx.field(static=True, default=True)
+    name: ClassVar[str] = "a2a"
     output_all_to_all: ClassVar[bool] = True
 
     @classmethod
@@ -215,55 +229,23 @@ class Ulysses(AbstractStrategy):
         kv_replication(q_shape[2], kv_shape[2], self.degree, self.allow_kv_replication, who="a2a", axes=self.axes)
 
     def __call__(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B T K H"],
-        v: Float[Array, "B T K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B T"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B T"],
-        sinks: Float[Array, " N"] | None = None,
-        return_lse: bool = False,
-    ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+        self, q: QueryBlock, kv: KVBlock, sinks: Float[Array, " N"] | None = None, return_lse: bool = False
+    ) -> Output:
         if self.degree == 1:
-            return flash_attention(
-                q,
-                k,
-                v,
-                q_pos,
-                k_pos,
-                q_seg,
-                k_seg,
-                mask=self.mask,
-                kernel=self.kernel,
-                sinks=sinks,
-                return_lse=return_lse,
-            )
-        r = kv_replication(q.shape[2], k.shape[2], self.degree, self.allow_kv_replication, who="a2a", axes=self.axes)
-        args = ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, self.axes, r)
+            return flash_blocks(q, kv, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse)
+        r = kv_replication(
+            q.q.shape[2], kv.k.shape[2], self.degree, self.allow_kv_replication, who="a2a", axes=self.axes
+        )
+        q, kv = ulysses_in(q, kv, self.axes, r)
         # after the all-to-all this device holds N/U of the query heads: only their sinks
         sinks = None if sinks is None else local_head_sinks(sinks, self.axes, self.degree)
-        res = flash_attention(*args, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse)
-        # the logsumexp [B, T U, N/U] goes back to sequence sharding like the output
-        return tuple(heads_to_seq(x, self.axes) for x in res) if return_lse else heads_to_seq(res, self.axes)
+        res = flash_blocks(q, kv, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse)
+        return ulysses_out(res, self.axes)
 
     # -- plan rules and price (module docstring); the all-to-all spans the context degree P ------
     @classmethod
-    def check_plan_axes(cls, plan) -> None:
-        return None  # the all-to-all runs over whatever axes split the sequence
-
-    @classmethod
     def check_plan_dims(cls, plan, mesh_shape, dims, n_devices) -> None:
         check_ulysses_plan(plan, "a2a", plan.seq_axes, mesh_shape, dims, n_devices)
-
-    @classmethod
-    def search_meshes(cls, data: int, context: int) -> tuple[SearchMesh, ...]:
-        return (SearchMesh((("data", data), ("context", context)), "context", name="a2a"),)
-
-    @classmethod
-    def all_to_all_degree(cls, config, mesh_shape) -> int:
-        return 1  # no separate Ulysses axis: the pricing below reads U = P
 
     @classmethod
     def kernel_call(cls, s: AttentionShard) -> tuple[int, int, int, int]:

@@ -14,17 +14,19 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 import equinox as eqx
+import jax
 from jax import lax
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
-from lcx.attention.flash import flash_attention
+from lcx.attention.blocks import KVBlock, QueryBlock
+from lcx.attention.flash import Output, flash_blocks
 from lcx.attention.kernels import AbstractKernel
 from lcx.attention.masks import Mask
-from lcx.attention.strategies.base import AbstractStrategy, Shape
-from lcx.attention.strategies.pricing import AttentionShard, RingHop, SearchMesh, Traffic
+from lcx.attention.strategies.base import AbstractContextStrategy, Shape
+from lcx.attention.strategies.pricing import AttentionShard, RingHop, Traffic
 
 
-class AllGather(AbstractStrategy):
+class AllGather(AbstractContextStrategy):
     """All-gather K/V over the sequence axes; local queries attend to the full K/V.
 
     Attributes:
@@ -36,6 +38,7 @@ class AllGather(AbstractStrategy):
     kernel: AbstractKernel
     mask: Mask = eqx.field(static=True)
     axes: tuple[str, ...] = eqx.field(static=True)
+    name: ClassVar[str] = "allgather"
     output_all_to_all: ClassVar[bool] = False
 
     @classmethod
@@ -46,39 +49,16 @@ class AllGather(AbstractStrategy):
         return None  # any head counts; sequence divisibility is checked by the caller
 
     def __call__(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B T K H"],
-        v: Float[Array, "B T K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B T"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B T"],
-        sinks: Float[Array, " N"] | None = None,
-        return_lse: bool = False,
-    ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+        self, q: QueryBlock, kv: KVBlock, sinks: Float[Array, " N"] | None = None, return_lse: bool = False
+    ) -> Output:
         if self.axes:
-            k, v, k_pos, k_seg = (lax.all_gather(x, self.axes, axis=1, tiled=True) for x in (k, v, k_pos, k_seg))
-        return flash_attention(
-            q, k, v, q_pos, k_pos, q_seg, k_seg, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse
-        )
+            kv = jax.tree.map(lambda x: lax.all_gather(x, self.axes, axis=1, tiled=True), kv)
+        return flash_blocks(q, kv, mask=self.mask, kernel=self.kernel, sinks=sinks, return_lse=return_lse)
 
     # -- plan rules and price (module docstring) ------------------------------------------------
     @classmethod
-    def check_plan_axes(cls, plan) -> None:
-        return None  # any sequence axes
-
-    @classmethod
     def check_plan_dims(cls, plan, mesh_shape, dims, n_devices) -> None:
         return None  # any head counts: K/V are gathered at their own head count
-
-    @classmethod
-    def search_meshes(cls, data: int, context: int) -> tuple[SearchMesh, ...]:
-        return (SearchMesh((("data", data), ("context", context)), "context", name="allgather"),)
-
-    @classmethod
-    def all_to_all_degree(cls, config, mesh_shape) -> int:
-        return 1
 
     @classmethod
     def kernel_call(cls, s: AttentionShard) -> tuple[int, int, int, int]:

@@ -16,18 +16,27 @@ methods only), each concrete strategy is a final class implementing it once, and
 one new file plus one registry line.
 """
 
-from __future__ import annotations
-
 import abc
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import equinox as eqx
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
+from lcx.attention.blocks import KVBlock, QueryBlock
+from lcx.attention.flash import Output
 from lcx.attention.kernels import AbstractKernel
 from lcx.attention.masks import Mask
 from lcx.attention.strategies.pricing import AttentionShard, RingHop, SearchMesh, Traffic
 from lcx.sharding.plan import AttentionConfig, Plan
+
+# Equinox's documented spelling (pyright reads an abstract ClassVar as a ClassVar only so). No
+# `from __future__ import annotations` in this module: Equinox reads AbstractClassVar from the
+# evaluated annotation, and refuses it as a string.
+if TYPE_CHECKING:
+    from typing import ClassVar as AbstractClassVar
+else:
+    from equinox import AbstractClassVar
 
 Shape = tuple[int, ...]
 
@@ -45,7 +54,7 @@ class AbstractStrategy(eqx.Module):
 
     kernel: eqx.AbstractVar[AbstractKernel]
     mask: eqx.AbstractVar[Mask]
-    output_all_to_all: eqx.AbstractClassVar[bool]
+    output_all_to_all: AbstractClassVar[bool]
 
     # ---------------------------------------------------------------------------- the program
     @classmethod
@@ -57,7 +66,7 @@ class AbstractStrategy(eqx.Module):
         seq_axes: tuple[str, ...],
         axis_sizes: Mapping[str, int],
         config: AttentionConfig,
-    ) -> AbstractStrategy:
+    ) -> "AbstractStrategy":
         """Build the strategy from a plan's sequence axes, mesh axis sizes and attention config.
 
         Args:
@@ -85,22 +94,14 @@ class AbstractStrategy(eqx.Module):
 
     @abc.abstractmethod
     def __call__(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B T K H"],
-        v: Float[Array, "B T K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B T"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B T"],
-        sinks: Float[Array, " N"] | None = None,
-        return_lse: bool = False,
-    ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+        self, q: QueryBlock, kv: KVBlock, sinks: Float[Array, " N"] | None = None, return_lse: bool = False
+    ) -> Output:
         """Attention of this device's query shard against the whole (sharded) sequence.
 
         Runs inside ``jax.shard_map``, under ``jax.named_scope("lcx.<class name>")``
-        (:func:`lcx.attention.attention` names it); every argument is this device's shard along
-        the sequence (and batch/heads where the plan shards them). ``sinks``: float32 ``[N]``
+        (:func:`lcx.attention.attention` names it); ``q`` (``[B, T, N, H]``) and ``kv``
+        (``[B, T, K, H]``), with their global positions and segment ids, are this device's shard
+        along the sequence (and batch/heads where the plan shards them). ``sinks``: float32 ``[N]``
         sink logits of this device's (pre-all-to-all) query heads, replicated over batch and
         sequence, or None (:mod:`lcx.attention.sinks`). ``return_lse`` (static): also return the
         logsumexp. Negative segment ids are padding
@@ -187,6 +188,31 @@ class AbstractStrategy(eqx.Module):
         cls, seq_len: int, context_degree: int, ulysses_degree: int, n_heads: int, n_kv_heads: int
     ) -> RingHop | None:
         """The ring hop whose overlap with compute the ledger checks (None: no ring)."""
+
+
+class AbstractContextStrategy(AbstractStrategy):
+    """A strategy over whatever mesh axes split the sequence, with no all-to-all axis of its own
+    (allgather, ring, a2a): no rule on the plan's axes, one ``(data, context)`` search mesh, and
+    all-to-all degree 1 (a2a's all-to-all spans the whole context degree, which its pricing
+    reads). These three methods are final here; the subclasses implement the rest.
+
+    Attributes:
+      name: (class) the strategy's name in ``plan.attention.strategy``, which names its mesh.
+    """
+
+    name: AbstractClassVar[str]
+
+    @classmethod
+    def check_plan_axes(cls, plan: Plan) -> None:
+        return None  # whatever axes split the sequence
+
+    @classmethod
+    def search_meshes(cls, data: int, context: int) -> tuple[SearchMesh, ...]:
+        return (SearchMesh((("data", data), ("context", context)), "context", name=cls.name),)
+
+    @classmethod
+    def all_to_all_degree(cls, config: AttentionConfig, mesh_shape: Mapping[str, int]) -> int:
+        return 1
 
 
 Strategy = AbstractStrategy

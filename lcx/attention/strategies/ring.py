@@ -48,85 +48,21 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
-from lcx.attention.flash import lse_delta
-from lcx.attention.kernels.base import AbstractKernel, kernel_scope, output_delta
+from lcx.attention.blocks import Cotangent, KVBlock, OutLse, QueryBlock, lse_delta, output_delta
+from lcx.attention.flash import Output
+from lcx.attention.kernels.base import AbstractKernel, kernel_scope
 from lcx.attention.kernels.base import merge_partials as merge_partials  # re-exported by lcx.attention.strategies
 from lcx.attention.masks import Mask
 from lcx.attention.names import name_context
 from lcx.attention.sinks import merge_sinks, row_sinks, sinks_grad
-from lcx.attention.strategies.base import AbstractStrategy, Shape
-from lcx.attention.strategies.pricing import AttentionShard, RingHop, SearchMesh, Traffic
+from lcx.attention.strategies.base import AbstractContextStrategy, Shape
+from lcx.attention.strategies.pricing import AttentionShard, RingHop, Traffic
 from lcx.attention.strategies.ring_pricing import PASS_BYTES as PASS_BYTES  # the pass rule's threshold
 from lcx.attention.strategies.ring_pricing import heads_per_pass, ring_buffer_bytes, ring_passes, ring_traffic
 
 _F32 = jnp.float32
-
-
-def ring_attention(
-    q: Float[Array, "B T N H"],
-    k: Float[Array, "B T K H"],
-    v: Float[Array, "B T K H"],
-    q_pos: Int[Array, "B T"],
-    k_pos: Int[Array, "B T"],
-    q_seg: Int[Array, "B T"],
-    k_seg: Int[Array, "B T"],
-    *,
-    kernel: AbstractKernel,
-    mask: Mask,
-    axes: tuple[str, ...],
-    size: int,
-    kv_heads_per_pass: int | None = None,
-    sinks: Float[Array, " N"] | None = None,
-    return_lse: bool = False,
-) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
-    """Per-device ring attention over mesh ``axes`` (call inside ``jax.shard_map``).
-
-    Args:
-      q: this device's queries ``[B, T, N, H]``.
-      k, v: this device's K/V shard ``[B, T, K, H]`` (its ring owner's block).
-      q_pos, k_pos, q_seg, k_seg: int32 ``[B, T]`` global positions and segment ids.
-      kernel: per-device kernel.
-      mask: mask predicate.
-      axes: mesh axes of the ring (a tuple: an 8-device ring over a 2x4 mesh uses both), the
-        linear device index over them, major to minor, is the ring order.
-      size: ring size P (product of the axis sizes).
-      kv_heads_per_pass: run the whole ring once per group of this many kv heads (with their
-        G query heads each), one group after another; ``None``: :func:`heads_per_pass`.
-      sinks: float32 ``[N]`` sink logits of this device's query heads
-        (:mod:`lcx.attention.sinks`), merged once into the ring's final ``(out, lse)``; None:
-        no sink (the program is exactly the one without this argument). Padding rows (negative
-        segment id) get no sink.
-      return_lse: also return the logsumexp (static).
-
-    Returns:
-      ``out`` ``[B, T, N, H]`` in ``q.dtype``, or with ``return_lse`` ``(out, lse)``, ``lse``
-      float32 ``[B, T, N]`` over the whole ring (sinks included, ``-inf``: no visible key and
-      no sink). Differentiable in q, k, v and sinks from both outputs (custom VJP; the sinks'
-      cotangent is this device's sum over its rows).
-
-    Raises:
-      ValueError: ``kv_heads_per_pass`` does not divide the local kv heads.
-    """
-    K = k.shape[2]
-    if kv_heads_per_pass is None:
-        tiles = kernel.step_tile_bytes(k.shape[0], q.shape[1], k.shape[1], q.shape[2] // K)
-        kvh = heads_per_pass(k.shape, k.dtype, tiles)
-    else:
-        kvh = int(kv_heads_per_pass)
-    if kvh < 1 or K % kvh:
-        raise ValueError(f"ring: kv_heads_per_pass={kvh} must divide the {K} kv heads per device")
-    # K/V made data-dependent on the queries (a zero XLA folds away), for the reason positions are
-    # in lcx.attention.api._tie_masks_to_queries: when K/V are loop-invariant in a scan over
-    # layers (shared K/V), JAX hoists their P - 1 rotations out of the loop and keeps every
-    # rotated copy, a [P - 1, B, T, K, H] stack (O(S) per device, not O(S / P))
-    x = q[(0,) * q.ndim]
-    zero = jnp.where(x == x, 0, 0).astype(k.dtype)  # NaN-safe: 0 for every x
-    k, v = k + zero, v + zero
-    return _ring(
-        kernel, mask, tuple(axes), int(size), kvh, bool(return_lse), q, k, v, q_pos, k_pos, q_seg, k_seg, sinks
-    )
 
 
 def _shift(tree, axes, size):
@@ -137,26 +73,24 @@ def _shift(tree, axes, size):
     return jax.tree.map(lambda x: lax.ppermute(x, axes, perm), tree)
 
 
-def _forward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg):
+def _forward(kernel: AbstractKernel, mask: Mask, axes, size: int, q: QueryBlock, kv: KVBlock) -> OutLse:
     # the query side is prepared once for all P steps; the running result stays in the kernel's
     # layout (for the xla kernel: its online softmax state, continued block after block)
-    prepared, acc = kernel.forward_start(q, q_pos, q_seg, kv_heads=k.shape[2])
+    prepared, acc = kernel.forward_start(q, kv_heads=kv.k.shape[2])
 
-    def block(acc, kv):
-        kb, vb, kp, ks = kv
-
+    def block(acc, kv: KVBlock):
         def visible():
             with kernel_scope(kernel, "forward_step"):
-                return kernel.forward_step(prepared, acc, kb, vb, kp, ks, mask=mask)
+                return kernel.forward_step(prepared, acc, kv, mask=mask)
 
-        return lax.cond(mask.may_be_visible(q_pos, kp, q_seg, ks), visible, lambda: acc)
+        return lax.cond(mask.may_be_visible(q.pos, kv.pos, q.seg, kv.seg), visible, lambda: acc)
 
     def step(carry, _):
         acc, kv = carry
         nxt = _shift(kv, axes, size)  # issued before the kernel: independent of it, so it overlaps
         return (block(acc, kv), nxt), None
 
-    (acc, kv), _ = lax.scan(step, (acc, (k, v, k_pos, k_seg)), None, length=size - 1)
+    (acc, kv), _ = lax.scan(step, (acc, kv), None, length=size - 1)
     return kernel.forward_finish(prepared, block(acc, kv))  # last block: no transfer after it
 
 
@@ -168,108 +102,81 @@ def _head_update(x, part, i):
     return lax.dynamic_update_slice_in_dim(x, part.astype(x.dtype), i * part.shape[2], axis=2)
 
 
-def _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    n, nh, kh = ring_passes(kvh, q, k)
+def _pass_blocks(q: QueryBlock, kv: KVBlock, i, nh: int, kh: int) -> tuple[QueryBlock, KVBlock]:
+    """Pass ``i``'s query heads (``nh`` of them) and kv heads (``kh``); positions are shared."""
+    q_i = q._replace(q=_head_slice(q.q, i, nh))
+    return q_i, kv._replace(k=_head_slice(kv.k, i, kh), v=_head_slice(kv.v, i, kh))
+
+
+def _forward_passes(kernel, mask, axes, size: int, kvh: int, q: QueryBlock, kv: KVBlock) -> OutLse:
+    n, nh, kh = ring_passes(kvh, q.q, kv.k)
     if n == 1:
-        return _forward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg)
-    B, T, N, H = q.shape
+        return _forward(kernel, mask, axes, size, q, kv)
+    B, T, N, H = q.q.shape
 
     def one(i, carry):
         out, lse = carry
-        o, l = _forward(
-            kernel,
-            mask,
-            axes,
-            size,
-            _head_slice(q, i, nh),
-            _head_slice(k, i, kh),
-            _head_slice(v, i, kh),
-            q_pos,
-            k_pos,
-            q_seg,
-            k_seg,
-        )
+        o, l = _forward(kernel, mask, axes, size, *_pass_blocks(q, kv, i, nh, kh))
         return _head_update(out, o, i), _head_update(lse, l, i)
 
     init = (jnp.zeros((B, T, N, H), _F32), jnp.full((B, T, N), -jnp.inf, _F32))
     return lax.fori_loop(0, n, one, init)
 
 
-def _forward_sinks(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
-    out, lse = _forward_passes(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg)
+def _forward_sinks(kernel, mask, axes, size: int, kvh: int, q: QueryBlock, kv: KVBlock, sinks) -> OutLse:
+    out, lse = _forward_passes(kernel, mask, axes, size, kvh, q, kv)
     # the sink joins the GLOBAL softmax once, after every ring step and pass
-    return (out, lse) if sinks is None else merge_sinks(out, lse, row_sinks(sinks, q_seg))
+    return (out, lse) if sinks is None else merge_sinks(out, lse, row_sinks(sinks, q.seg))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
-def _ring(kernel, mask, axes, size, kvh, with_lse, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
-    out, lse = _forward_sinks(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
-    return (out.astype(q.dtype), lse) if with_lse else out.astype(q.dtype)
+def _ring(kernel, mask, axes, size, kvh, with_lse, q: QueryBlock, kv: KVBlock, sinks):
+    out, lse = _forward_sinks(kernel, mask, axes, size, kvh, q, kv, sinks)
+    return (out.astype(q.q.dtype), lse) if with_lse else out.astype(q.q.dtype)
 
 
-def _ring_fwd(kernel, mask, axes, size, kvh, with_lse, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks):
-    out, lse = _forward_sinks(kernel, mask, axes, size, kvh, q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
+def _ring_fwd(kernel, mask, axes, size, kvh, with_lse, q: QueryBlock, kv: KVBlock, sinks):
+    out, lse = _forward_sinks(kernel, mask, axes, size, kvh, q, kv, sinks)
     out, lse = name_context(out, lse)  # remat: custom can keep or offload them (model.remat_context)
-    res = (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks)
-    return ((out.astype(q.dtype), lse) if with_lse else out.astype(q.dtype)), res
+    return ((out.astype(q.q.dtype), lse) if with_lse else out.astype(q.q.dtype)), (q, kv, out, lse, sinks)
 
 
 def _ring_bwd(kernel, mask, axes, size, kvh, with_lse, res, ct):
     # with sinks, out and lse include them, so the kernels' backward below is exact unchanged
-    q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, sinks = res
+    q, kv, out, lse, sinks = res
     dout, dlse = ct if with_lse else (ct, None)
-    n, nh, kh = ring_passes(kvh, q, k)
+    n, nh, kh = ring_passes(kvh, q.q, kv.k)
     if n == 1:
-        dq, dk, dv = _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout, dlse)
+        dq, dk, dv = _backward(kernel, mask, axes, size, q, kv, Cotangent.of(out, lse, dout, dlse))
     else:
 
         def one(i, carry):
-            sl_q = lambda x: None if x is None else _head_slice(x, i, nh)
-            sl_k = lambda x: _head_slice(x, i, kh)
-            parts = _backward(
-                kernel,
-                mask,
-                axes,
-                size,
-                sl_q(q),
-                sl_k(k),
-                sl_k(v),
-                q_pos,
-                k_pos,
-                q_seg,
-                k_seg,
-                sl_q(out),
-                sl_q(lse),
-                sl_q(dout),
-                sl_q(dlse),
-            )
+            sl = lambda x: _head_slice(x, i, nh)
+            cot = Cotangent.of(sl(out), sl(lse), sl(dout), None if dlse is None else sl(dlse))
+            parts = _backward(kernel, mask, axes, size, *_pass_blocks(q, kv, i, nh, kh), cot)
             return tuple(_head_update(acc, part, i) for acc, part in zip(carry, parts))
 
-        dq, dk, dv = lax.fori_loop(
-            0, n, one, (jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype))
-        )
+        zeros = tuple(jnp.zeros(x.shape, x.dtype) for x in (q.q, kv.k, kv.v))
+        dq, dk, dv = lax.fori_loop(0, n, one, zeros)
     # the sinks need delta over all heads; the passes above each take their own heads' slice
     ds = None if sinks is None else sinks_grad(lse_delta(output_delta(out, dout), dlse), lse, sinks).astype(sinks.dtype)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, ds
+    return q.cotangent(dq), kv.cotangent(dk, dv), ds
 
 
-def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse, dout, dlse=None):
-    # delta = rowsum(dout * out) once for all P blocks (not once per block): the float32 output
+def _backward(kernel, mask, axes, size: int, q: QueryBlock, kv: KVBlock, ct: Cotangent):
+    # ct.delta = rowsum(dout * out) once for all P blocks (not once per block): the float32 output
     # is then dead during the ring, one [B, T, N, H] buffer less per device. With the logsumexp
-    # an output too, its cotangent enters through delta - dlse (lcx.attention.flash.lse_delta)
-    delta = lse_delta(output_delta(out, dout), dlse)
-    # the query side (q, dout, lse, delta) is prepared once for all P steps and dQ accumulates in
+    # an output too, its cotangent enters through delta - dlse (lcx.attention.blocks.lse_delta).
+    # The query side (q, dout, lse, delta) is prepared once for all P steps and dQ accumulates in
     # the kernel's layout; the kernel adds dK/dV into the travelling accumulators in place
-    prepared, dq = kernel.backward_start(q, q_pos, q_seg, lse, dout, delta, kv_heads=k.shape[2])
+    prepared, dq = kernel.backward_start(q, ct, kv_heads=kv.k.shape[2])
 
-    def block(dq, kv, dkv):
-        kb, vb, kp, ks = kv
-
+    def block(dq, kv: KVBlock, dkv):
         def visible():
             with kernel_scope(kernel, "backward_step"):
-                return kernel.backward_step(prepared, dq, *dkv, kb, vb, kp, ks, mask=mask)
+                return kernel.backward_step(prepared, (dq, *dkv), kv, mask=mask)
 
-        dq, dk, dv = lax.cond(mask.may_be_visible(q_pos, kp, q_seg, ks), visible, lambda: (dq, *dkv))
+        dq, dk, dv = lax.cond(mask.may_be_visible(q.pos, kv.pos, q.seg, kv.seg), visible, lambda: (dq, *dkv))
         return dq, (dk, dv)
 
     def step(carry, _):
@@ -279,9 +186,8 @@ def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out
         dkv = _shift(dkv, axes, size)  # the accumulator follows its K/V shard, one hop behind
         return (dq, nxt, dkv), None
 
-    zeros_kv = (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32))
-    init = (dq, (k, v, k_pos, k_seg), zeros_kv)
-    (dq, kv, dkv), _ = lax.scan(step, init, None, length=size - 1)
+    zeros_kv = (jnp.zeros(kv.k.shape, _F32), jnp.zeros(kv.v.shape, _F32))
+    (dq, kv, dkv), _ = lax.scan(step, (dq, kv, zeros_kv), None, length=size - 1)
     dq, dkv = block(dq, kv, dkv)
     # device i now holds the accumulator of device i + 1's K/V: one last hop brings it home
     dk, dv = _shift(dkv, axes, size)
@@ -291,15 +197,17 @@ def _backward(kernel, mask, axes, size, q, k, v, q_pos, k_pos, q_seg, k_seg, out
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
-class Ring(AbstractStrategy):
+class Ring(AbstractContextStrategy):
     """Ring attention over all sequence axes (one ring of P = context degree devices).
 
     Attributes:
       kernel: per-device kernel.
       mask: mask predicate.
-      axes: mesh axes the sequence is split over, major to minor (the ring order).
-      degree: ring size P.
-      kv_heads_per_pass: kv heads per pass of the ring (``None``: :func:`heads_per_pass`).
+      axes: mesh axes of the ring, the sequence axes (a tuple: an 8-device ring over a 2x4 mesh
+        uses both); the linear device index over them, major to minor, is the ring order.
+      degree: ring size P (the product of their sizes).
+      kv_heads_per_pass: run the whole ring once per group of this many kv heads (with their G
+        query heads each), one group after another; ``None``: :func:`heads_per_pass`.
     """
 
     kernel: AbstractKernel
@@ -307,6 +215,7 @@ class Ring(AbstractStrategy):
     axes: tuple[str, ...] = eqx.field(static=True)
     degree: int = eqx.field(static=True)
     kv_heads_per_pass: int | None = eqx.field(static=True, default=None)
+    name: ClassVar[str] = "ring"
     output_all_to_all: ClassVar[bool] = False
 
     @classmethod
@@ -317,50 +226,37 @@ class Ring(AbstractStrategy):
         return None  # any head counts; sequence divisibility is checked by the caller
 
     def __call__(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B T K H"],
-        v: Float[Array, "B T K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B T"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B T"],
-        sinks: Float[Array, " N"] | None = None,
-        return_lse: bool = False,
-    ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
-        return ring_attention(
-            q,
-            k,
-            v,
-            q_pos,
-            k_pos,
-            q_seg,
-            k_seg,
-            kernel=self.kernel,
-            mask=self.mask,
-            axes=self.axes,
-            size=self.degree,
-            kv_heads_per_pass=self.kv_heads_per_pass,
-            sinks=sinks,
-            return_lse=return_lse,
-        )
+        self, q: QueryBlock, kv: KVBlock, sinks: Float[Array, " N"] | None = None, return_lse: bool = False
+    ) -> Output:
+        """Ring attention of this device's ``q`` against every device's ``kv`` over
+        :attr:`axes` (inside ``jax.shard_map``): :meth:`AbstractStrategy.__call__`, with the
+        ``sinks`` merged once into the ring's final ``(out, lse)``.
+
+        Raises:
+          ValueError: :attr:`kv_heads_per_pass` does not divide the local kv heads.
+        """
+        k, kernel = kv.k, self.kernel
+        K = k.shape[2]
+        if self.kv_heads_per_pass is None:
+            tiles = kernel.step_tile_bytes(k.shape[0], q.q.shape[1], k.shape[1], q.q.shape[2] // K)
+            kvh = heads_per_pass(k.shape, k.dtype, tiles)
+        else:
+            kvh = int(self.kv_heads_per_pass)
+        if kvh < 1 or K % kvh:
+            raise ValueError(f"ring: kv_heads_per_pass={kvh} must divide the {K} kv heads per device")
+        # K/V made data-dependent on the queries (a zero XLA folds away), for the reason positions
+        # are in lcx.attention.api._tie_masks_to_queries: when K/V are loop-invariant in a scan
+        # over layers (shared K/V), JAX hoists their P - 1 rotations out of the loop and keeps
+        # every rotated copy, a [P - 1, B, T, K, H] stack (O(S) per device, not O(S / P))
+        x = q.q[(0,) * q.q.ndim]
+        zero = jnp.where(x == x, 0, 0).astype(k.dtype)  # NaN-safe: 0 for every x
+        kv = kv._replace(k=k + zero, v=kv.v + zero)
+        return _ring(kernel, self.mask, self.axes, self.degree, kvh, bool(return_lse), q, kv, sinks)
 
     # -- plan rules and price (module docstring) ------------------------------------------------
     @classmethod
-    def check_plan_axes(cls, plan) -> None:
-        return None  # one ring over whatever axes split the sequence
-
-    @classmethod
     def check_plan_dims(cls, plan, mesh_shape, dims, n_devices) -> None:
         return None  # any head counts
-
-    @classmethod
-    def search_meshes(cls, data: int, context: int) -> tuple[SearchMesh, ...]:
-        return (SearchMesh((("data", data), ("context", context)), "context", name="ring"),)
-
-    @classmethod
-    def all_to_all_degree(cls, config, mesh_shape) -> int:
-        return 1
 
     @classmethod
     def kernel_call(cls, s: AttentionShard) -> tuple[int, int, int, int]:

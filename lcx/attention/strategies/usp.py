@@ -17,23 +17,25 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 import equinox as eqx
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
+from lcx.attention.blocks import KVBlock, QueryBlock
+from lcx.attention.flash import Output
 from lcx.attention.kernels import AbstractKernel
 from lcx.attention.masks import Mask
 from lcx.attention.sinks import local_head_sinks
 from lcx.attention.strategies.a2a import (
     check_ulysses_plan,
-    heads_to_seq,
     kv_replication,
     ulysses_all_to_all,
     ulysses_buffer_bytes,
     ulysses_in,
+    ulysses_out,
     ulysses_residual_bytes,
 )
 from lcx.attention.strategies.base import AbstractStrategy, Shape
 from lcx.attention.strategies.pricing import AttentionShard, RingHop, SearchMesh, Traffic
-from lcx.attention.strategies.ring import ring_attention, ring_buffer_bytes, ring_traffic
+from lcx.attention.strategies.ring import Ring, ring_buffer_bytes, ring_traffic
 from lcx.sharding.plan import PlanError
 
 
@@ -86,42 +88,18 @@ class USP(AbstractStrategy):
         )
 
     def __call__(
-        self,
-        q: Float[Array, "B T N H"],
-        k: Float[Array, "B T K H"],
-        v: Float[Array, "B T K H"],
-        q_pos: Int[Array, "B T"],
-        k_pos: Int[Array, "B T"],
-        q_seg: Int[Array, "B T"],
-        k_seg: Int[Array, "B T"],
-        sinks: Float[Array, " N"] | None = None,
-        return_lse: bool = False,
-    ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
+        self, q: QueryBlock, kv: KVBlock, sinks: Float[Array, " N"] | None = None, return_lse: bool = False
+    ) -> Output:
         ua = (self.ulysses_axis,)
-        r = kv_replication(q.shape[2], k.shape[2], self.ulysses_degree, self.allow_kv_replication, who="usp", axes=ua)
-        if self.ulysses_degree > 1:
-            q, k, v, q_pos, k_pos, q_seg, k_seg = ulysses_in(q, k, v, q_pos, k_pos, q_seg, k_seg, ua, r)
+        U = self.ulysses_degree
+        r = kv_replication(q.q.shape[2], kv.k.shape[2], U, self.allow_kv_replication, who="usp", axes=ua)
+        if U > 1:
+            q, kv = ulysses_in(q, kv, ua, r)
             # this device now holds N/U of the query heads: only their sinks
-            sinks = None if sinks is None else local_head_sinks(sinks, ua, self.ulysses_degree)
-        res = ring_attention(
-            q,
-            k,
-            v,
-            q_pos,
-            k_pos,
-            q_seg,
-            k_seg,
-            kernel=self.kernel,
-            mask=self.mask,
-            axes=(self.ring_axis,),
-            size=self.ring_degree,
-            sinks=sinks,
-            return_lse=return_lse,
-        )
-        if self.ulysses_degree == 1:
-            return res
-        # the logsumexp [B, T U, N/U] goes back to sequence sharding like the output
-        return tuple(heads_to_seq(x, ua) for x in res) if return_lse else heads_to_seq(res, ua)
+            sinks = None if sinks is None else local_head_sinks(sinks, ua, U)
+        ring = Ring(kernel=self.kernel, mask=self.mask, axes=(self.ring_axis,), degree=self.ring_degree)
+        res = ring(q, kv, sinks, return_lse)
+        return res if U == 1 else ulysses_out(res, ua)
 
     # -- plan rules and price (module docstring): an all-to-all over U, a ring of R = P / U ------
     @classmethod
