@@ -5,6 +5,9 @@ checks, run metadata."""
 from lcx.training.hooks import Hooks as Hooks
 from lcx.training.hooks import StepInfo as StepInfo
 from lcx.training.loss import (
+    VocabTiles as VocabTiles,
+)
+from lcx.training.loss import (
     loss_sum_and_count as loss_sum_and_count,
 )
 from lcx.training.loss import (
