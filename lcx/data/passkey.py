@@ -183,11 +183,13 @@ class PasskeyBatches(Rows, BatchStream):
     (``state``/``restore``/``skip``, ``rows_per_epoch``, ``global_batch``); the "epoch" is
     nominal (``rows_per_epoch`` = 2**31) because the stream never repeats.
 
+    ``seq_len``, ``global_batch``, ``layout``, ``context_degree`` and ``seed`` are as for
+    :class:`lcx.data.Batches`; ``recall_loss``, ``filler`` and ``loss_on`` as for
+    :func:`passkey_example`. Training depths are uniform in ``[min_depth, max_depth]``, within
+    [0, 1].
+
     Args:
-      seq_len, global_batch, layout, context_degree, seed: as for :class:`lcx.data.Batches`.
       digits: passkey length in decimal digits.
-      min_depth, max_depth: range of training depths, within [0, 1].
-      recall_loss, filler, loss_on: see :func:`passkey_example`.
       state: optional :meth:`state` dict to resume from.
 
     Yields:
@@ -289,8 +291,10 @@ class PasskeyEval(Rows, Sequence[Batch]):
     indexing gives laid-out batches of ``global_batch`` rows (the last one padded with copies of
     the last row whose loss mask is zeroed).
 
+    ``seq_len``, ``global_batch``, ``layout``, ``context_degree`` and ``digits`` are as for
+    :class:`PasskeyBatches`.
+
     Args:
-      seq_len, global_batch, layout, context_degree, digits: as for :class:`PasskeyBatches`.
       depths: depths in [0, 1] to evaluate.
       per_depth: rows per depth.
       seed: evaluation seed (``data.split_seed``).

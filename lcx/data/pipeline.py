@@ -201,8 +201,8 @@ class EvalBatches(Rows, Sequence[Batch]):
     last batch is filled with all-padding rows (loss mask 0), so the pass covers every token once.
     ``len(ev)`` batches; ``ev[i]`` is batch ``i``; iterating always starts from batch 0.
 
-    Args:
-      documents, seq_len, global_batch, layout, context_degree: as for :class:`Batches`.
+    ``documents``, ``seq_len``, ``global_batch``, ``layout`` and ``context_degree`` are as for
+    :class:`Batches`.
 
     Raises:
       ValueError: as for :class:`Batches`.
