@@ -306,12 +306,12 @@ class Checkpoints:
           target: the restore target, or a function that builds it (called once, only if a
             checkpoint exists).
           check: called as ``check(meta, path)`` before any array is read; raise to refuse the
-            checkpoint (e.g. :func:`lcx.training.resume.check_resumable`). Its errors propagate: a refused
-            checkpoint is not corrupt, and silently starting over would hide the mistake.
+            checkpoint (e.g. :func:`lcx.training.resume.check_resumable`). Its errors propagate
+            unchanged: a refused checkpoint is not corrupt, and silently starting over would hide
+            the mistake.
 
         Raises:
           NoUsableCheckpointError: checkpoints exist but none reads back.
-          Whatever ``check`` raises.
         """
         steps = self.steps()
         if not steps:
