@@ -46,7 +46,7 @@ TrainSchema = make_schema(
     steps=int, seq_len=int, global_batch=int, seed=int, lr=float, warmup_steps=Optional[int],
     min_lr_ratio=float, weight_decay=float, b1=float, b2=float, grad_clip=Optional[float],
     log_every=int, eval_every=int, eval_batches=int, check_memory=bool, dry_run=bool, reuse_run_dir=bool,
-    schedule_start=Optional[int],
+    tensorboard=bool, schedule_start=Optional[int],
 )
 CheckpointSchema = make_schema(
     "CheckpointSchema", "``checkpoint:`` of ``conf/config.yaml``.",

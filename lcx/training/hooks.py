@@ -3,8 +3,9 @@
 The loop (:func:`lcx.training.loop.train`) runs one step, fills a :class:`StepInfo` and hands it
 to :class:`Hooks`; every cross-cutting concern is one hook here, run in the order registered:
 :class:`EvalHook` (validation loss), :class:`MetricsHook` (``metrics.jsonl``),
-:class:`ProgressHook` (the tqdm bar) and :class:`CheckpointHook` (saves, their failures, and the
-graceful stop after SIGTERM/SIGINT).
+:class:`TensorBoardHook` (the same records as TensorBoard scalars), :class:`ProgressHook` (the
+tqdm bar) and :class:`CheckpointHook` (saves, their failures, and the graceful stop after
+SIGTERM/SIGINT).
 """
 
 from __future__ import annotations
@@ -113,6 +114,50 @@ class MetricsHook:
         self.file.flush()
 
 
+def tensorboard_tag(key: str) -> str:
+    """The TensorBoard tag of a ``metrics.jsonl`` key: ``val_loss`` -> ``val/loss``, any other
+    key ``k`` -> ``train/k``."""
+    return "val/loss" if key == "val_loss" else f"train/{key}"
+
+
+@dataclasses.dataclass
+class TensorBoardHook:
+    """Each ``metrics.jsonl`` record also as TensorBoard scalars, at the record's step.
+
+    Every number of the record but ``step`` becomes one scalar, tagged by
+    :func:`tensorboard_tag` (loss, lr, grad_norm, tokens_per_sec, mfu, step_time_s,
+    temp_bytes_per_device, val/loss, ...). TensorBoard stores float32, so a scalar equals its
+    JSON value rounded to float32; ``metrics.jsonl`` stays the source of truth. Run it on the
+    same steps as :class:`MetricsHook`.
+
+    Args:
+      writer: a ``tensorboardX.SummaryWriter`` (:func:`open_tensorboard`).
+    """
+
+    writer: Any
+
+    def __call__(self, info: StepInfo) -> None:
+        for key, value in info.record.items():
+            if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+                self.writer.add_scalar(tensorboard_tag(key), value, info.step)
+        self.writer.flush()  # like metrics.jsonl: a crash keeps every logged step
+
+
+def open_tensorboard(log_dir: Any, start: int) -> Any:
+    """A tensorboardX ``SummaryWriter`` writing event files into ``log_dir``.
+
+    Args:
+      log_dir: the directory (``<run dir>/tensorboard``).
+      start: the step the run starts after (0 for a new run; the restored step on resume). On
+        resume, events of steps ``> start`` that an interrupted run wrote are purged
+        (``purge_step``), as :func:`lcx.training.rundir.truncate_metrics` drops their
+        ``metrics.jsonl`` lines.
+    """
+    from tensorboardX import SummaryWriter  # imported here: only runs that log import it
+
+    return SummaryWriter(logdir=str(log_dir), purge_step=start + 1 if start else None)
+
+
 @dataclasses.dataclass
 class ProgressHook:
     """The progress bar: loss, throughput and the newest validation loss."""
@@ -180,4 +225,15 @@ class CheckpointHook:
             exit_after_save(self.stop.signum, self.ckpts, step)
 
 
-__all__ = ["CheckpointHook", "EvalHook", "Hooks", "MetricsHook", "ProgressHook", "StepInfo", "evaluate"]
+__all__ = [
+    "CheckpointHook",
+    "EvalHook",
+    "Hooks",
+    "MetricsHook",
+    "ProgressHook",
+    "StepInfo",
+    "TensorBoardHook",
+    "evaluate",
+    "open_tensorboard",
+    "tensorboard_tag",
+]

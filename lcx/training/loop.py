@@ -30,7 +30,16 @@ from lcx.data import Data, make_data
 from lcx.models import init_model, model_shardings
 from lcx.sharding import MeshPlan
 from lcx.training.checkpoint import Checkpoints, Restored
-from lcx.training.hooks import CheckpointHook, EvalHook, Hooks, MetricsHook, ProgressHook, StepInfo
+from lcx.training.hooks import (
+    CheckpointHook,
+    EvalHook,
+    Hooks,
+    MetricsHook,
+    ProgressHook,
+    StepInfo,
+    TensorBoardHook,
+    open_tensorboard,
+)
 from lcx.training.hooks import evaluate as evaluate
 from lcx.training.optim import optimizer_from_config
 from lcx.training.preflight import setup as setup
@@ -288,14 +297,17 @@ def make_hooks(
 ) -> tuple[Hooks, CheckpointHook | None]:
     """Phase 5: the hooks, in the order they run after a step: evaluation (every
     ``train.eval_every``), the ``metrics.jsonl`` line (every ``train.log_every`` and at each
-    evaluation), the progress bar, checkpoints (with the SIGTERM/SIGINT watcher). What they open
-    is closed by ``stack``."""
+    evaluation) and, with ``train.tensorboard``, the same record as TensorBoard scalars in
+    ``run_dir/tensorboard``, the progress bar, checkpoints (with the SIGTERM/SIGINT watcher).
+    What they open is closed by ``stack``."""
     stop = stack.enter_context(StopSignals(enabled=ckpts is not None))
     hooks = Hooks()
     if int(run.t.eval_every) > 0:
         hooks.add_hook(EvalHook(run.steps, run.data, int(run.t.eval_batches)), every=int(run.t.eval_every))
-    metrics = stack.enter_context((run_dir / "metrics.jsonl").open("a"))
-    hooks.add_hook(MetricsHook(metrics), every=max(1, int(run.t.log_every)), also=lambda i: "val_loss" in i.record)
+    logged = {"every": max(1, int(run.t.log_every)), "also": lambda i: "val_loss" in i.record}
+    hooks.add_hook(MetricsHook(stack.enter_context((run_dir / "metrics.jsonl").open("a"))), **logged)
+    if run.t.tensorboard:
+        hooks.add_hook(TensorBoardHook(stack.enter_context(open_tensorboard(run_dir / "tensorboard", start))), **logged)
     bar = stack.enter_context(
         tqdm(total=run.total_steps, initial=start, desc=f"train[{run.mp.plan.name}]", unit="step")
     )

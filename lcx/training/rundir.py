@@ -74,8 +74,8 @@ def claim_run_dir(run_dir: pathlib.Path, *, ckpt_dir: pathlib.Path | None, reuse
       so): the checkpoint-resume path; :func:`truncate_metrics` keeps the lines up to the
       restored step.
     - One there from another run: refused, unless ``reuse`` (``train.reuse_run_dir=true``), which
-      renames that run's ``metrics.jsonl`` and ``run_info.json`` with a time stamp (kept, never
-      deleted) and starts a new ``metrics.jsonl``.
+      renames that run's ``metrics.jsonl``, ``run_info.json`` and ``tensorboard/`` with a time
+      stamp (kept, never deleted) and starts a new ``metrics.jsonl``.
 
     Raises:
       RunDirInUseError: another run's metrics are there and ``reuse`` is off; names the fix.
@@ -85,7 +85,7 @@ def claim_run_dir(run_dir: pathlib.Path, *, ckpt_dir: pathlib.Path | None, reuse
         if ckpt_dir is not None and _run_info_checkpoint_dir(run_dir) == str(ckpt_dir):
             return  # this run's own directory, resumed from its checkpoint
         if reuse:
-            for p in (metrics, run_dir / "run_info.json"):
+            for p in (metrics, run_dir / "run_info.json", run_dir / "tensorboard"):
                 kept = keep_aside(p)
                 if kept is not None:
                     log.warning("train.reuse_run_dir=true: the previous run's %s is kept as %s", p.name, kept.name)
