@@ -10,9 +10,11 @@ SIGTERM/SIGINT).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import pathlib
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
@@ -158,6 +160,26 @@ def open_tensorboard(log_dir: Any, start: int) -> Any:
     return SummaryWriter(logdir=str(log_dir), purge_step=start + 1 if start else None)
 
 
+def add_logging_hooks(
+    hooks: Hooks, run_dir: pathlib.Path, stack: contextlib.ExitStack, *, every: int, start: int, tensorboard: bool
+) -> None:
+    """Add the ``metrics.jsonl`` hook and, with ``tensorboard``, the TensorBoard one, both on
+    every ``every``-th step (at least 1) and at each evaluation; ``stack`` closes their files.
+
+    Args:
+      hooks: the loop's hooks.
+      run_dir: the run directory (``metrics.jsonl``, ``tensorboard/``).
+      stack: closes the files when the loop ends.
+      every: ``train.log_every``.
+      start: the step the run starts after (:func:`open_tensorboard`).
+      tensorboard: ``train.tensorboard``.
+    """
+    logged: dict[str, Any] = {"every": max(1, every), "also": lambda i: "val_loss" in i.record}
+    hooks.add_hook(MetricsHook(stack.enter_context((run_dir / "metrics.jsonl").open("a"))), **logged)
+    if tensorboard:
+        hooks.add_hook(TensorBoardHook(stack.enter_context(open_tensorboard(run_dir / "tensorboard", start))), **logged)
+
+
 @dataclasses.dataclass
 class ProgressHook:
     """The progress bar: loss, throughput and the newest validation loss."""
@@ -233,6 +255,7 @@ __all__ = [
     "ProgressHook",
     "StepInfo",
     "TensorBoardHook",
+    "add_logging_hooks",
     "evaluate",
     "open_tensorboard",
     "tensorboard_tag",

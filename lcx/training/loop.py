@@ -30,16 +30,7 @@ from lcx.data import Data, make_data
 from lcx.models import init_model, model_shardings
 from lcx.sharding import MeshPlan
 from lcx.training.checkpoint import Checkpoints, Restored
-from lcx.training.hooks import (
-    CheckpointHook,
-    EvalHook,
-    Hooks,
-    MetricsHook,
-    ProgressHook,
-    StepInfo,
-    TensorBoardHook,
-    open_tensorboard,
-)
+from lcx.training.hooks import CheckpointHook, EvalHook, Hooks, ProgressHook, StepInfo, add_logging_hooks
 from lcx.training.hooks import evaluate as evaluate
 from lcx.training.optim import optimizer_from_config
 from lcx.training.preflight import setup as setup
@@ -304,10 +295,9 @@ def make_hooks(
     hooks = Hooks()
     if int(run.t.eval_every) > 0:
         hooks.add_hook(EvalHook(run.steps, run.data, int(run.t.eval_batches)), every=int(run.t.eval_every))
-    logged = {"every": max(1, int(run.t.log_every)), "also": lambda i: "val_loss" in i.record}
-    hooks.add_hook(MetricsHook(stack.enter_context((run_dir / "metrics.jsonl").open("a"))), **logged)
-    if run.t.tensorboard:
-        hooks.add_hook(TensorBoardHook(stack.enter_context(open_tensorboard(run_dir / "tensorboard", start))), **logged)
+    add_logging_hooks(
+        hooks, run_dir, stack, every=int(run.t.log_every), start=start, tensorboard=bool(run.t.tensorboard)
+    )
     bar = stack.enter_context(
         tqdm(total=run.total_steps, initial=start, desc=f"train[{run.mp.plan.name}]", unit="step")
     )
