@@ -210,8 +210,16 @@ def check_train_config(cfg: Any, tool: str = "lcx.train") -> dict[str, dict]:
     """Check the sections of an ``lcx.train`` config; return them as typed plain dicts.
 
     Raises:
-      ValueError: as :func:`check_section`.
+      ValueError: as :func:`check_section`; or the config is an analysis-only experiment (its
+        top-level ``analysis_script`` names the script that reads it), which would otherwise
+        train the default run.
     """
+    script = cfg.get("analysis_script")
+    if script is not None:
+        raise ValueError(
+            f"this experiment config trains nothing: it configures {script}, so {tool} would only "
+            f"train the default run; run `python {script}` instead"
+        )
     out = {s: check_section(cfg.get(s), SECTIONS[s], s, tool=tool) for s in TRAIN_SECTIONS}
     if cfg.get("memory") is not None:
         check_section(cfg.get("memory"), MemorySchema, "memory", complete=False, tool=tool)
