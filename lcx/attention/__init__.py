@@ -40,33 +40,63 @@ Public API:
   (:func:`get_strategy`).
 """
 
-from lcx.attention.api import attention as attention
-from lcx.attention.api import build_strategy as build_strategy
-from lcx.attention.blocks import Cotangent as Cotangent
-from lcx.attention.blocks import KVBlock as KVBlock
-from lcx.attention.blocks import QueryBlock as QueryBlock
-from lcx.attention.flash import flash_attention as flash_attention
-from lcx.attention.flash import flash_blocks as flash_blocks
-from lcx.attention.kernels import KERNELS as KERNELS
-from lcx.attention.kernels import AbstractKernel as AbstractKernel
-from lcx.attention.kernels import BlockSizes as BlockSizes
-from lcx.attention.kernels import Kernel as Kernel
-from lcx.attention.kernels import KernelNotAvailableError as KernelNotAvailableError
-from lcx.attention.kernels import XlaKernel as XlaKernel
-from lcx.attention.kernels import get_kernel as get_kernel
-from lcx.attention.kernels import make_kernel as make_kernel
-from lcx.attention.masks import CAUSAL as CAUSAL
-from lcx.attention.masks import FULL as FULL
-from lcx.attention.masks import Mask as Mask
-from lcx.attention.reference import reference_attention as reference_attention
-from lcx.attention.sinks import merge_sinks as merge_sinks
-from lcx.attention.sinks import sinks_grad as sinks_grad
-from lcx.attention.strategies import STRATEGIES as STRATEGIES
-from lcx.attention.strategies import USP as USP
-from lcx.attention.strategies import AbstractStrategy as AbstractStrategy
-from lcx.attention.strategies import AllGather as AllGather
-from lcx.attention.strategies import Ring as Ring
-from lcx.attention.strategies import Strategy as Strategy
-from lcx.attention.strategies import Ulysses as Ulysses
-from lcx.attention.strategies import get_strategy as get_strategy
-from lcx.attention.strategies import merge_partials as merge_partials
+from lcx.attention.api import attention, build_strategy
+from lcx.attention.blocks import Cotangent, KVBlock, QueryBlock
+from lcx.attention.flash import flash_attention, flash_blocks
+from lcx.attention.kernels import (
+    KERNELS,
+    AbstractKernel,
+    BlockSizes,
+    Kernel,
+    KernelNotAvailableError,
+    XlaKernel,
+    get_kernel,
+    make_kernel,
+)
+from lcx.attention.masks import CAUSAL, FULL, Mask
+from lcx.attention.reference import reference_attention
+from lcx.attention.sinks import merge_sinks, sinks_grad
+from lcx.attention.strategies import (
+    STRATEGIES,
+    USP,
+    AbstractStrategy,
+    AllGather,
+    Ring,
+    Strategy,
+    Ulysses,
+    get_strategy,
+    merge_partials,
+)
+
+__all__ = [
+    "AbstractKernel",
+    "AbstractStrategy",
+    "AllGather",
+    "attention",
+    "BlockSizes",
+    "build_strategy",
+    "CAUSAL",
+    "Cotangent",
+    "flash_attention",
+    "flash_blocks",
+    "FULL",
+    "get_kernel",
+    "get_strategy",
+    "Kernel",
+    "KernelNotAvailableError",
+    "KERNELS",
+    "KVBlock",
+    "make_kernel",
+    "Mask",
+    "merge_partials",
+    "merge_sinks",
+    "QueryBlock",
+    "reference_attention",
+    "Ring",
+    "sinks_grad",
+    "STRATEGIES",
+    "Strategy",
+    "Ulysses",
+    "USP",
+    "XlaKernel",
+]

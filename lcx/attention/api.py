@@ -63,9 +63,10 @@ def attention(
 
     Args:
       q: queries ``[B, T, N, H]`` (batch, sequence in tokens, heads, head dim), any float dtype.
-      k, v: keys and values ``[B, T, K, H]``, ``N % K == 0`` (GQA/MQA: query head ``n`` uses kv
-        head ``n // (N / K)``; K/V are never repeated except as Ulysses needs, see
+      k: keys ``[B, T, K, H]``, ``N % K == 0`` (GQA/MQA: query head ``n`` uses kv head
+        ``n // (N / K)``; K/V are never repeated except as Ulysses needs, see
         :mod:`lcx.attention.strategies.a2a`).
+      v: values, shaped as ``k``.
       plan: a :class:`~lcx.sharding.MeshPlan`, or a :class:`~lcx.sharding.Plan` which is then
         bound to all of ``jax.devices()``. Its activation rules shard ``batch``, ``seq`` and
         ``heads``; K/V heads are sharded like the query heads (so each device holds the kv heads
@@ -76,8 +77,10 @@ def attention(
         the context degree (``arange(T)`` itself for a contiguous layout or ``P = 1``), i.e.
         inputs laid out by the plan, as the data pipeline lays out a batch.
       segment_ids: int32 ``[B, T]`` document ids (``>= 0``), negative for padding; default zeros.
-      kv_positions, kv_segment_ids: int32 ``[B, T]`` for the keys, if they differ from the
-        queries' (default: the query ones).
+      kv_positions: int32 ``[B, T]`` key positions, if they differ from the queries' (default:
+        ``positions``).
+      kv_segment_ids: int32 ``[B, T]`` key segment ids, if they differ from the queries'
+        (default: ``segment_ids``).
       sinks: ``[N]`` learnable per-query-head sink logits (gpt-oss; StreamingLLM, Xiao et al.
         2023, arXiv:2309.17453): each joins its head's softmax denominator as an extra key of
         value 0, ``lse' = logaddexp(lse, sinks[n])`` (:mod:`lcx.attention.sinks`). Any float

@@ -42,10 +42,13 @@ def flash_attention(
 
     Args:
       q: queries ``[B, T, N, H]`` (unscaled; the kernel applies ``1/sqrt(H)``).
-      k, v: keys, values ``[B, S, K, H]``, ``N % K == 0`` (GQA: head n uses kv head n // (N/K)).
-      q_pos, k_pos: int32 global positions ``[B, T]``, ``[B, S]``.
-      q_seg, k_seg: int32 segment ids ``[B, T]``, ``[B, S]``; negative: padding (sees no key,
-        seen by no query; :mod:`lcx.attention.masks`).
+      k: keys ``[B, S, K, H]``, ``N % K == 0`` (GQA: head n uses kv head n // (N/K)).
+      v: values, shaped as ``k``.
+      q_pos: int32 global query positions ``[B, T]``.
+      k_pos: int32 global key positions ``[B, S]``.
+      q_seg: int32 query segment ids ``[B, T]``; negative: padding (sees no key;
+        :mod:`lcx.attention.masks`).
+      k_seg: int32 key segment ids ``[B, S]``; negative: padding (seen by no query).
       mask: the visibility predicate.
       kernel: per-device kernel; default ``XlaKernel()``.
       sinks: float32 ``[N]`` per-head sink logits (:mod:`lcx.attention.sinks`), or None (no

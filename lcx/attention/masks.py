@@ -99,8 +99,10 @@ class Mask:
           segment id ``>= 0``  <=>  ``max(q_seg) >= 0`` and ``max(k_seg) >= 0``.
 
         Args:
-          q_pos, k_pos: int32 global positions ``[..., t]`` and ``[..., s]``.
-          q_seg, k_seg: int32 segment ids (required by a document mask).
+          q_pos: int32 global query positions ``[..., t]``.
+          k_pos: int32 global key positions ``[..., s]``.
+          q_seg: int32 query segment ids (required by a document mask).
+          k_seg: int32 key segment ids (required by a document mask).
 
         Returns:
           bool ``[]``: True if any batch row may have a visible (query, key) pair.
@@ -134,8 +136,10 @@ class Mask:
           ``min(k_seg) >= 0``.
 
         Args:
-          q_pos, k_pos: int32 global positions ``[..., t]`` and ``[..., s]``.
-          q_seg, k_seg: int32 segment ids (required by a document mask).
+          q_pos: int32 global query positions ``[..., t]``.
+          k_pos: int32 global key positions ``[..., s]``.
+          q_seg: int32 query segment ids (required by a document mask).
+          k_seg: int32 key segment ids (required by a document mask).
 
         Returns:
           bool ``[]``: True if in every batch row every (query, key) pair is visible.

@@ -31,11 +31,14 @@ def reference_attention(
 
     Args:
       q: queries ``[B, T, N, H]``.
-      k, v: keys and values ``[B, S, K, H]``; N divisible by K.
+      k: keys ``[B, S, K, H]``; N divisible by K.
+      v: values, shaped as ``k``.
       mask: the :class:`Mask` predicate.
-      positions, segment_ids: int32 ``[B, T]`` of the queries; default ``arange(T)`` and zeros.
-      kv_positions, kv_segment_ids: int32 ``[B, S]`` of the keys; default to the query ones
-        (self-attention, T == S).
+      positions: int32 ``[B, T]`` query positions; default ``arange(T)``.
+      segment_ids: int32 ``[B, T]`` query segment ids; default zeros.
+      kv_positions: int32 ``[B, S]`` key positions; default ``positions`` (self-attention,
+        T == S).
+      kv_segment_ids: int32 ``[B, S]`` key segment ids; default ``segment_ids``.
       sinks: ``[N]`` per-head sink logits, or None: head ``n``'s softmax gets one more logit
         column ``sinks[n]`` whose value vector is 0 (gpt-oss attention sinks; StreamingLLM, Xiao
         et al. 2023, arXiv:2309.17453). Computed in float32.

@@ -11,24 +11,14 @@ function-local import of :func:`get_kernel`), the cost ledger prices them throug
 
 from __future__ import annotations
 
-from lcx.attention.blocks import Cotangent as Cotangent
-from lcx.attention.blocks import KVBlock as KVBlock
-from lcx.attention.blocks import QueryBlock as QueryBlock
-from lcx.attention.blocks import output_delta as output_delta
-from lcx.attention.kernels.base import AbstractKernel as AbstractKernel
-from lcx.attention.kernels.base import Kernel as Kernel
-from lcx.attention.kernels.base import KernelCall as KernelCall
-from lcx.attention.kernels.base import as_blocks
-from lcx.attention.kernels.base import kernel_scope as kernel_scope
-from lcx.attention.kernels.base import merge_partials as merge_partials
-from lcx.attention.kernels.composed import AbstractComposedKernel as AbstractComposedKernel
-from lcx.attention.kernels.splash import KernelNotAvailableError as KernelNotAvailableError
-from lcx.attention.kernels.splash import SplashKernel as SplashKernel
-from lcx.attention.kernels.tokamax import TokamaxKernel as TokamaxKernel
-from lcx.attention.kernels.xla import XlaKernel as XlaKernel
-from lcx.attention.kernels.xla import block_size as block_size
+from lcx.attention.blocks import Cotangent, KVBlock, QueryBlock, output_delta
+from lcx.attention.kernels.base import AbstractKernel, Kernel, KernelCall, as_blocks, kernel_scope, merge_partials
+from lcx.attention.kernels.composed import AbstractComposedKernel
+from lcx.attention.kernels.splash import KernelNotAvailableError, SplashKernel
+from lcx.attention.kernels.tokamax import TokamaxKernel
+from lcx.attention.kernels.xla import XlaKernel, block_size
 from lcx.sharding.attention_config import lookup
-from lcx.sharding.blocks import BlockSizes as BlockSizes
+from lcx.sharding.blocks import BlockSizes
 
 KERNELS: dict[str, type[AbstractKernel]] = {
     "xla": XlaKernel,
@@ -58,3 +48,23 @@ def make_kernel(name: str, *blocks: BlockSizes | int | None, **block_sizes: int 
       KernelNotAvailableError: (a ``NotImplementedError``) the kernel's library is missing here.
     """
     return get_kernel(name)(as_blocks(blocks, block_sizes))
+
+
+__all__ = [
+    "AbstractComposedKernel",
+    "AbstractKernel",
+    "block_size",
+    "BlockSizes",
+    "Cotangent",
+    "Kernel",
+    "kernel_scope",
+    "KernelCall",
+    "KernelNotAvailableError",
+    "KVBlock",
+    "merge_partials",
+    "output_delta",
+    "QueryBlock",
+    "SplashKernel",
+    "TokamaxKernel",
+    "XlaKernel",
+]

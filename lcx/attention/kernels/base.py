@@ -119,8 +119,10 @@ def merge_partials(
     ``(o_a, 0.5)``).
 
     Args:
-      out, out_b: float32 ``[..., H]`` partial outputs, each normalised over its own keys.
-      lse, lse_b: float32 ``[...]`` their logsumexps (natural log; ``-inf``: no key).
+      out: float32 ``[..., H]`` partial output, normalised over its own keys.
+      lse: float32 ``[...]`` its logsumexp (natural log; ``-inf``: no key).
+      out_b: the other partial output, shaped as ``out``.
+      lse_b: its logsumexp, shaped as ``lse``.
 
     Returns:
       ``(out, lse)`` float32 of the union of the two key sets.
@@ -209,7 +211,9 @@ class AbstractKernel(eqx.Module):
         ``dQ = dS K * scale``, ``dK = dS^T Q * scale``. Contributions of disjoint K/V blocks add.
 
         Args:
-          q, kv, mask: as in :meth:`forward`.
+          q: as in :meth:`forward`.
+          kv: as in :meth:`forward`.
+          mask: as in :meth:`forward`.
           ct: the final logsumexp and ``delta`` over ALL key blocks and the output's cotangent
             (:meth:`Cotangent.of <lcx.attention.blocks.Cotangent.of>` makes it from ``out``).
 
@@ -248,7 +252,8 @@ class AbstractKernel(eqx.Module):
         """Fold one K/V block (disjoint from the blocks folded before) into the running result.
 
         Args:
-          prepared, acc: from :meth:`forward_start` (``acc`` possibly from earlier steps).
+          prepared: from :meth:`forward_start`.
+          acc: from :meth:`forward_start`, or from earlier steps.
           kv: keys and values ``[B, S, K, H]`` with positions and ids (S may vary per step).
           mask: which (query, key) pairs are visible.
 
@@ -284,7 +289,8 @@ class AbstractKernel(eqx.Module):
           prepared: from :meth:`backward_start`.
           acc: ``(dq_acc, dk, dv)``: the dQ accumulator (from :meth:`backward_start` or earlier
             steps) and float32 ``[B, S, K, H]`` dK/dV accumulators of this block.
-          kv, mask: as in :meth:`forward_step`.
+          kv: as in :meth:`forward_step`.
+          mask: as in :meth:`forward_step`.
 
         Returns:
           ``(dq_acc, dk, dv)`` updated, with the structures, shapes and dtypes passed in.

@@ -10,18 +10,12 @@ branches on a strategy's name.
 
 from __future__ import annotations
 
-from lcx.attention.strategies.a2a import Ulysses as Ulysses
-from lcx.attention.strategies.allgather import AllGather as AllGather
-from lcx.attention.strategies.base import AbstractContextStrategy as AbstractContextStrategy
-from lcx.attention.strategies.base import AbstractStrategy as AbstractStrategy
-from lcx.attention.strategies.base import Strategy as Strategy
-from lcx.attention.strategies.pricing import AttentionShard as AttentionShard
-from lcx.attention.strategies.pricing import RingHop as RingHop
-from lcx.attention.strategies.pricing import SearchMesh as SearchMesh
-from lcx.attention.strategies.pricing import Traffic as Traffic
-from lcx.attention.strategies.ring import Ring as Ring
-from lcx.attention.strategies.ring import merge_partials as merge_partials
-from lcx.attention.strategies.usp import USP as USP
+from lcx.attention.strategies.a2a import Ulysses
+from lcx.attention.strategies.allgather import AllGather
+from lcx.attention.strategies.base import AbstractContextStrategy, AbstractStrategy, Strategy
+from lcx.attention.strategies.pricing import AttentionShard, RingHop, SearchMesh, Traffic
+from lcx.attention.strategies.ring import Ring, merge_partials
+from lcx.attention.strategies.usp import USP
 from lcx.sharding.attention_config import lookup
 
 STRATEGIES: dict[str, type[AbstractStrategy]] = {
@@ -41,3 +35,19 @@ def get_strategy(name: str) -> type[AbstractStrategy]:
       ValueError: no strategy of that name (the message lists the registered ones).
     """
     return lookup(STRATEGIES, name, "strategy")
+
+
+__all__ = [
+    "AbstractContextStrategy",
+    "AbstractStrategy",
+    "AllGather",
+    "AttentionShard",
+    "merge_partials",
+    "Ring",
+    "RingHop",
+    "SearchMesh",
+    "Strategy",
+    "Traffic",
+    "Ulysses",
+    "USP",
+]
