@@ -38,10 +38,11 @@ ring steps.
 this K/V block given the final ``out`` and ``lse`` over all blocks. Splash's custom VJP only
 differentiates its own forward, so the adapter calls splash's backward kernels directly
 (``_splash_attention_bwd_dq`` and ``_splash_attention_bwd_dkv``, the same Pallas kernels its VJP
-runs) with the global ``lse`` and ``delta = sum(dout * out)`` as their residuals. These are
-private functions of JAX 0.10.2; the adapter pins their signatures in one place
-(:func:`_splash_bwd`), and the tests compare against the dense reference so an API change
-fails loudly.
+runs) with the global ``lse`` and ``delta = sum(dout * out)`` as their residuals. These, and the
+forward with ``save_residuals``, are JAX-private; :mod:`lcx.attention.kernels.jax_splash` alone
+imports them, after checking the JAX version and their signatures
+(:class:`KernelNotAvailableError` otherwise), and the tests compare against the dense reference
+so a change they miss still fails loudly.
 
 **Scale.** Splash does not scale logits; the adapter multiplies q by ``1/sqrt(H)`` once
 (:func:`~lcx.attention.kernels.sorted_chunks.prescale`, the one place the scale lives) and applies the same factor to dQ by the
@@ -91,6 +92,8 @@ import jax.numpy as jnp
 from lcx.attention.blocks import Cotangent, Grads, KVBlock, OutLse, QueryBlock
 from lcx.attention.kernels.base import KernelCall, as_blocks
 from lcx.attention.kernels.composed import AbstractComposedKernel
+from lcx.attention.kernels.jax_splash import KernelNotAvailableError as KernelNotAvailableError
+from lcx.attention.kernels.jax_splash import SplashInternals, splash_internals
 from lcx.attention.kernels.sorted_chunks import chunked_backward, chunked_forward, interpret
 from lcx.attention.kernels.splash_intervals import LANES as LANES
 from lcx.attention.kernels.splash_intervals import MAX_KV_CHUNK as MAX_KV_CHUNK
@@ -100,22 +103,6 @@ from lcx.attention.masks import Mask
 from lcx.sharding.blocks import BlockSizes
 
 _F32 = jnp.float32
-
-
-class KernelNotAvailableError(NotImplementedError):
-    """The plan names a kernel that cannot run here (e.g. its library is missing)."""
-
-
-def _splash_modules():
-    try:
-        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
-    except ImportError as e:  # pragma: no cover - depends on the installed JAX
-        raise KernelNotAvailableError(
-            f"plan.attention.kernel='splash' needs jax.experimental.pallas splash attention, which failed to import "
-            f"({e}); install a JAX with Pallas or set plan.attention.kernel='xla'"
-        ) from e
-    return sk, mi
 
 
 class SplashKernel(AbstractComposedKernel):
@@ -173,7 +160,7 @@ class SplashKernel(AbstractComposedKernel):
                 f"({blocks.block_kv}) and block_kv_dkv ({blocks.block_kv_dkv}), whose least common multiple "
                 f"{lcm} exceeds {MAX_KV_CHUNK} tokens; make one a multiple of the other"
             )
-        _splash_modules()
+        splash_internals()  # KernelNotAvailableError before anything compiles
 
     # -- memory price (the ledger: lcx.cost.attention_memory); tiles live in VMEM, 0 HBM -------
     @classmethod
@@ -195,13 +182,13 @@ class SplashKernel(AbstractComposedKernel):
         return 0  # tiles in VMEM
 
     def forward(self, q: QueryBlock, kv: KVBlock, *, mask: Mask) -> OutLse:
-        sk, mi = _splash_modules()
+        sp = splash_internals()
         plan = _Plan(q.q.shape[1], kv.k.shape[1], self.blocks.block_q, self.blocks.block_kv)  # forward blocks only
-        block_sizes = sk.BlockSizes(block_q=plan.bq, block_kv=plan.bkv, block_kv_compute=plan.bkv)
+        block_sizes = sp.block_sizes(block_q=plan.bq, block_kv=plan.bkv, block_kv_compute=plan.bkv)
 
         def chunk(qh, kc, vc, lo_c, hi_c, empty_c):
-            info, _ = _block_info(mi, lo_c, hi_c, plan.bq, plan.bkv, plan.chunk // plan.bkv, empty_c)
-            o_c, (l_c,) = sk._splash_attention_forward(
+            info, _ = _block_info(sp, lo_c, hi_c, plan.bq, plan.bkv, plan.chunk // plan.bkv, empty_c)
+            o_c, (l_c,) = sp.forward(
                 info,
                 qh,
                 kc,
@@ -211,7 +198,7 @@ class SplashKernel(AbstractComposedKernel):
                 block_sizes=block_sizes,
                 residual_checkpoint_name=None,
                 save_residuals=True,
-                **_settings(sk),
+                **_settings(sp),
             )
             o_c = jnp.where(empty_c[None, :, None], 0.0, o_c.astype(_F32))
             return o_c, jnp.where(empty_c[None, :], -jnp.inf, l_c.astype(_F32))
@@ -219,40 +206,38 @@ class SplashKernel(AbstractComposedKernel):
         return chunked_forward(plan, mask, q, kv, chunk)
 
     def backward(self, q: QueryBlock, kv: KVBlock, ct: Cotangent, *, mask: Mask) -> Grads:
-        sk, mi = _splash_modules()
+        sp = splash_internals()
         plan = _Plan.of(q.q.shape[1], kv.k.shape[1], self.blocks)
 
         def chunk(qh, kc, vc, lse, doh, di, lo_c, hi_c, empty_c):
-            dq_info, dkv_info = _block_info(mi, lo_c, hi_c, plan.bq_dq, plan.bkv, plan.chunk // plan.bkv, empty_c)
+            dq_info, dkv_info = _block_info(sp, lo_c, hi_c, plan.bq_dq, plan.bkv, plan.chunk // plan.bkv, empty_c)
             if (plan.bq_dkv, plan.bkv_dkv) != (plan.bq_dq, plan.bkv):  # the dK/dV kernel's own grid
                 _, dkv_info = _block_info(
-                    mi, lo_c, hi_c, plan.bq_dkv, plan.bkv_dkv, plan.chunk // plan.bkv_dkv, empty_c
+                    sp, lo_c, hi_c, plan.bq_dkv, plan.bkv_dkv, plan.chunk // plan.bkv_dkv, empty_c
                 )
-            grads = _splash_bwd(sk, qh, kc, vc, lse, doh, di, dq_info, dkv_info, plan)
+            grads = _splash_bwd(sp, qh, kc, vc, lse, doh, di, dq_info, dkv_info, plan)
             return tuple(g.astype(_F32) for g in grads)
 
         return chunked_backward(plan, mask, q, kv, ct, chunk, None)
 
 
-def _settings(sk) -> dict:
+def _settings(sp: SplashInternals) -> dict:
     """What every splash call of lcx passes alike: MHA (GQA by head index, K/V never repeated),
     splash's mask value, the sorted-interval mask function, interpret mode off TPU."""
-    return {"is_mqa": False, "mask_value": sk.DEFAULT_MASK_VALUE, "mask_function": _mask_fn, "interpret": interpret()}
+    return {"is_mqa": False, "mask_value": sp.mask_value, "mask_function": _mask_fn, "interpret": interpret()}
 
 
-def _splash_bwd(sk, q, k, v, lse, do, di, dq_info, dkv_info, plan: _Plan):
+def _splash_bwd(sp: SplashInternals, q, k, v, lse, do, di, dq_info, dkv_info, plan: _Plan):
     """Splash's own backward kernels with the GLOBAL ``lse`` and ``di = sum(dout * out)``.
 
-    The only use of JAX-private splash functions (signatures of JAX 0.10.2); ``q`` is already
+    JAX-private functions, reached through :mod:`lcx.attention.kernels.jax_splash`; ``q`` is already
     scaled, so dK comes out right and dQ is w.r.t. the scaled q. The dQ kernel runs on the
     dQ kernel's blocks ``plan.bq_dq x plan.bkv`` (``dq_info``'s grid), the dK/dV kernel on
     ``plan.bq_dkv x plan.bkv_dkv`` (``dkv_info``'s grid).
     """
-    layout = sk.QKVLayout.HEAD_DIM_MINOR
-    common = dict(attn_logits_soft_cap=None, q_layout=layout, k_layout=layout, v_layout=layout, **_settings(sk))
+    layout = sp.head_dim_minor
+    common = dict(attn_logits_soft_cap=None, q_layout=layout, k_layout=layout, v_layout=layout, **_settings(sp))
     operands = (q, k, v, None, None, lse, do, di)  # both kernels: no segment ids, the global lse and di
-    dq = sk._splash_attention_bwd_dq(*operands, bq=plan.bq_dq, bkv=plan.bkv, mask_info=dq_info, **common)
-    _, dk, dv = sk._splash_attention_bwd_dkv(
-        *operands, **plan.dkv_blocks, use_fused_bwd_kernel=False, mask_info=dkv_info, **common
-    )
+    dq = sp.bwd_dq(*operands, bq=plan.bq_dq, bkv=plan.bkv, mask_info=dq_info, **common)
+    _, dk, dv = sp.bwd_dkv(*operands, **plan.dkv_blocks, use_fused_bwd_kernel=False, mask_info=dkv_info, **common)
     return dq, dk, dv

@@ -141,7 +141,7 @@ def _intervals(mask: Mask, q_pos, q_seg, k_pos_sorted, k_seg_sorted, n_real):
     return lo, hi
 
 
-def _block_info(mi, lo, hi, bq: int, bkv: int, n_kv_blocks: int, empty_row):
+def _block_info(sp, lo, hi, bq: int, bkv: int, n_kv_blocks: int, empty_row):
     """Splash ``MaskInfo`` for forward/dq and for dkv, computed on device from the intervals.
 
     ``block_mask[0, i, j] = 1`` iff some query of q block i sees a key of kv block j (else 0:
@@ -159,10 +159,10 @@ def _block_info(mi, lo, hi, bq: int, bkv: int, n_kv_blocks: int, empty_row):
     next_kv = lax.cummax(jnp.where(active, j, 0), axis=1)[None]
     next_q = lax.cummax(jnp.where(active, i, 0), axis=0)[None]
     q_sequence = (jnp.left_shift(lo, _HI_BITS) | hi).astype(jnp.int32)
-    fwd = mi.MaskInfo(
+    fwd = sp.mask_info(
         data_next=next_kv, mask_next=None, block_mask=block_mask, partial_mask_blocks=None, q_sequence=q_sequence
     )
-    dkv = mi.MaskInfo(
+    dkv = sp.mask_info(
         data_next=next_q, mask_next=None, block_mask=block_mask, partial_mask_blocks=None, q_sequence=q_sequence
     )
     return fwd, dkv
