@@ -134,14 +134,9 @@ def splash_internals() -> SplashInternals:
     except ImportError as e:  # pragma: no cover - depends on the installed JAX
         raise _refusal(f"they failed to import ({e})") from e
     check_signatures(sk)
+    forward, bwd_dq, bwd_dkv = (getattr(sk, name) for name in EXPECTED)  # the order EXPECTED lists them
     return SplashInternals(
-        forward=sk._splash_attention_forward,
-        bwd_dq=sk._splash_attention_bwd_dq,
-        bwd_dkv=sk._splash_attention_bwd_dkv,
-        mask_info=mi.MaskInfo,
-        block_sizes=sk.BlockSizes,
-        head_dim_minor=sk.QKVLayout.HEAD_DIM_MINOR,
-        mask_value=sk.DEFAULT_MASK_VALUE,
+        forward, bwd_dq, bwd_dkv, mi.MaskInfo, sk.BlockSizes, sk.QKVLayout.HEAD_DIM_MINOR, sk.DEFAULT_MASK_VALUE
     )
 
 
