@@ -22,6 +22,7 @@ from jax.experimental import checkify
 from lcx.attention import Mask, attention, merge_partials, reference_attention
 from lcx.attention.kernels import sorted_chunks
 from lcx.attention.kernels import splash as splash_mod
+from lcx.attention.kernels.jax_splash import splash_internals
 from lcx.attention.kernels.xla import HIDDEN, tile_class
 from lcx.sharding import AttentionConfig, Plan, apply_layout, bind, undo_layout
 
@@ -218,14 +219,12 @@ def test_fully_padded_blocks_are_hidden(mask):
         assert int(tile_class(mask, pos, pos, qs, ks)) == HIDDEN
         assert not bool(mask.visible(pos, pos, qs, ks).any())
     # splash: 256 keys, the second 128-key block all padding -> block_mask 0 there
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
-
     L = 256
     p = jnp.arange(L, dtype=jnp.int32)
     seg = jnp.where(p < 128, 0, -1)
     plan = splash_mod._Plan(L, L, 128, 128)
     perm, lo, hi, empty = sorted_chunks.sorted_intervals(plan, mask, p, seg, p, seg)
-    info, _ = splash_mod._block_info(mi, lo[0], hi[0], 128, 128, 2, empty[0])
+    info, _ = splash_mod._block_info(splash_internals(), lo[0], hi[0], 128, 128, 2, empty[0])
     np.testing.assert_array_equal(info.block_mask[0], [[1, 0], [0, 0]])
     assert bool(empty[0, 128:].all()) and not bool(empty[0, :128].any())
 

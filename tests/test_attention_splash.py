@@ -6,6 +6,7 @@ Pallas interpret mode is slow on 2 cores: shapes are tiny, blocks are the smalle
 logsumexp, backward per half with the GLOBAL out/lse -- the ring step pattern -- in one jit).
 """
 
+import dataclasses
 import functools
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from _kernel_calls import kernel_backward, kernel_forward
 from lcx.attention import Mask, XlaKernel, make_kernel, merge_partials, reference_attention
 from lcx.attention.kernels import splash as splash_mod
 from lcx.attention.kernels import splash_intervals
+from lcx.attention.kernels.jax_splash import splash_internals
 from lcx.attention.kernels.splash import SplashKernel
 from lcx.attention.kernels.splash_intervals import _intervals
 from lcx.sharding import apply_layout
@@ -189,16 +191,18 @@ def test_splash_query_blocks_below_128_match_reference(monkeypatch, block_q):
 
 def _record_bwd_blocks(monkeypatch):
     """Wrap splash's two backward kernels to record the ``(bq, bkv)`` each is called with."""
-    sk, _ = splash_mod._splash_modules()
+    sp = splash_internals()
     seen = {"dq": set(), "dkv": set()}
-    for name, key in (("_splash_attention_bwd_dq", "dq"), ("_splash_attention_bwd_dkv", "dkv")):
-        inner = getattr(sk, name)
 
-        def wrapped(*a, _inner=inner, _key=key, **kw):
-            seen[_key].add((kw["bq"], kw["bkv"]))
-            return _inner(*a, **kw)
+    def recording(inner, key):
+        def wrapped(*a, **kw):
+            seen[key].add((kw["bq"], kw["bkv"]))
+            return inner(*a, **kw)
 
-        monkeypatch.setattr(sk, name, wrapped)
+        return wrapped
+
+    wrapped = dataclasses.replace(sp, bwd_dq=recording(sp.bwd_dq, "dq"), bwd_dkv=recording(sp.bwd_dkv, "dkv"))
+    monkeypatch.setattr(splash_mod, "splash_internals", lambda: wrapped)
     return seen
 
 
@@ -268,12 +272,10 @@ def test_intervals_equal_the_mask_predicate():
 
 def test_block_sparsity_skips_hidden_kv_blocks():
     """Causal, contiguous: the on-device block mask is lower triangular (splash skips the rest)."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
-
     L, b = 512, 128
     pos = jnp.arange(L, dtype=jnp.int32)
     lo, hi = _intervals(Mask(), pos, pos * 0, pos, pos * 0, L)
-    fwd, dkv = splash_mod._block_info(mi, lo, hi, b, b, L // b, jnp.zeros(L, bool))
+    fwd, dkv = splash_mod._block_info(splash_internals(), lo, hi, b, b, L // b, jnp.zeros(L, bool))
     np.testing.assert_array_equal(fwd.block_mask[0], np.tril(np.ones((4, 4), np.int32)))
     assert fwd.q_sequence.shape == (L,) and fwd.q_sequence.dtype == jnp.int32
 
