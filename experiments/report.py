@@ -35,10 +35,11 @@ def _f(x, nd=1) -> str:
     return f"{v:,.{nd}f}"
 
 
-def _md(header, rows) -> str:
+def _md(header, rows, left=(0,)) -> str:
+    """A markdown table; the columns whose indices are in ``left`` are left-aligned, the rest right."""
     out = [
         "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|",
+        "|" + "|".join("---" if i in left else "---:" for i in range(len(header))) + "|",
     ]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
@@ -163,6 +164,47 @@ def ledger_vs_compiled() -> str:
     )
 
 
+def vocab_tiling_offload() -> str:
+    """``experiments/vocab_tiling_offload.py``: compiled vs ledger bytes per device, MiB (docs/cost_ledger.md)."""
+    rows = C.read_csv(RES / "vocab_tiling_offload.csv")
+
+    def host(x) -> str:
+        return "0" if float(x) == 0 else _f(x, 3)
+
+    return _md(
+        [
+            "N",
+            "offload",
+            "compiled device",
+            "ledger device",
+            "ratio",
+            "compiled host",
+            "ledger host",
+            "ratio",
+            "accel device",
+            "accel host",
+            "largest V buffer",
+        ],
+        [
+            [
+                r["vocab_tiling"],
+                "on" if r["offload"] == "True" else "off",
+                _f(r["compiled_device_mib"], 2),
+                _f(r["ledger_device_mib"], 2),
+                _f(r["ratio_device"], 3),
+                host(r["compiled_host_mib"]),
+                host(r["ledger_host_mib"]),
+                _f(r["ratio_host"], 3),
+                _f(r["accel_device_mib"], 2),
+                _f(r["accel_host_mib"], 3),
+                r["largest_v_shape"],
+            ]
+            for r in rows
+        ],
+        left=(1, 10),
+    )
+
+
 def g(x) -> str:
     """A computed value: 4 significant digits in scientific notation above 1e7, else up to 4 decimals."""
     v = float(x)
@@ -279,6 +321,7 @@ TABLES = {
         load_balance,
         memory_vs_degree,
         ledger_vs_compiled,
+        vocab_tiling_offload,
         ledger_reproduction,
         ring_overlap,
         passkey,
