@@ -56,8 +56,21 @@ def strategy_benchmark() -> str:
     )
 
 
-def ring_degree() -> str:
-    rows = [r for r in C.read_csv(DOCS / "strategy_benchmark.csv") if r["sweep"] == "ring_degree"]
+def strategy_memory() -> str:
+    """The memory-only run of ``experiments/bench_strategies.py`` (``strategy_memory.csv``)."""
+    rows = [r for r in C.read_csv(RES / "strategy_memory.csv") if r["sweep"] == "strategies"]
+    return _md(
+        ["strategy", "S (tokens)", "fwd temp / device (MiB)", "fwd+bwd temp / device (MiB)"],
+        [[r["strategy"], r["seq_len"], _f(r["fwd_temp_mib"]), _f(r["fwd_bwd_temp_mib"])] for r in rows],
+    )
+
+
+def ring_degree_memory() -> str:
+    return ring_degree(RES / "strategy_memory.csv")
+
+
+def ring_degree(path: pathlib.Path = DOCS / "strategy_benchmark.csv") -> str:
+    rows = [r for r in C.read_csv(path) if r["sweep"] == "ring_degree"]
     return _md(
         ["ring devices P", "S (tokens)", "tokens / device", "fwd temp / device (MiB)", "fwd+bwd temp / device (MiB)"],
         [
@@ -317,6 +330,8 @@ TABLES = {
     for f in (
         strategy_benchmark,
         ring_degree,
+        strategy_memory,
+        ring_degree_memory,
         strategy_sweep,
         load_balance,
         memory_vs_degree,
