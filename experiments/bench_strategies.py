@@ -10,7 +10,7 @@ For each strategy (allgather, a2a, ring, usp 2x4) on 8 simulated CPU devices, B=
 plus ring memory at P = 2, 4, 8 devices for a fixed sequence length (its O(S/P) scaling).
 Sequence lengths in ``--memory-only`` are compiled for memory but not timed (at 65536 tokens one
 fwd+bwd takes many minutes on 2 cores). The 8 simulated devices share the machine's cores, so
-wall time measures total work, not parallel speed (FIELD_NOTES section 3b).
+wall time measures total work, not parallel speed.
 
 Writes a markdown table (``--md``, default docs/strategy_benchmark.md) and a CSV (``--csv``).
 
