@@ -88,6 +88,7 @@ KERNEL_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask_name,heads_name", KERNEL_CASES)
 def test_kernel_forward_backward_matches_reference(mask_name, heads_name):
     """Kernel forward (out, lse) and backward (dq, dk, dv) against the dense reference, with
@@ -128,6 +129,7 @@ DKV_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask_name,heads_name,fwd,dkv,clamped", DKV_CASES, ids=["dividing", "clamped"])
 def test_kernel_backward_with_its_own_blocks_matches_reference(mask_name, heads_name, fwd, dkv, clamped):
     """block_q_dkv / block_kv_dkv tile the backward (its dQ accumulator is blocked by them), the
@@ -174,6 +176,7 @@ def test_kernel_backward_with_its_own_blocks_matches_reference(mask_name, heads_
         np.testing.assert_allclose(g, r, atol=GRAD_TOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_kernel_backward_is_additive_over_key_blocks():
     """The backward of a K/V block takes the GLOBAL out/lse, so summing the per-block gradients
     over disjoint key blocks gives the full gradient (what the ring backward relies on)."""
@@ -225,6 +228,7 @@ class ForwardBackwardOnly(AbstractComposedKernel):
         return self.inner.backward(q, kv, ct, mask=mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["xla", "xla_dkv", "defaults"])
 def test_accumulating_form_equals_one_call(kind):
     """forward_start/step/finish and backward_start/step/finish over three disjoint K/V blocks of
@@ -272,6 +276,7 @@ def test_accumulating_form_equals_one_call(kind):
         np.testing.assert_allclose(g, r, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_no_visible_key_gives_zero_and_finite_grads():
     """Rows with no visible key: out exactly 0, lse -inf, flash_attention gradients finite and 0
     for those rows (no NaN anywhere)."""
@@ -478,6 +483,7 @@ def _tile_classes(mask, qp, kp, qs, ks, bq, bk):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads_name", ["mha", "gqa2"])
 def test_kernel_three_tile_classes_match_reference(heads_name):
     """Packed documents whose boundaries fall both on and inside tile edges, causal: the kernel
@@ -512,6 +518,7 @@ def test_kernel_three_tile_classes_match_reference(heads_name):
         np.testing.assert_allclose(g, r, atol=GRAD_TOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_fully_visible_tiles_take_the_unmasked_path():
     """A call whose every tile is fully visible (keys all before the queries, causal) runs only
     the unmasked branch, and still equals the reference; a kernel forced to mask those same
