@@ -145,6 +145,7 @@ def _check_case(mp, strategy):
 MATRIX = [(s, kern) for kern in ("xla", "splash") for s in CASES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy,kernel", MATRIX, ids=[f"{s}-{k}" for s, k in MATRIX])
 def test_return_lse_and_padding_match_reference(strategy, kernel):
     # ring on splash runs 32-query forward blocks (a multiple of 8, the forward kernel's rule;
@@ -205,6 +206,7 @@ def test_positions_none_are_the_layouts_global_positions():
 # padding: fully padded blocks and ring steps are skipped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask", [Mask(), Mask(causal=False), Mask(document=True), Mask(window=4)])
 def test_fully_padded_blocks_are_hidden(mask):
     """The block predicate every strategy and the xla kernel skip by (ring steps: may_be_visible;
