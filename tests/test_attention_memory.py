@@ -21,6 +21,9 @@ from lcx.attention.masks import Mask
 from lcx.sharding import bind
 from lcx.sharding.config import preset as plan_preset
 
+# compiled-memory checks of the layer scan: long to compile: the floor stack (-m 'not slow') skips them
+pytestmark = pytest.mark.slow
+
 S, B, N, K, H, BLOCK = 4096, 1, 4, 1, 32, 128
 
 
