@@ -127,6 +127,7 @@ SPLASH_CASES = [
 CASES = [(*c, "xla") for c in XLA_CASES] + [(*c, "splash") for c in SPLASH_CASES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy,mask_name,heads,degree,kernel", CASES, ids=[f"{s}-{m}-{h}-{d}-{k}" for s, m, h, d, k in CASES]
 )
@@ -158,6 +159,7 @@ def test_sinks_with_heads_sharded_over_tensor_axis(case):
 
 
 # --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["a2a", "ring"])  # the flash VJP (with Ulysses slicing), the ring VJP
 def test_sinks_none_is_the_plain_attention(strategy):
     """A sink of -inf adds nothing: output and dq/dk/dv bitwise equal to ``sinks=None`` (the
@@ -232,6 +234,7 @@ def test_attention_refuses_sinks_of_the_wrong_shape():
 
 # --------------------------------------------------------------------------------------------
 # The model: ``attention_sinks=True`` adds a [layers, heads] parameter on the "heads" axis.
+@pytest.mark.slow
 def test_model_sink_parameter_shape_axes_and_ledger():
     from lcx import cost
     from lcx.models import ModelConfig, hf, init_model, logical_axes, preset
@@ -265,6 +268,7 @@ def test_model_sink_parameter_shape_axes_and_ledger():
         )
 
 
+@pytest.mark.slow
 def test_model_with_sinks_on_eight_devices_equals_one_device(devices):
     """A small Llama with sinks (set away from their zero init) under ring attention (zigzag,
     fsdp_ring: data x context) on 8 devices: the loss and every gradient, the sinks' included,
