@@ -117,6 +117,7 @@ KERNEL_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask_name,heads", KERNEL_CASES, ids=[f"{m}-{h}" for m, h in KERNEL_CASES])
 def test_splash_matches_reference_on_zigzag_positions(mask_name, heads):
     """Queries: device 0's zigzag shard (chunks 0 and 3 of 4) of a packed, zigzag-laid-out
@@ -135,6 +136,7 @@ def test_splash_matches_reference_on_zigzag_positions(mask_name, heads):
     _assert_matches(out, lse, grads, *_reference(mask, q, k, v, qp, kp, qs, ks, do))
 
 
+@pytest.mark.slow
 def test_splash_pads_odd_lengths_chunks_long_kv_and_handles_empty_rows(monkeypatch):
     """Lengths that are not multiples of 128 (padded with invisible tokens), K/V longer than one
     splash call (forced here by lowering MAX_KV_CHUNK to 128: 3 chunks merged through the lse),
@@ -166,6 +168,7 @@ def test_splash_pads_odd_lengths_chunks_long_kv_and_handles_empty_rows(monkeypat
     _assert_matches(out, lse, grads, ref_out, ref_grads, ref_lse)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_q", [32, 64])
 def test_splash_query_blocks_below_128_match_reference(monkeypatch, block_q):
     """Query blocks that are multiples of 8 but not of 128 (what splash's forward kernel tiles
@@ -206,6 +209,7 @@ def _record_bwd_blocks(monkeypatch):
     return seen
 
 
+@pytest.mark.slow
 def test_splash_backward_blocks_tile_the_dkv_kernel(monkeypatch):
     """block_q_dkv / block_kv_dkv (splash's BlockSizes names) tile splash's dK/dV kernel with
     its own block-sparsity grid, the dQ kernel keeps the forward's blocks, and the gradients
@@ -343,6 +347,7 @@ STRATEGY_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy,mask_name,heads,degree", STRATEGY_CASES, ids=[f"{s}-{m}-{h}-{d}" for s, m, h, d in STRATEGY_CASES]
 )
