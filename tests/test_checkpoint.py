@@ -159,6 +159,7 @@ def _assert_same_run(metrics, ref):
     assert [r["grad_norm"] for r in metrics] == [r["grad_norm"] for r in ref]
 
 
+@pytest.mark.slow
 def test_reference_run_saves_every_n_steps_and_at_the_end(reference, devices):
     assert _complete(reference["ckpt"]) == [12, STEPS]  # 4, 8 deleted by keep=2
     meta = Checkpoints(reference["ckpt"], read_only=True).read_meta(STEPS)
@@ -168,6 +169,7 @@ def test_reference_run_saves_every_n_steps_and_at_the_end(reference, devices):
     assert set(meta["rng"]) == {"impl", "data"}
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_resumes_to_the_uninterrupted_result(tmp_path, reference, env, devices):
     """SIGKILL as soon as a save is in flight after a complete checkpoint exists (or at step 10
     if no save is caught in the act), restart, and finish: same losses, same parameters,
@@ -197,6 +199,7 @@ def test_sigkill_mid_run_resumes_to_the_uninterrupted_result(tmp_path, reference
     assert a.meta["data"] == b.meta["data"] and a.meta["rng"] == b.meta["rng"]
 
 
+@pytest.mark.slow
 def test_sigterm_and_sigint_save_before_exit_and_resume_exactly(tmp_path, reference, env):
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
     p = _start(run, ckpt, env)
@@ -220,6 +223,7 @@ def test_sigterm_and_sigint_save_before_exit_and_resume_exactly(tmp_path, refere
     assert [r["resumed_from"] for r in _metrics(run) if "resumed_from" in r] == [s1, s2]
 
 
+@pytest.mark.slow
 def test_resume_with_no_steps_left_says_so_and_prints_no_loss(tmp_path, reference, env):
     """Rerunning a finished run: nothing is trained, and the last line says so instead of
     printing the checkpoint's loss as the run's "final train loss"."""
@@ -246,6 +250,7 @@ def test_done_message_prints_only_losses_this_run_computed():
     assert done_message(out, 2).startswith("done: final train loss 2.0000 nats/token; run directory r")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "plan,mesh",
     [
@@ -279,6 +284,7 @@ def _corrupt_arrays(step_dir: pathlib.Path):
             f.write_bytes(b"\0garbage" * 16)
 
 
+@pytest.mark.slow
 def test_corrupt_and_partial_checkpoints_fall_back_to_the_previous_one(tmp_path, reference, devices, caplog):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(reference["ckpt"], ckpt)
@@ -319,6 +325,7 @@ def _config(*overrides):
         return compose(config_name="config", overrides=list(overrides))
 
 
+@pytest.mark.slow
 def test_incompatible_model_is_refused_naming_the_field(tmp_path, reference, devices):
     from lcx.training.loop import train
 
@@ -332,6 +339,7 @@ def test_incompatible_model_is_refused_naming_the_field(tmp_path, reference, dev
     check_compatible(meta, dict(meta["config"]["model"], remat="full"), where="x")  # remat may change
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_with_diagnostic_and_no_poisoned_checkpoint(tmp_path, devices):
     from lcx.training.loop import train
 
@@ -352,6 +360,7 @@ def test_nonfinite_loss_stops_with_diagnostic_and_no_poisoned_checkpoint(tmp_pat
     assert np.isfinite(meta["loss"])
 
 
+@pytest.mark.slow
 def test_save_refuses_nonfinite_tensors(tmp_path, reference, devices):
     mp = bind(preset("ring"), devices)
     r = _state(reference["ckpt"], STEPS, mp)
