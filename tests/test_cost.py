@@ -341,6 +341,7 @@ def test_planner_14m_tpu7_recommends_ring_at_128():
     assert "ring" in cost.table(rec)
 
 
+@pytest.mark.slow
 def test_planner_smallest_degree_with_batch():
     # 4 sequences of 1M on 64 v5p chips: data parallelism absorbs devices while memory allows
     cfg = preset("llama3_1_8b_longctx")
