@@ -23,6 +23,7 @@ import vocab_tiling_offload as vto  # noqa: E402
 # lcx.models.remat_policy added those, the backward rebuilt them from the kernel's saved logits
 # tiles, 2.1 GiB per device for the ring at 16384 tokens); dots_with_no_batch_dims_saveable
 # differs from dots_saveable only in attention, priced on the ring
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy,remat",
     [
@@ -96,6 +97,7 @@ def test_kernel_forward_bytes_match_the_compiled_xla_kernel(T, N, K, H, block):
     assert abs(ledger / compiled - 1) <= 0.10, (ledger, compiled)
 
 
+@pytest.mark.slow
 def test_ledger_prices_the_forward_when_its_blocks_are_the_larger(devices, monkeypatch):
     # backward blocks 128 x 128 under 512-token forward blocks: the forward's two 512 x 512
     # logits tiles per head are the step's largest attention transient (the ledger without a
@@ -146,6 +148,7 @@ Total bytes used: 364
         lvc.live_temp_peak(tmp_path / "nowhere")
 
 
+@pytest.mark.slow
 def test_live_peak_of_a_compiled_step(devices):
     # XLA's heap for the ring step: every byte of the temporary allocation is live at the peak
     # (experiments/results/ledger_vs_compiled.csv: live_peak_mib within 0.2 MiB of compiled_mib for remat none)
@@ -160,6 +163,7 @@ def test_live_peak_of_a_compiled_step(devices):
 # and optimizer + parameter host offload, compiled only. The last row has 4,096 tokens per tile,
 # where XLA:CPU fuses the loss backward into one in-place YNNPACK fusion (three logits tiles,
 # not four). experiments/vocab_tiling_offload.py prints the replica's own table (V = 128,256).
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "tiles,offload,overrides",
     [
