@@ -49,6 +49,7 @@ def _eval_config(*overrides):
         return compose(config_name="eval_config", overrides=list(overrides))
 
 
+@pytest.mark.slow
 def test_eval_grid_json_and_heatmap(checkpoint, tmp_path, devices):
     from lcx.eval import run_eval
 
@@ -77,6 +78,7 @@ def test_eval_grid_json_and_heatmap(checkpoint, tmp_path, devices):
     assert lengths == [256, 512] and depths == [0.0, 1.0] and v.shape == (2, 2)
 
 
+@pytest.mark.slow
 def test_each_length_is_validated_against_the_plan(checkpoint, tmp_path, devices):
     from lcx.eval import run_eval
 
@@ -89,6 +91,7 @@ def test_each_length_is_validated_against_the_plan(checkpoint, tmp_path, devices
         run_eval(_eval_config(f"checkpoint.dir={tmp_path / 'none'}"), tmp_path, devices)
 
 
+@pytest.mark.slow
 def test_cli_writes_eval_json(checkpoint, tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     p = subprocess.run(
@@ -125,6 +128,7 @@ def test_heatmap_is_a_png_and_names_the_extra_without_matplotlib(tmp_path, monke
     assert not (tmp_path / "g.png").exists()
 
 
+@pytest.mark.slow
 def test_vocab_tiled_evaluation_equals_the_whole_logits(checkpoint, devices):
     # a run trained with memory.vocab_tiling evaluates in the same tiles: same argmax, same NLL
     from lcx.sharding import bind
