@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 
 # ------------------------------------------------------------------ multirun: 4 jobs, one process
+@pytest.mark.slow
 def test_multirun_leaves_a_run_dir_per_job(tmp_path):
     """`python -m lcx.train -m plan=allgather,ring train.seq_len=...` runs 4 jobs in one process
     (Hydra's basic launcher; the first job fixes 8 devices) and each leaves its own run directory
