@@ -49,6 +49,7 @@ def _meta(ckpt, step):
         c.close()
 
 
+@pytest.mark.slow
 def test_two_stage_schedule_hands_over_through_the_checkpoint(tmp_path, devices, caplog):
     ckpt = tmp_path / "ckpt"
     cfg = _config(
@@ -146,6 +147,7 @@ def test_stage_learning_rate_schedule_is_shifted():
         make_optimizer(lr=1.0, steps=20, warmup_steps=0, schedule_start=20)
 
 
+@pytest.mark.slow
 def test_generated_passkey_stream_continues_across_a_length_change(tmp_path, devices):
     """data=passkey draws each row from (seed, row index): stage two continues at the next row
     at its own length (with another batch size) instead of refusing the checkpoint's seq_len."""
