@@ -44,6 +44,7 @@ def logits(model, mp):
     return np.asarray(eqx.filter_jit(lambda m, t, p: m(t, p, jnp.zeros_like(t), plan=mp))(model, tok, pos))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["default", "llama3", "yarn"])
 @pytest.mark.parametrize("plan", ["one", "fsdp8"])
 def test_logits_match_transformers(tmp_path, devices, variant, plan):
