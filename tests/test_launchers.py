@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_module
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason='needs pip install -e ".[cluster]"')
 
 
+@pytest.mark.slow
 def test_submitit_local_multirun_leaves_two_complete_run_dirs(tmp_path):
     """Two jobs, each in its own process started by submitit: each leaves metrics.jsonl with a
     finite loss for its one step, run_info.json naming its plan, and Hydra's saved config."""
