@@ -127,6 +127,7 @@ def numpy_llama(model, cfg, tokens, positions, segment_ids):
     return x @ head
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "changes",
     [
@@ -147,6 +148,7 @@ def test_forward_matches_numpy_reference(one_device, changes):
     np.testing.assert_allclose(logits, numpy_llama(model, cfg, tok, pos, seg), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_documents_are_independent_and_layout_free(one_device):
     """Packed documents with restarting positions give each document's stand-alone output, in
     any token order (positions and segment ids travel with their tokens)."""
@@ -206,6 +208,7 @@ def _loss_and_grads(model, tok, pos, seg, plan):
     return eqx.filter_jit(eqx.filter_value_and_grad(loss))(model)
 
 
+@pytest.mark.slow
 def test_remat_keeps_loss_and_grads(one_device):
     model = init_model(CFG, key=jax.random.key(4))
     tok, pos, seg = packed([[5, 7]], CFG.vocab_size)
@@ -305,6 +308,7 @@ def test_shard_model_fsdp_specs_and_forward(devices, one_device):
     )
 
 
+@pytest.mark.slow
 def test_init_sharded_creates_the_same_parameters_in_shards(devices):
     mp = bind(FSDP, devices)
     direct = check(lm.init_sharded)(CFG, mp, key=jax.random.key(7))
@@ -318,6 +322,7 @@ def test_init_sharded_creates_the_same_parameters_in_shards(devices):
         np.testing.assert_array_max_ulp(np.asarray(a), np.asarray(b), maxulp=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["allgather", "a2a", "ring", "usp"])
 def test_context_parallel_forward(devices, one_device, strategy):
     """Sequence split 4 ways (zigzag) x batch 2 ways: same logits as the unsplit model."""
