@@ -9,6 +9,9 @@ import sys
 
 import pytest
 
+# two real processes: the floor stack (-m 'not slow') skips them
+pytestmark = pytest.mark.slow
+
 COMMON = [
     "model=tiny",
     "plan=ring",
@@ -29,7 +32,6 @@ def _losses(run_dir) -> list[float]:
     return [json.loads(x)["loss"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
