@@ -335,6 +335,7 @@ def test_missing_in_lcx_lists_only_what_lcx_train_cannot_run():
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "hardware,n,seq,batch,local",
     [
@@ -411,6 +412,7 @@ def test_train_overrides_are_what_hydra_and_lcx_train_accept():
         train_overrides(cost.ActivationPolicy("dots_saveable", decoder_layer_input="offload"))
 
 
+@pytest.mark.slow
 def test_planner_names_the_best_plan_lcx_runs_and_it_is_the_recommendation():
     # 1M tokens x 4 on 64 v5p: the recommendation tiles the vocabulary, which lcx.train now runs
     from lcx import cost
@@ -432,6 +434,7 @@ def test_planner_warns_without_a_margin_and_needs_nothing_lcx_train_lacks():
     assert rec.best.runnable_in_lcx and not any("lacks" in r for r in rec.reasons)
 
 
+@pytest.mark.slow
 def test_planner_hints_need_nothing_lcx_train_lacks():
     # 70B at 1M tokens on 8 v5p chips: nothing fits; the "more chips" hint is a plan lcx.train runs
     import pathlib
@@ -453,6 +456,7 @@ def test_planner_hints_need_nothing_lcx_train_lacks():
     assert not any(r.startswith("a plan lcx.train runs today fits with") for r in rec["reasons"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["longctx_14m_tpu7", "longctx_4m_v5p"])
 def test_maxtext_comparison_prices_the_recipe_itself(experiment, tmp_path, capsys):
     """Like with like: the ledger line beside MaxText's measured step is the recipe's own mesh and
