@@ -216,6 +216,7 @@ class Halves(AbstractStrategy):
         return None
 
 
+@pytest.mark.slow
 def test_a_fifth_strategy_is_one_class_and_one_registry_entry(monkeypatch, devices):
     monkeypatch.setitem(STRATEGIES, "halves", Halves)
     assert "halves" in sh.STRATEGIES
