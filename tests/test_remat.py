@@ -81,6 +81,7 @@ def _assert_same(a, b):
 
 
 # ---------------------------------------------------------------------- numerics
+@pytest.mark.slow
 def test_custom_policies_keep_loss_and_grads_one_device(one_device):
     batch = _batch(2, 12)
     ref = _loss_and_grads(_model({}), batch, one_device)
@@ -88,6 +89,7 @@ def test_custom_policies_keep_loss_and_grads_one_device(one_device):
         _assert_same(_loss_and_grads(_model(changes), batch, one_device), ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("changes", [OFFLOAD, dict(remat="custom", remat_context="device", remat_qkv="offload")])
 def test_custom_policies_keep_loss_and_grads_ring_8_devices(ring, one_device, changes):
     """Zigzag ring over 4 devices x data 2: the flash residuals are tagged inside shard_map."""
@@ -148,6 +150,7 @@ def test_offload_reaches_the_lowered_program(one_device):
         assert "annotate_device_placement" not in lowered(changes)
 
 
+@pytest.mark.slow
 def test_kept_context_skips_the_attention_replay(one_device):
     """Compiled FLOPs: keeping the flash residuals removes the attention forward from the backward."""
     tok, pos, seg = _batch(1, 64)
