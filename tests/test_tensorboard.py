@@ -13,6 +13,9 @@ from hydra import compose, initialize_config_module
 
 from lcx.training.hooks import tensorboard_tag
 
+# real training runs: the floor stack (-m 'not slow') skips them
+pytestmark = pytest.mark.slow
+
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
 
