@@ -64,6 +64,7 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "plan_name,layout,tiles",
     [
@@ -102,6 +103,7 @@ def _hlo_shapes(text: str) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tiles", [1, 4])
 def test_no_whole_logits_buffer_in_the_compiled_step(devices, tiles):
     # ring over 8 devices, one sequence of 2048 tokens: T = 256 local tokens, V = 4096; the
