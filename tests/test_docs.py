@@ -19,7 +19,10 @@ What runs, and how long commands are shortened:
   their first device, ``lcx.plan`` run whole (it is arithmetic). A multirun (``-m``) is validated
   job by job. Slow test (``@pytest.mark.slow``): each ``lcx.train`` / ``lcx.extend`` /
   ``lcx.eval`` command on ``hardware=cpu`` runs in a subprocess and must exit 0, shortened by
-  appending :data:`SHORT` (a key the command sets itself keeps the command's value).
+  appending :data:`SHORT` (which wins over the command's own value of the same key, so a
+  multirun's sweep over ``train.seq_len`` runs its jobs at 256 tokens). Each command is its own
+  test, except on a page where one command writes a checkpoint the next reads: that page runs
+  in order, as one test.
 * ```` ```text ```` blocks with ``$ python -m ...`` lines are documented refusals: the command
   must exit 2 and print the first line of the output the page shows.
 * Not run: ``pip install ...`` (the environment is already installed), ``python -m pytest``
@@ -54,7 +57,13 @@ LINKED = ("README.md", "docs", "conf", "experiments", "tests")
 
 SHORT = {
     "lcx.train": ["train.steps=1", "model.n_layers=1", "train.seq_len=256", "train.eval_every=0"],
-    "lcx.extend": ["schedule.stages.0.steps=1", "schedule.stages.1.steps=1", "model.n_layers=1", "train.eval_every=0"],
+    "lcx.extend": [
+        "schedule.stages.0.steps=1",
+        "schedule.stages.1.steps=1",
+        "schedule.stages.1.warmup_steps=0",
+        "model.n_layers=1",
+        "train.eval_every=0",
+    ],
     "lcx.eval": ["eval.lengths=[1024]", "eval.depths=[0.5]", "eval.per_depth=1"],
 }
 """Overrides appended to a command in the slow test (the fast test appends ``train.dry_run=true``)."""
@@ -140,10 +149,6 @@ def _run(argv: list[str], cwd: pathlib.Path, timeout: int = 600) -> subprocess.C
     return subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def _set(args: list[str], key: str) -> bool:
-    return any(a.lstrip("+~").split("=", 1)[0] == key for a in args)
-
-
 def _runs_here(tool: str, args: list[str]) -> bool:
     """Whether the slow test runs the command for real (a CPU run, not a cluster or a TPU preflight)."""
     if tool == "lcx.plan" or "train.dry_run=true" in args or "hydra/launcher=slurm" in args:
@@ -167,11 +172,20 @@ def run_bash(example) -> str | None:
             ns["writes_files"] = True
         if ns["tier"] == "fast":
             _validate(tool, args, ns["tmp"])
-        elif _runs_here(tool, args):
-            short = [s for s in SHORT.get(tool, []) if not _set(args, s.split("=", 1)[0])]
-            p = _run([sys.executable, "-m", tool, *args, *short], ns["tmp"])
-            if p.returncode != 0:
-                return f"{example.path}:{example.line}: {tool} {' '.join(args + short)} exited {p.returncode}:\n{p.stderr[-3000:]}"
+        else:
+            failure = _run_short(tool, args, ns["tmp"])
+            if failure:
+                return f"{example.path}:{example.line}: {failure}"
+    return None
+
+
+def _run_short(tool: str, args: list[str], cwd: pathlib.Path) -> str | None:
+    """Run a command for real, shortened by :data:`SHORT`; None, or what went wrong."""
+    if not _runs_here(tool, args):
+        return None
+    p = _run([sys.executable, "-m", tool, *args, *SHORT.get(tool, [])], cwd)
+    if p.returncode != 0:
+        return f"{tool} {' '.join(args + SHORT.get(tool, []))} exited {p.returncode}:\n{p.stderr[-3000:]}"
     return None
 
 
@@ -231,10 +245,46 @@ def test_page_commands_validate_and_snippets_run(page, tmp_path):
         print(f"{page}: not run: {s}")
 
 
+def _slow_units() -> tuple[list[str], list[tuple[str, int]]]:
+    """Pages whose commands depend on one another (one writes a checkpoint that the next, or a
+    Python block, reads) run as a whole; every other command runs on its own."""
+    pages, commands, seen = [], [], set()
+    for page in PAGES:
+        found = [c for ex in SYBIL.parse(ROOT / page) if ex.region.evaluator is run_bash for c in _commands(ex.parsed)]
+        if any("checkpoint.dir=" in " ".join(args) for _, args in found):
+            pages.append(page)
+            continue
+        for i, (tool, args) in enumerate(found):
+            if tool == "lcx.plan" or "train.dry_run=true" in args:
+                continue  # the fast test ran it whole
+            if (tool, *args) not in seen:  # the same command on two pages runs once
+                seen.add((tool, *args))
+                commands.append((page, i))
+    return pages, commands
+
+
+SLOW_PAGES, SLOW_COMMANDS = _slow_units()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("page", [p for p in PAGES if "python -m lcx." in (ROOT / p).read_text()])
+@pytest.mark.parametrize("page", SLOW_PAGES)
 def test_page_commands_run(page, tmp_path):
     _page(page, "slow", tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page,index", SLOW_COMMANDS)
+def test_command_runs(page, index, tmp_path):
+    for name in LINKED:
+        (tmp_path / name).symlink_to(ROOT / name)
+    found = [c for ex in SYBIL.parse(ROOT / page) if ex.region.evaluator is run_bash for c in _commands(ex.parsed)]
+    tool, args = found[index]
+    if "plan.attention.kernel=tokamax" in args and importlib.util.find_spec("tokamax") is None:
+        pytest.skip("kernel=tokamax needs tokamax (Python >= 3.12)")
+    if not _runs_here(tool, args):
+        pytest.skip(f"{tool} {' '.join(args)}: validated only (a cluster, a TPU preset or lcx.plan)")
+    failure = _run_short(tool, args, tmp_path)
+    assert failure is None, f"{page}: {failure}"
 
 
 def test_tables_match_their_csvs():
