@@ -30,6 +30,11 @@ What runs, and how long commands are shortened:
   ``hydra/launcher=slurm`` multiruns and non-CPU hardware beyond validation (need the cluster).
   Placeholders (``<your corpus>``) are replaced by :data:`PLACEHOLDERS`.
 
+* Commands quoted in running text (`` `python -m lcx.train train.seq_len=4095` ``): an ``lcx`` one
+  must compose (every key and config group exists), an ``experiments/`` script must exist and
+  know each ``--flag`` it is given; they are not run (the experiments take minutes to hours:
+  ``docs/experiments.md``).
+
 ``python experiments/report.py --check`` runs too: a table that no longer matches its CSV in
 ``experiments/results/`` fails the suite.
 """
@@ -48,7 +53,7 @@ import subprocess
 import sys
 
 import pytest
-from sybil import Sybil
+from sybil import Region, Sybil
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -69,7 +74,7 @@ SHORT = {
 """Overrides appended to a command in the slow test (the fast test appends ``train.dry_run=true``)."""
 
 PLACEHOLDERS = {
-    "<your preset>": "cpu",
+    "<your preset>": "tpu_v5p hardware.chips=32",  # 4 nodes x 8 accelerators; checked against HBM, not this RAM
     "<a directory every host can write>": "ckpt",
     "<your corpus>": "README.md",
 }
@@ -218,12 +223,47 @@ def run_python(example) -> str | None:
     return None
 
 
+INLINE = re.compile(r"`(python (?:-m lcx\.\w+|experiments/\w+\.py)[^`]*)`")
+
+
+def check_inline(example) -> str | None:
+    """A command quoted in running text: an ``lcx`` one composes (every key and group exists), an
+    ``experiments/`` script exists and knows every ``--flag`` it is given."""
+    if example.namespace["tier"] != "fast":
+        return None
+    text = " ".join(example.parsed.split())
+    example.namespace["inline"] += 1
+    if text.startswith("python experiments/"):
+        script, *args = shlex.split(text)[1:]
+        source = (ROOT / script).read_text() if (ROOT / script).is_file() else None
+        if source is None:
+            return f"{example.path}:{example.line}: {script} does not exist"
+        unknown = [a for a in args if a.startswith("--") and f'"{a.split("=")[0]}"' not in source]
+        return f"{example.path}:{example.line}: {script} has no {unknown}" if unknown else None
+    if "<" in text:  # a pattern such as experiment=<name>, not a command
+        return None
+    ((tool, args),) = _commands(text)
+    from lcx.config.schema import check_overrides
+
+    check_overrides([a for a in args if a != "-m"], tool)
+    for job in _jobs(args):
+        _compose(tool, job)
+    return None
+
+
+def inline_commands(document):
+    """Sybil parser: the inline code spans of running text that are commands."""
+    for m in INLINE.finditer(document.text):
+        yield Region(m.start(), m.end(), m.group(1), check_inline)
+
+
 SYBIL = Sybil(
     parsers=[
         CodeBlockParser("python", run_python),
         CodeBlockParser("bash", run_bash),
         CodeBlockParser("text", run_refusals),
         SkipParser(),
+        inline_commands,
     ]
 )
 
@@ -232,7 +272,7 @@ def _page(page: str, tier: str, tmp_path: pathlib.Path) -> dict:
     for name in LINKED:
         (tmp_path / name).symlink_to(ROOT / name)
     document = SYBIL.parse(ROOT / page)
-    document.namespace.update(tier=tier, tmp=tmp_path, commands=0, snippets=0, skipped=[])
+    document.namespace.update(tier=tier, tmp=tmp_path, commands=0, snippets=0, inline=0, skipped=[])
     for example in document:
         example.evaluate()
     return document.namespace
