@@ -7,6 +7,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from _compile_cache import compile_cache
 from hydra import compose, initialize_config_module
 
 # real training runs (one with Llama 3's vocabulary): the floor stack (-m 'not slow') skips them
@@ -38,6 +39,13 @@ def _assert_same_params(a, b):
     assert len(la) == len(lb) > 0
     for x, y in zip(la, lb):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    """The runs below repeat each other's initialisers and train steps: compile each once."""
+    with compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield
 
 
 @pytest.fixture(scope="module")
