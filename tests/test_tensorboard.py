@@ -9,6 +9,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from _compile_cache import compile_cache
 from hydra import compose, initialize_config_module
 
 from lcx.training.hooks import tensorboard_tag
@@ -17,6 +18,13 @@ from lcx.training.hooks import tensorboard_tag
 pytestmark = pytest.mark.slow
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    """The runs below share the tiny model's initialisers, some their train step too: compile each program once."""
+    with compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield
 
 
 def _config(*overrides):
