@@ -11,6 +11,7 @@ import logging
 import jax
 import numpy as np
 import pytest
+from _compile_cache import compile_cache
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf, open_dict
 
@@ -26,6 +27,13 @@ STAGES = [
     {"name": "short", "seq_len": 128, "steps": 2, "lr": 3e-3, "warmup_steps": 1},
     {"name": "long", "seq_len": 256, "steps": 2, "lr": 1e-3, "warmup_steps": 1, "model": YARN},
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    """The schedules below share the tiny model's initialisers and stage steps: compile each program once."""
+    with compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield
 
 
 def _config(*overrides, stages=None):
