@@ -1,4 +1,4 @@
-"""The cost ledger against published numbers (FIELD_NOTES section 4; MaxText tpu-recipes).
+"""The cost ledger against published numbers (Llama 3 70B figures; MaxText tpu-recipes).
 
 Pure arithmetic: no test here compiles anything (the compiled-memory comparison is
 experiments/ledger_vs_compiled.py).
@@ -28,7 +28,7 @@ def hw(name: str):
     return cost.hardware_from_config(OmegaConf.load(CONF / "hardware" / f"{name}.yaml"), probe=False)
 
 
-# ------------------------------------------------------------------ FIELD_NOTES section 4 (Llama 3 70B)
+# ------------------------------------------------------------------ published figures (Llama 3 70B)
 def test_llama3_70b_parameters_per_layer_and_crossover():
     cfg = preset("llama3_70b")
     assert cfg.params_per_layer == 855_638_016 == 12.75 * cfg.d_model**2

@@ -214,7 +214,7 @@ def test_zigzag_permutation_round_trip(P_):
 
 
 def test_causal_load_balance_published_numbers():
-    # FIELD_NOTES section 4: contiguous P=4 -> 2, 6, 10, 14 half-block units (max/mean 1.75),
+    # the causal imbalance of contiguous sharding: contiguous P=4 -> 2, 6, 10, 14 half-block units (max/mean 1.75),
     # P=8 -> 1.875; zigzag pairing is exactly balanced.
     for P_, expected in ((4, 1.75), (8, 1.875)):
         S = 2 * P_ * 1024
