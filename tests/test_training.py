@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _compile_cache import compile_cache
 from hydra import compose, initialize_config_module
 
 from lcx.models import ModelConfig, init_model, model_shardings
@@ -31,6 +32,13 @@ SMALL = ModelConfig.from_dict(
         mlp_dim=64,
     )
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    """The runs below repeat the tiny model's initialisers: compile each program once."""
+    with compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield
 
 
 def _config(*overrides):
