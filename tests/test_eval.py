@@ -12,10 +12,18 @@ import sys
 import jax
 import numpy as np
 import pytest
+from _compile_cache import compile_cache
 from hydra import compose, initialize_config_module
 
 from lcx.sharding import PlanError
 from lcx.training.retrieval import grid, write_heatmap
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    """The evaluations below repeat each other's programs: compile each once."""
+    with compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield
 
 
 @pytest.fixture(scope="module")
