@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _compile_cache import compile_cache
 from beartype import beartype
 from jax.sharding import PartitionSpec as P
 from jaxtyping import TypeCheckError, jaxtyped
@@ -34,6 +35,13 @@ CFG = lm.ModelConfig(
     name="test", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64
 )
 CONF_DIR = pathlib.Path(__file__).resolve().parent.parent / "conf" / "model"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    """The one-device reference forwards below repeat each other's programs: compile each once."""
+    with compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield
 
 
 @pytest.fixture(scope="module")
