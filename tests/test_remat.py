@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _compile_cache import compile_cache
 from jax.ad_checkpoint import print_saved_residuals
 
 import lcx.cost as cost
@@ -30,6 +31,13 @@ POLICIES = [
     DEVICE,
     OFFLOAD,
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    """The remat-none references below repeat each other's programs: compile each once."""
+    with compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield
 
 
 @pytest.fixture(scope="module")
