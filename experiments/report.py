@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import re
+import statistics
 import sys
 from collections import defaultdict
 
@@ -325,6 +326,29 @@ def passkey_summary() -> str:
     )
 
 
+def stack_benchmark() -> str:
+    """experiments/bench_stacks.py: per (strategy, S), the median over rounds on each stack (the
+    floor first, as run) and current / floor."""
+    rows = C.read_csv(RES / "stack_benchmark.csv")
+    stacks = list(dict.fromkeys(r["jax"] for r in rows))
+    if len(stacks) != 2:
+        raise ValueError(f"stack_benchmark.csv holds jax versions {stacks}; bench_stacks.py compares two stacks")
+    cell = defaultdict(list)
+    for r in rows:
+        cell[(r["strategy"], r["seq_len"], r["jax"])].append(r)
+    out = []
+    for strategy, seq in dict.fromkeys((r["strategy"], r["seq_len"]) for r in rows):
+        line = [strategy, seq]
+        for col, nd in (("fwd_s", 3), ("fwd_bwd_s", 3), ("fwd_bwd_temp_mib", 1)):
+            floor, cur = (statistics.median(float(r[col]) for r in cell[(strategy, seq, j)]) for j in stacks)
+            line += [_f(floor, nd), _f(cur, nd), _f(cur / floor, 2)]
+        out.append(line)
+    header = ["strategy", "S (tokens)"]
+    for name in ("fwd (s)", "fwd+bwd (s)", "fwd+bwd temp / device (MiB)"):
+        header += [f"{name}, jax {stacks[0]}", f"{name}, jax {stacks[1]}", "ratio"]
+    return _md(header, out)
+
+
 TABLES = {
     f.__name__: f
     for f in (
@@ -343,6 +367,7 @@ TABLES = {
         passkey_dense,
         passkey_1024only,
         passkey_summary,
+        stack_benchmark,
     )
 }
 PATTERN = re.compile(r"(<!-- BEGIN (\w+) -->\n)(.*?)(<!-- END \2 -->)", re.S)
