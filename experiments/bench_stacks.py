@@ -4,7 +4,8 @@ The README's two stacks (Python 3.11 + jax 0.10.2, Python 3.12 + jax 0.12) are t
 this script's worker under each interpreter in turn, A B A B (``--rounds`` times each), so load
 on the machine drifts over both stacks alike. Each worker measures, on 8 simulated CPU devices,
 B=1, 8 query heads, head_dim 64, float32, causal, zigzag layout, xla kernel, for every lcx
-strategy (ring, usp 2x4, allgather, a2a) and every S in ``--seqs``:
+strategy (ring, usp 2x4, allgather, a2a) and every S in ``--seqs`` (default 4096; each doubling
+of S costs ~4x, so 16384 takes ~15 minutes per worker on 2 cores):
 
 - forward and forward+backward wall time: median of ``--repeats`` runs after a warm-up
   (:func:`bench_attention.timed`), compile time apart;
@@ -15,7 +16,7 @@ A row's time on a stack is the median over that stack's rounds; the ratio column
 floor (below 1: the current stack is faster). Correctness is the test suite's job (both stacks
 run it in CI); this only times the same programs on both.
 
-    python experiments/bench_stacks.py --python .venv/bin/python .venv312/bin/python
+    python experiments/bench_stacks.py --python .venv/bin/python .venv312/bin/python  # ~6 min
     python experiments/bench_stacks.py --python A B --seqs 4096 --repeats 3 --rounds 1  # quick
 
 Writes ``experiments/results/stack_benchmark.csv`` (one row per stack, strategy, S and round);
@@ -72,7 +73,7 @@ def worker(seqs: list[int], repeats: int) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--python", nargs="+", help="the interpreters to compare, floor first (each has lcx installed)")
-    ap.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384])
+    ap.add_argument("--seqs", type=int, nargs="+", default=[4096])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="runs per interpreter, alternated (A B A B)")
     ap.add_argument("--csv", type=pathlib.Path, default=HERE / "results" / "stack_benchmark.csv")
