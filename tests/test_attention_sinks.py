@@ -295,7 +295,11 @@ def test_model_with_sinks_on_eight_devices_equals_one_device(devices):
     loss8, g8 = training._loss_and_grads(model, batch, bind(plan, devices))
     one = plan.with_mesh(**{n: 1 for n, _ in plan.mesh})
     loss1, g1 = training._loss_and_grads(model, batch, bind(one, devices[:1]))
-    assert float(jnp.abs(g1.blocks.attn.sinks).max()) > 1e-4  # the sinks do get a gradient
+    # the sinks do get a gradient, well above the comparison's atol (so it cannot pass on two
+    # zeros): its size depends on the random init, which differs between jax releases (largest
+    # sink gradient 8.3e-5 on jax 0.12.0.1, above 1e-4 on jax 0.10.2)
+    grad_atol = 1e-6
+    assert float(jnp.abs(g1.blocks.attn.sinks).max()) > 20 * grad_atol
     np.testing.assert_allclose(float(loss8), float(loss1), rtol=1e-6, atol=1e-6)
     for a, b in zip(jax.tree.leaves(g8), jax.tree.leaves(g1), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=grad_atol)
