@@ -21,6 +21,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lcx.cost.timing import TimeModel, time_model_from_config
+
 
 @dataclasses.dataclass(frozen=True)
 class Hardware:
@@ -40,6 +42,8 @@ class Hardware:
       chips: chips in the slice, or None (use the device count).
       libtpu_init_args: flags for ``LIBTPU_INIT_ARGS`` (TPU runtime).
       xla_flags: flags for ``XLA_FLAGS``.
+      time_model: the preset's achieved rates (:class:`~lcx.cost.timing.TimeModel`; None: the
+        roofline only).
     """
 
     name: str
@@ -54,6 +58,7 @@ class Hardware:
     chips: int | None = None
     libtpu_init_args: tuple[str, ...] = ()
     xla_flags: tuple[str, ...] = ()
+    time_model: TimeModel | None = None
 
     def __post_init__(self):
         if self.peak_flops_per_device <= 0:
@@ -235,6 +240,7 @@ def hardware_from_config(node: Any, n_devices: int | None = None, *, probe: bool
         chips=None if chips is None else int(chips),
         libtpu_init_args=_flags(_get(node, "libtpu_init_args")),
         xla_flags=_flags(_get(node, "xla_flags")),
+        time_model=time_model_from_config(_get(node, "time_model")),
     )
 
 

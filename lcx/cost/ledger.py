@@ -2,9 +2,10 @@
 
 :func:`estimate` combines :mod:`lcx.cost.flops`, :mod:`lcx.cost.breakdown` and
 :mod:`lcx.cost.comm` with a :class:`~lcx.cost.hardware.Hardware` preset into an
-:class:`Estimate`. Times are roofline estimates (compute at peak FLOP/s, links at their
-datasheet bandwidth); the predicted MFU is therefore an upper bound that ranks plans, not a
-promise (docs/cost_ledger.md compares it with MaxText's measurements).
+:class:`Estimate`. Times are at the hardware preset's calibrated rates
+(:class:`~lcx.cost.timing.TimeModel`: achieved kernel and matmul efficiency, collective latency,
+exposed transfers) where the preset has them, and the roofline (compute at peak FLOP/s, links at
+their datasheet bandwidth) is kept beside them as the upper bound (docs/time_model.md).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from lcx.cost.flops import ModelDims, StepFlops, recompute_flops, training_flops
 from lcx.cost.hardware import Hardware
 from lcx.cost.local import LocalStep, StepArgs, StepSizes
 from lcx.cost.policy import ActivationPolicy
+from lcx.cost.timing import ROOFLINE, StepTime, StepWork
 from lcx.sharding import Plan
 
 
@@ -65,7 +67,8 @@ class Estimate:
         batch; not in MFU).
       memory: per-device memory breakdown.
       comm: per-device communication bytes.
-      compute_time: seconds of compute per step per device at peak (with causal imbalance).
+      compute_time: seconds of compute per step per device (with causal imbalance), at the
+        calibrated rates when ``calibrated``, else at peak.
       comm_time: seconds the communication takes if nothing overlaps.
       exposed_comm_time: seconds of communication not hidden behind compute.
       host_bytes: bytes one device moves between HBM and host memory per step (host offload;
@@ -79,6 +82,10 @@ class Estimate:
       n_devices: devices of the step.
       peak_flops_per_device: FLOP/s used for times and MFU.
       hbm_bytes, host_bytes_per_device: capacities (None: unlimited).
+      overhead_time: the time model's fixed seconds per step.
+      roofline_step_time: the step at peak FLOP/s and datasheet links (the upper bound).
+      calibrated: the times use the hardware's :class:`~lcx.cost.timing.TimeModel`.
+      time: the step's seconds by part (:class:`~lcx.cost.timing.StepTime`).
     """
 
     flops: StepFlops
@@ -98,12 +105,22 @@ class Estimate:
     host_bytes: float = 0.0
     host_time: float = 0.0
     exposed_host_time: float = 0.0
+    overhead_time: float = 0.0
+    roofline_step_time: float = 0.0
+    calibrated: bool = False
+    time: StepTime | None = None
 
     @property
     def step_time(self) -> float:
         """Predicted seconds per step: compute plus the communication and host transfers that do
-        not overlap it."""
-        return self.compute_time + self.exposed_comm_time + self.exposed_host_time
+        not overlap it, plus the fixed per-step overhead; at the hardware's calibrated rates
+        (:class:`~lcx.cost.timing.TimeModel`) when it has them, else the roofline."""
+        return self.compute_time + self.exposed_comm_time + self.exposed_host_time + self.overhead_time
+
+    @property
+    def roofline_mfu(self) -> float:
+        """MFU at the roofline step time (peak FLOP/s, datasheet links): an upper bound."""
+        return mfu(self.flops.total, self.roofline_step_time, self.peak_flops_per_device, self.n_devices)
 
     @property
     def overlap(self) -> bool | None:
@@ -124,7 +141,8 @@ class Estimate:
 
     @property
     def mfu(self) -> float:
-        """Predicted model FLOPs utilisation (roofline upper bound)."""
+        """Predicted model FLOPs utilisation at :attr:`step_time` (calibrated where the hardware
+        is, else the roofline upper bound)."""
         return mfu(self.flops.total, self.step_time, self.peak_flops_per_device, self.n_devices)
 
     @property
@@ -251,20 +269,10 @@ def estimate(
     # each holding U consecutive chunks after the all-to-all) inherits the layout's imbalance
     imb = causal_imbalance(a.layout, strategy.imbalance_degree(P, U))
     lin_rec = _linear_recompute(cfg, seq_len, global_batch, policy)
-    att_total = flops.attention + (rec - lin_rec)
-    lin_total = flops.linear + lin_rec
+    att_replay = (rec - lin_rec) / n_devices * imb
     peak = hw.peak_flops_per_device
-    t_att = att_total / n_devices * imb / peak
-    t_lin = lin_total / n_devices / peak
     coll_bw = hw.collective_bandwidth_per_device or math.inf
     p2p_bw = hw.p2p_bandwidth_per_device or math.inf
-    t_ring = com.ring / p2p_bw
-    t_params = com.param_gather / coll_bw
-    t_kv_gather = com.all_gather / coll_bw
-    t_a2a = com.all_to_all / coll_bw
-    t_grad = com.grad_reduction / coll_bw
-    comm_time = t_ring + t_params + t_kv_gather + t_a2a + t_grad
-    exposed = max(0.0, t_ring - t_att) + max(0.0, t_params + t_grad - t_lin) + t_kv_gather + t_a2a
     hop = strategy.ring_hop(seq_len, P, U, cfg.n_heads, cfg.n_kv_heads)
     if hop is not None:
         block = hop.block
@@ -278,29 +286,71 @@ def estimate(
         )
     else:
         block, cmin = 0, 0.0
-    host = hw.host_memory_per_device
     host_bytes = host_transfer_bytes(mem, policy)
-    host_bw = hw.host_bandwidth_per_device
-    host_time = host_bytes / host_bw if host_bw else 0.0
-    exposed_host = max(0.0, host_time - (t_att + t_lin))
+    work = _step_work(cfg, a, com, seq_len, window, n_devices, imb, flops.attention, att_replay)
+    work = dataclasses.replace(
+        work,
+        linear_flops=(flops.linear + lin_rec) / n_devices,
+        kernel_calls=cfg.n_layers * (2 + (att_replay > 0)) * (P // max(U, 1) if hop is not None else 1),
+        p2p_bandwidth=p2p_bw,
+        collective_bandwidth=coll_bw,
+        host_bytes=host_bytes,
+        host_bandwidth=hw.host_bandwidth_per_device or 0.0,
+    )
+    roof = ROOFLINE.time(work, peak)
+    t = roof if hw.time_model is None else hw.time_model.time(work, peak)
     return Estimate(
         flops=flops,
         recompute_flops=rec,
         memory=mem,
         comm=com,
-        compute_time=t_att + t_lin,
-        comm_time=comm_time,
-        exposed_comm_time=exposed,
+        compute_time=t.compute,
+        comm_time=t.comm,
+        exposed_comm_time=t.exposed_comm,
         ring_block=block,
         ring_min_block=cmin,
         n_devices=n_devices,
         peak_flops_per_device=peak,
         hbm_bytes=hw.hbm_bytes,
-        host_bytes_per_device=host,
+        host_bytes_per_device=hw.host_memory_per_device,
         tokens_per_step=seq_len * global_batch,
         host_bytes=host_bytes,
-        host_time=host_time,
-        exposed_host_time=exposed_host,
+        host_time=t.host,
+        exposed_host_time=t.exposed_host,
+        overhead_time=t.overhead,
+        roofline_step_time=roof.total,
+        calibrated=hw.time_model is not None,
+        time=t,
+    )
+
+
+def _step_work(cfg, a, com: CommBytes, seq_len, window, n, imb, model_attention, replay) -> StepWork:
+    """The per-device :class:`~lcx.cost.timing.StepWork` of the attention and collectives (the
+    rates and the linear part are filled in by :func:`estimate`)."""
+    L = cfg.n_layers
+    passes = 2 + (replay > 0)
+    block = a.block_kv or a.block_q or 512
+    span = min(seq_len, window) if window else seq_len
+    return StepWork(
+        attention_flops=model_attention / n * imb,
+        attention_replay_flops=replay,
+        linear_flops=0.0,
+        block_waste=1.0 + min(block, span) / span,
+        kernel=a.kernel or "xla",
+        head_dim=cfg.head_dim,
+        kernel_calls=0,
+        ring_bytes=com.ring,
+        ring_hops=com.ring_hops,
+        p2p_bandwidth=math.inf,
+        param_bytes=com.param_gather + com.grad_reduction,
+        param_collectives=L * ((2 if com.param_gather else 0) + (1 if com.grad_reduction else 0)),
+        kv_gather_bytes=com.all_gather,
+        kv_collectives=L * passes if com.all_gather else 0,
+        all_to_all_bytes=com.all_to_all,
+        a2a_collectives=4 * L * passes if com.all_to_all else 0,
+        collective_bandwidth=math.inf,
+        host_bytes=0.0,
+        host_bandwidth=0.0,
     )
 
 
