@@ -474,10 +474,14 @@ def test_maxtext_comparison_prices_the_recipe_itself(experiment, tmp_path, capsy
     out = capsys.readouterr().out
     given = report["given"]["estimate"]
     line = next(x for x in out.splitlines() if "The ledger on that same run" in x)
-    assert f"roofline {given['step_time_s']:,.1f} s/step" in line
+    assert f"roofline {given['roofline_step_time_s']:,.1f} s/step" in line
     assert f"{given['memory_bytes_per_device']['total'] / 2**30:,.2f} GiB HBM" in line and "fits" in line
     pub = c.published.step_time_s
-    assert f"measured / roofline = {pub / given['step_time_s']:.2f}" in line
+    assert f"measured / roofline = {pub / given['roofline_step_time_s']:.2f}" in line
+    # the calibrated time model prices the same step and says how far it is from the measured one
+    assert given["calibrated"] and given["step_time_s"] > given["roofline_step_time_s"]
+    off = 100 * (given["step_time_s"] / pub - 1)
+    assert f"at the calibrated rates {given['step_time_s']:,.1f} s/step" in line and f"{off:+.1f}% from the measured" in line
     assert report["recommendation"]["runnable_in_lcx"] and "lacks" not in out
     rec_line = next(x for x in out.splitlines() if x.strip().startswith("lcx recommends "))
     assert ("the same policy" in rec_line) == (report["recommendation"]["policy"] == report["given"]["policy"])

@@ -116,12 +116,17 @@ class Hardware:
         return None if c is None else int(c) * self.devices_per_chip
 
 
+def cache_path() -> pathlib.Path:
+    """The file the CPU probes cache their measurements in (``LCX_CACHE`` overrides the folder)."""
+    return pathlib.Path(os.environ.get("LCX_CACHE", pathlib.Path.home() / ".cache" / "lcx")) / "cpu_peak.json"
+
+
 def cpu_peak_flops(n: int = 2048, repeats: int = 3) -> float:
     """Host float32 matmul rate in FLOP/s (best of ``repeats`` runs of an n^3 matmul), cached.
 
     The probe runs once per machine (cache key: core count and n) on the first CPU device.
     """
-    cache = pathlib.Path(os.environ.get("LCX_CACHE", pathlib.Path.home() / ".cache" / "lcx")) / "cpu_peak.json"
+    cache = cache_path()
     key = f"{os.cpu_count()}cpu-n{n}"
     try:
         data = json.loads(cache.read_text())
@@ -227,21 +232,45 @@ def hardware_from_config(node: Any, n_devices: int | None = None, *, probe: bool
         peak = (cpu_peak_flops() if probe else 1e9 * devs) / devs
     hbm = _get(node, "hbm_bytes")
     chips = _get(node, "chips")
+    tm, ici = _time_model(node, name, n_devices, probe)
     return Hardware(
         name=name,
         peak_flops_per_device=float(peak),
         hbm_bytes=None if hbm is None else float(hbm),
         devices_per_chip=int(_get(node, "devices_per_chip", 1)),
         hbm_bandwidth_per_chip=_float_or_none(_get(node, "hbm_bandwidth_per_chip")),
-        ici_bandwidth_per_chip=_float_or_none(_get(node, "ici_bandwidth_per_chip")),
+        ici_bandwidth_per_chip=ici,
         ici_links_per_chip=int(_get(node, "ici_links_per_chip", 6)),
         host_memory_per_chip=_float_or_none(_get(node, "host_memory_per_chip")),
         host_bandwidth_per_chip=_float_or_none(_get(node, "host_bandwidth_per_chip")),
         chips=None if chips is None else int(chips),
         libtpu_init_args=_flags(_get(node, "libtpu_init_args")),
         xla_flags=_flags(_get(node, "xla_flags")),
-        time_model=time_model_from_config(_get(node, "time_model")),
+        time_model=tm,
     )
+
+
+def _time_model(node: Any, name: str, n_devices: int | None, probe: bool) -> tuple[TimeModel | None, float | None]:
+    """The preset's time model and ``ici_bandwidth_per_chip``. A ``cpu`` preset whose
+    ``time_model`` says ``probe: true`` takes both from :func:`lcx.cost.probes.cpu_probes` (its
+    other ``time_model`` keys override the probed values; ``ici_bandwidth_per_chip`` set in the
+    preset wins), or has none with ``probe=False`` (nothing is measured)."""
+    ici = _float_or_none(_get(node, "ici_bandwidth_per_chip"))
+    tm_node = _get(node, "time_model")
+    keys = dict(tm_node.items()) if tm_node is not None and hasattr(tm_node, "items") else None
+    if keys is None or not keys.pop("probe", False):
+        return time_model_from_config(tm_node if keys is None else keys), ici
+    if name != "cpu":
+        raise ValueError(f"hardware preset {name!r}: time_model.probe measures this machine; only the cpu preset can")
+    if not probe:
+        return None, ici
+    from lcx.cost.probes import cpu_probes
+
+    p = cpu_probes(n_devices or int(_get(node, "cpu_devices", 1) or 1))
+    over = time_model_from_config(keys) if keys else None
+    tm = p.time_model(**{k: getattr(over, k) for k in keys}) if over is not None else p.time_model()
+    # one link per simulated device (ici_links_per_chip 1): per device one way = bidirectional / 2
+    return tm, ici if ici is not None else 2.0 * p.bandwidth_per_device
 
 
 def _float_or_none(v) -> float | None:

@@ -86,6 +86,8 @@ class Estimate:
       roofline_step_time: the step at peak FLOP/s and datasheet links (the upper bound).
       calibrated: the times use the hardware's :class:`~lcx.cost.timing.TimeModel`.
       time: the step's seconds by part (:class:`~lcx.cost.timing.StepTime`).
+      work: what one device does (:class:`~lcx.cost.timing.StepWork`), which any
+        :class:`~lcx.cost.timing.TimeModel` prices (``TimeModel.time(work, peak)``).
     """
 
     flops: StepFlops
@@ -109,6 +111,7 @@ class Estimate:
     roofline_step_time: float = 0.0
     calibrated: bool = False
     time: StepTime | None = None
+    work: StepWork | None = None
 
     @property
     def step_time(self) -> float:
@@ -321,6 +324,7 @@ def estimate(
         roofline_step_time=roof.total,
         calibrated=hw.time_model is not None,
         time=t,
+        work=work,
     )
 
 

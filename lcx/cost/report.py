@@ -27,6 +27,7 @@ from lcx.cost.search import (
     strategy_meshes,
     train_overrides,
 )
+from lcx.cost.timing import time_words
 from lcx.sharding import Plan, PlanError
 from lcx.sharding.plan import AttentionConfig
 
@@ -147,8 +148,8 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
         f"{best.policy.label}: predicted {e.step_time:,.1f} s/step ({e.compute_time:,.1f} s compute, "
         f"{e.exposed_comm_time:,.2f} s exposed communication"
         + (f", {e.exposed_host_time:,.2f} s exposed host transfer" if e.exposed_host_time else "")
-        + f"), {_gib(e.memory.total)} per device, "
-        f"roofline MFU {100 * e.mfu:.1f}%"
+        + f"), {_gib(e.memory.total)} per device; "
+        + time_words(e, hw, seq_len=seq_len, strategy=best.plan.attention.strategy, kernel=best.plan.attention.kernel)
     )
     near = _near_limit(best, hw)
     if near:
@@ -208,8 +209,8 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
         reasons.append(
             f"the recommendation needs {', '.join(missing_in_lcx(best.policy))}, which lcx.train lacks; the best "
             f"plan lcx.train runs today: {_where(rb)}, {rb.policy.label} (context degree {rb.context_degree}): "
-            f"{rb.est.step_time:,.1f} s/step, {_gib(rb.est.memory.total)} per device, roofline MFU "
-            f"{100 * rb.est.mfu:.1f}%"
+            f"{rb.est.step_time:,.1f} s/step, {_gib(rb.est.memory.total)} per device, MFU "
+            f"{100 * rb.est.mfu:.1f}% (roofline {100 * rb.est.roofline_mfu:.1f}%)"
         )
     elif rb is None:
         own = [c for c in cands if c.runnable_in_lcx]

@@ -74,7 +74,8 @@ def table(rec: Recommendation, *, per_group: bool = True) -> str:
         "memory in GiB per device: state = params + grads + optimizer on device; acts = saved "
         "activations; work = block backward + attention + logits transients; host = offloaded. "
         "exp.comm / exp.host: seconds of communication / host transfer not hidden behind compute. "
-        "* = recommended. MFU: roofline (model FLOPs / peak), an upper bound."
+        "* = recommended. MFU: model FLOPs / peak at the step time (calibrated where the hardware has a time model, "
+        "else the roofline, an upper bound)."
     )
     return "\n".join(lines)
 

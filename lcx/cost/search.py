@@ -182,6 +182,9 @@ class Candidate:
             "fits_hbm": e.fits_hbm,
             "fits_host": e.fits_host,
             "predicted_mfu": e.mfu,
+            "roofline_step_time_s": e.roofline_step_time,
+            "roofline_mfu": e.roofline_mfu,
+            "calibrated": e.calibrated,
             "tokens_per_sec": e.tokens_per_sec,
         }
 

@@ -8,8 +8,8 @@ with an achieved rate, one named parameter per mechanism, read from the ``time_m
 
 Per device and step, with ``F`` the peak FLOP/s (:class:`StepWork` holds the inputs):
 
-- attention: ``executed / (F * attention_efficiency[kernel] * min(1, head_dim / mxu_dim))
-  + calls * kernel_call_s``. *Executed* FLOPs are the model's forward and the kernel's backward,
+- attention: ``(executed + replay / replay_efficiency) / (F * attention_efficiency[kernel]
+  * min(1, head_dim / mxu_dim)) + calls * kernel_call_s``. *Executed* FLOPs are the model's forward and the kernel's backward,
   which recomputes the scores (FlashAttention-2: 5 matmuls backward against 2 forward, Dao 2023,
   arXiv:2307.08691, section 3.1.2; model FLOPs count 2), plus a replayed forward, times the
   causal block waste ``1 + block_kv / S`` (the diagonal blocks run whole). A *call* is one kernel
@@ -80,6 +80,9 @@ class TimeModel:
         pipeline fill, the ring step's synchronisation).
       collective_latency_s: seconds each collective or ring hop costs beyond its bytes.
       ici_efficiency: achieved fraction of the interconnect's datasheet bandwidth.
+      replay_efficiency: the rate of a replayed attention forward (remat without the saved
+        output and logsumexp) as a fraction of the kernel's own; MaxText's v5p steps that replay
+        the ring forward in the backward run far below the others.
       ring_overlap: fraction of the attention compute ring transfers hide behind (1: all).
       step_overhead_s: fixed seconds per step (optimizer update, host loop).
       executed_flops: price the kernel's executed FLOPs (backward score recompute, causal block
@@ -97,6 +100,7 @@ class TimeModel:
     kernel_call_s: float = 0.0
     collective_latency_s: float = 0.0
     ici_efficiency: float = 1.0
+    replay_efficiency: float = 1.0
     ring_overlap: float = 1.0
     step_overhead_s: float = 0.0
     executed_flops: bool = True
@@ -107,7 +111,7 @@ class TimeModel:
 
     def __post_init__(self):
         effs = {**dict(self.attention_efficiency), "default": self.default_attention_efficiency}
-        effs.update(linear=self.linear_efficiency, ici=self.ici_efficiency)
+        effs.update(linear=self.linear_efficiency, ici=self.ici_efficiency, replay=self.replay_efficiency)
         for name, v in effs.items():
             if not 0 < float(v) <= 1:
                 raise ValueError(f"hardware.time_model: efficiency {name}={v} must be a fraction of peak in (0, 1]")
@@ -131,14 +135,15 @@ class TimeModel:
 
     def time(self, w: StepWork, peak: float) -> StepTime:
         """Seconds of one step of work ``w`` at ``peak`` FLOP/s per device."""
-        att_flops = w.attention_flops
         if self.executed_flops:
             # the kernel's backward recomputes the scores: 2.5 forwards executed where the model
             # counts 2 (FlashAttention-2); diagonal blocks run whole
-            att_flops = (w.attention_flops * 3.5 / 3 + w.attention_replay_flops) * w.block_waste
+            att_flops = w.attention_flops * 3.5 / 3 * w.block_waste
+            replay = w.attention_replay_flops * w.block_waste / self.replay_efficiency
         else:
-            att_flops = w.attention_flops + w.attention_replay_flops
-        t_att = att_flops / (peak * self.attention_rate(w.kernel, w.head_dim)) + w.kernel_calls * self.kernel_call_s
+            att_flops, replay = w.attention_flops, w.attention_replay_flops
+        rate = peak * self.attention_rate(w.kernel, w.head_dim)
+        t_att = (att_flops + replay) / rate + w.kernel_calls * self.kernel_call_s
         t_lin = w.linear_flops / (peak * self.linear_efficiency)
         lat = self.collective_latency_s
 
@@ -273,3 +278,29 @@ def time_model_from_config(node: Any) -> TimeModel | None:
 def _pair(v: Any) -> tuple[int, int]:
     lo, hi = (int(x) for x in v)
     return lo, hi
+
+
+def time_words(e: Any, hw: Any, *, seq_len: int, strategy: str, kernel: str | None) -> str:
+    """The predicted step of estimate ``e`` in words: the calibrated time and MFU beside the
+    roofline, the preset's held-out error band, and whether the case extrapolates.
+
+    Args:
+      e: an :class:`lcx.cost.Estimate`; hw: its :class:`lcx.cost.Hardware`.
+      seq_len: tokens per sequence; strategy, kernel: the plan's context strategy and kernel.
+    """
+    roof = f"roofline {e.roofline_step_time:,.1f} s/step, MFU {100 * e.roofline_mfu:.1f}%"
+    tm = hw.time_model
+    if tm is None or not e.calibrated:
+        return f"{roof} (no time model for hardware={hw.name}: an upper bound, not a prediction)"
+    out = f"calibrated {e.step_time:,.1f} s/step, MFU {100 * e.mfu:.1f}% ({roof})"
+    if tm.error_median is not None and tm.error_max is not None:
+        out += f"; held-out error of the {hw.name} fit: median {100 * tm.error_median:.1f}%, largest {100 * tm.error_max:.1f}%"
+    if tm.calibrated is not None:
+        far = tm.calibrated.outside(
+            seq_len=seq_len,
+            tokens_per_device=e.tokens_per_step / e.n_devices,
+            strategy=strategy,
+            kernel=kernel or "xla",
+        )
+        out += "; EXTRAPOLATION: " + "; ".join(far) if far else "; inside the calibrated range"
+    return out

@@ -234,7 +234,21 @@ _MAXTEXT: tuple[MaxTextRecipe, ...] = (
 prices the same thing MaxText measured (the tpu-recipes tables above)."""
 
 
-def _recipe_plan(r: MaxTextRecipe, attention):
+def recipes() -> tuple[MaxTextRecipe, ...]:
+    """MaxText's published long-context recipe rows (the tpu-recipes tables)."""
+    return _MAXTEXT
+
+
+def fitted_in_calibration(r: MaxTextRecipe) -> bool:
+    """Whether ``experiments/ledger_calibration.py`` fits the time model on row ``r``: in each
+    hardware's table, rows sorted by length, the 1st, 3rd, ... are fitted and the others held out."""
+    own = sorted((x for x in _MAXTEXT if x.hardware == r.hardware), key=lambda x: x.seq_len)
+    return own.index(r) % 2 == 0
+
+
+def recipe_plan(r: MaxTextRecipe, attention):
+    """The lcx plan of recipe ``r``: its fsdp x context mesh, weights ZeRO-3 over both, ring with
+    load balancing (zigzag) on ``attention``'s kernel and blocks."""
     from lcx.sharding import Plan
 
     return Plan(
@@ -277,7 +291,7 @@ def compare_with_maxtext(rec, model_cfg, hw, n: int, S: int, B: int, attention=N
 
     def priced(seq, batch):
         try:
-            plan = _recipe_plan(r, att)
+            plan = recipe_plan(r, att)
             plan.validate(n, dims=model_cfg.dims(), seq_len=seq, global_batch=batch)
             step = StepSizes.of_model(model_cfg, seq, batch).args()
             return estimate(model_cfg, plan, hw, n, policy=pol, window=model_cfg.sliding_window, **step)
@@ -301,10 +315,18 @@ def compare_with_maxtext(rec, model_cfg, hw, n: int, S: int, B: int, attention=N
     e_pub = priced(r.seq_len, r.global_batch)
     if e_pub is not None:
         lines.append(
-            f"The ledger on that same run (mesh, strategy and policy): roofline {e_pub.step_time:,.1f} s/step (MFU "
-            f"{100 * e_pub.mfu:.1f}%), {mem(e_pub)}; measured / roofline = {r.step_s / e_pub.step_time:.2f}: attention "
-            f"is {100 * e_pub.flops.attention_fraction:.1f}% of the model FLOPs, so that factor is the splash kernel's "
-            "efficiency on the chip (and what else XLA adds), which the ledger does not model."
+            f"The ledger on that same run (mesh, strategy and policy): roofline {e_pub.roofline_step_time:,.1f} s/step "
+            f"(MFU {100 * e_pub.roofline_mfu:.1f}%), {mem(e_pub)}; measured / roofline = "
+            f"{r.step_s / e_pub.roofline_step_time:.2f}"
+            + (
+                f"; at the calibrated rates {e_pub.step_time:,.1f} s/step (MFU {100 * e_pub.mfu:.1f}%), "
+                f"{100 * (e_pub.step_time / r.step_s - 1):+.1f}% from the measured {r.step_s:,.2f} s, a row the "
+                + ("fit used" if fitted_in_calibration(r) else "fit held out")
+                + " (docs/time_model.md)."
+                if e_pub.calibrated
+                else f": attention is {100 * e_pub.flops.attention_fraction:.1f}% of the model FLOPs, so that factor "
+                "is the kernel's efficiency on the chip, which the roofline does not model."
+            )
         )
     e_here = e_pub if same else priced(S, B)
     b = rec.best

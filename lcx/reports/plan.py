@@ -234,10 +234,14 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
             f"{k} {v / 2**30:,.2f} GiB" for k, v in e.comm.as_dict().items() if k not in ("ring_hops", "ring_hop_bytes")
         )
     )
+    from lcx.cost.timing import time_words
+
+    plan = given
     say(
         f"  compute {e.compute_time:,.2f} s, communication {e.comm_time:,.2f} s ({e.exposed_comm_time:,.2f} s exposed), "
-        f"step {e.step_time:,.2f} s, fits {e.fits}, predicted MFU {100 * e.mfu:.1f}% (roofline)"
+        f"step {e.step_time:,.2f} s, fits {e.fits}"
     )
+    say("  " + time_words(e, hw, seq_len=S, strategy=plan.attention.strategy, kernel=plan.attention.kernel))
     if e.host_bytes:
         say(
             f"  host offload: {e.host_bytes / 2**30:,.2f} GiB per device per step over the host link, "
@@ -340,7 +344,13 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
             f"  published (MaxText tpu-recipes, this plan and policy): {float(pub.step_time_s):,.2f} s/step, MFU "
             f"{100 * float(pub.mfu):.2f}%; the ledger's MFU of that step time: "
             f"{100 * e.flops.total / (float(pub.step_time_s) * hw.peak_flops_per_device * n):.2f}%; measured / "
-            f"roofline = {float(pub.step_time_s) / e.step_time:.2f}"
+            f"roofline = {float(pub.step_time_s) / e.roofline_step_time:.2f}"
+            + (
+                f"; the calibrated {e.step_time:,.1f} s is {100 * (e.step_time / float(pub.step_time_s) - 1):+.1f}% "
+                "from the published step"
+                if e.calibrated
+                else ""
+            )
         )
     say("")
 
@@ -380,4 +390,7 @@ def _est_dict(e) -> dict[str, Any]:
         "fits": e.fits,
         "overlap": e.overlap,
         "predicted_mfu": e.mfu,
+        "roofline_step_time_s": e.roofline_step_time,
+        "roofline_mfu": e.roofline_mfu,
+        "calibrated": e.calibrated,
     }
