@@ -6,8 +6,6 @@ experiments/ledger_vs_compiled.py).
 
 from __future__ import annotations
 
-import dataclasses
-
 import math
 import os
 import pathlib
@@ -30,7 +28,7 @@ def hw(name: str, *, calibrated: bool = False):
     """The preset; its roofline only unless ``calibrated`` (these tests check the roofline's
     arithmetic; tests/test_timing.py checks the time models)."""
     h = cost.hardware_from_config(OmegaConf.load(CONF / "hardware" / f"{name}.yaml"), probe=False)
-    return h if calibrated else dataclasses.replace(h, time_model=None)
+    return h if calibrated else dataclasses_replace(h, time_model=None)
 
 
 # ------------------------------------------------------------------ published figures (Llama 3 70B)
