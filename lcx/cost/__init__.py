@@ -47,8 +47,15 @@ from lcx.cost.memory import (
     saved_bytes_per_token_per_layer,
 )
 from lcx.cost.planner import Candidate, Recommendation, candidate_plans, default_policies, missing_in_lcx, search, table
+from lcx.cost.timing import ROOFLINE, CalibratedRange, StepTime, StepWork, TimeModel, time_words
 
 __all__ = [
+    "ROOFLINE",
+    "CalibratedRange",
+    "StepTime",
+    "StepWork",
+    "TimeModel",
+    "time_words",
     "activation_arrays",
     "ActivationPolicy",
     "apply_hardware_flags",
