@@ -67,7 +67,7 @@ def test_every_shipped_config_fits_its_schema():
             S.check_train_config(cfg)
             continue
         # an analysis-only experiment is refused by lcx.train, naming its script
-        assert exp in ("load_balance", "ledger_reproduction"), exp
+        assert exp in ("load_balance", "ledger_reproduction", "ledger_calibration"), exp
         with pytest.raises(ValueError, match=f"trains nothing.*python experiments/{exp}.py"):
             S.check_train_config(cfg)
     for hw in ("cpu", "tpu_v5p", "tpu7"):
