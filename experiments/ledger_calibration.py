@@ -11,7 +11,8 @@ prediction error is reported on the rows it holds out (the rule is fixed in the 
 fitting). The fitted values are what ``conf/hardware/<preset>.yaml`` carries.
 
 Writes ``experiments/results/ledger_calibration.csv`` (source, row, fitted, published_s,
-predicted_s, error, roofline_s, ...) and ``.png``; prints the fitted parameters, every row, the
+predicted_s, error, roofline_s, ...), ``ledger_calibration_ranking.csv`` (every pair of strategies
+measured together: measured gap, whether the prediction orders them the same) and ``.png``; prints the fitted parameters, every row, the
 held-out median / largest error and the strategy ranking check; exits 1 if a target of issue 21
 is missed (held-out median <= 10%, every held-out row <= 20%, >= 6 rows held out).
 
@@ -174,10 +175,18 @@ PARAMS = {
         ("ici_efficiency", 0.01, 1.0, 0.5),
         ("ring_overlap", 0.0, 1.0, 0.5),
         ("replay_efficiency", 0.05, 1.0, 0.5),
+        ("ring_link_efficiency", 0.05, 1.0, 0.5),
     ),
     "tpu7": (("splash", 0.05, 1.0, 0.5), ("linear", 0.05, 1.0, 0.5)),
 }
-SHARED = ("kernel_call_s", "collective_latency_s", "ici_efficiency", "ring_overlap", "replay_efficiency")
+SHARED = (
+    "kernel_call_s",
+    "collective_latency_s",
+    "ici_efficiency",
+    "ring_overlap",
+    "replay_efficiency",
+    "ring_link_efficiency",
+)
 
 
 def time_models(x) -> dict:
@@ -297,6 +306,7 @@ def yaml_nodes(x, rows, table) -> str:
             f"  kernel_call_s: {m.kernel_call_s:.3e}",
             f"  collective_latency_s: {m.collective_latency_s:.3e}",
             f"  ici_efficiency: {m.ici_efficiency:.4f}",
+            f"  ring_link_efficiency: {m.ring_link_efficiency:.4f}",
             f"  ring_overlap: {m.ring_overlap:.4f}",
             f"  replay_efficiency: {m.replay_efficiency:.4f}",
             "  step_overhead_s: 0.0",
@@ -358,6 +368,7 @@ def main(argv=None) -> int:
     med, worst = statistics.median(held), max(held)
     print(f"held out: {len(held)} rows, median |error| {100 * med:.1f}%, largest {100 * worst:.1f}%")
     pairs = ranking_pairs(rows, pred)
+    C.write_csv(pairs, a.out.parent / f"{a.out.name}_ranking.csv")
     bad = [p for p in pairs if not p["agrees"]]
     print(f"strategy ranking: {len(pairs) - len(bad)}/{len(pairs)} pairs ordered as measured")
     for p in bad:

@@ -19,6 +19,12 @@ from collections import defaultdict
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+from report_time import (  # noqa: E402
+    ledger_calibration,
+    ledger_calibration_ranking,
+    ledger_calibration_summary,
+    time_model_parameters,
+)
 
 RES = C.RESULTS
 DOCS = C.ROOT / "docs"
@@ -368,6 +374,10 @@ TABLES = {
         passkey_1024only,
         passkey_summary,
         stack_benchmark,
+        ledger_calibration,
+        ledger_calibration_summary,
+        ledger_calibration_ranking,
+        time_model_parameters,
     )
 }
 PATTERN = re.compile(r"(<!-- BEGIN (\w+) -->\n)(.*?)(<!-- END \2 -->)", re.S)

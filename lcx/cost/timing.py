@@ -17,7 +17,8 @@ Per device and step, with ``F`` the peak FLOP/s (:class:`StepWork` holds the inp
   The MXU term: a systolic array of width ``mxu_dim`` runs a contraction of width ``head_dim``
   at ``head_dim / mxu_dim`` of its rate when ``head_dim`` is smaller.
 - linear layers: ``linear FLOPs / (F * linear_efficiency)``.
-- a collective: ``bytes / (bandwidth * ici_efficiency) + count * collective_latency_s``.
+- a collective: ``bytes / (bandwidth * ici_efficiency) + count * collective_latency_s``; a ring
+  hop the same over one link at ``ring_link_efficiency``.
 - exposure: ring hops hide behind ``ring_overlap`` of the attention compute, parameter
   all-gathers and gradient reductions behind the linear compute; the K/V all-gather and the
   Ulysses all-to-alls count in full; host transfers hide behind all compute.
@@ -79,7 +80,10 @@ class TimeModel:
       kernel_call_s: seconds each attention kernel call costs beyond its FLOPs (launch,
         pipeline fill, the ring step's synchronisation).
       collective_latency_s: seconds each collective or ring hop costs beyond its bytes.
-      ici_efficiency: achieved fraction of the interconnect's datasheet bandwidth.
+      ici_efficiency: achieved fraction of the interconnect's datasheet bandwidth in the
+        collectives over every link (all-gather, reduce-scatter, all-to-all).
+      ring_link_efficiency: achieved fraction of one link's datasheet bandwidth in a ring hop
+        (a neighbour-to-neighbour transfer on one link).
       replay_efficiency: the rate of a replayed attention forward (remat without the saved
         output and logsumexp) as a fraction of the kernel's own; MaxText's v5p steps that replay
         the ring forward in the backward run far below the others.
@@ -100,6 +104,7 @@ class TimeModel:
     kernel_call_s: float = 0.0
     collective_latency_s: float = 0.0
     ici_efficiency: float = 1.0
+    ring_link_efficiency: float = 1.0
     replay_efficiency: float = 1.0
     ring_overlap: float = 1.0
     step_overhead_s: float = 0.0
@@ -111,7 +116,7 @@ class TimeModel:
 
     def __post_init__(self):
         effs = {**dict(self.attention_efficiency), "default": self.default_attention_efficiency}
-        effs.update(linear=self.linear_efficiency, ici=self.ici_efficiency, replay=self.replay_efficiency)
+        effs.update(linear=self.linear_efficiency, ici=self.ici_efficiency, ring_link=self.ring_link_efficiency, replay=self.replay_efficiency)
         for name, v in effs.items():
             if not 0 < float(v) <= 1:
                 raise ValueError(f"hardware.time_model: efficiency {name}={v} must be a fraction of peak in (0, 1]")
@@ -148,12 +153,13 @@ class TimeModel:
         lat = self.collective_latency_s
 
         def over(nbytes: float, bw: float, count: int) -> float:
-            return (nbytes / (bw * self.ici_efficiency) if nbytes else 0.0) + (count * lat if nbytes else 0.0)
+            return nbytes / bw + count * lat if nbytes else 0.0
 
-        t_ring = over(w.ring_bytes, w.p2p_bandwidth, w.ring_hops)
-        t_params = over(w.param_bytes, w.collective_bandwidth, w.param_collectives)
-        t_kv = over(w.kv_gather_bytes, w.collective_bandwidth, w.kv_collectives)
-        t_a2a = over(w.all_to_all_bytes, w.collective_bandwidth, w.a2a_collectives)
+        t_ring = over(w.ring_bytes, w.p2p_bandwidth * self.ring_link_efficiency, w.ring_hops)
+        coll = w.collective_bandwidth * self.ici_efficiency
+        t_params = over(w.param_bytes, coll, w.param_collectives)
+        t_kv = over(w.kv_gather_bytes, coll, w.kv_collectives)
+        t_a2a = over(w.all_to_all_bytes, coll, w.a2a_collectives)
         exposed = max(0.0, t_ring - self.ring_overlap * t_att) + max(0.0, t_params - t_lin) + t_kv + t_a2a
         t_host = w.host_bytes / w.host_bandwidth if w.host_bandwidth else 0.0
         exposed_host = max(0.0, t_host - (t_att + t_lin))

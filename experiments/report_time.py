@@ -1,0 +1,98 @@
+"""Renderers of the time-model tables (docs/time_model.md) for ``experiments/report.py``."""
+
+from __future__ import annotations
+
+import statistics
+
+import _common as C
+
+SOURCES = {"tpu_recipes": "tpu-recipes", "maxtext_pr_4893": "PR #4893", "maxtext_pr_4687": "PR #4687"}
+
+
+def _pct(x: str) -> str:
+    return f"{100 * float(x):+.1f}%"
+
+
+def ledger_calibration() -> str:
+    """``experiments/ledger_calibration.py``: every published step, fitted or held out."""
+    rows = C.read_csv(C.RESULTS / "ledger_calibration.csv")
+    out = [
+        "| source | row | used | published s | predicted s | error | roofline error |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        label = r["row"].removeprefix(f"{r['source']} ")
+        used = "fit" if r["fitted"] == "True" else "**held out**"
+        out.append(
+            f"| {SOURCES[r['source']]} | {label} | {used} | {float(r['published_s']):,.2f} | "
+            f"{float(r['predicted_s']):,.2f} | {_pct(r['error'])} | {_pct(r['roofline_error'])} |"
+        )
+    return "\n".join(out)
+
+
+def ledger_calibration_summary() -> str:
+    """The held-out summary line of ``ledger_calibration.csv``."""
+    rows = C.read_csv(C.RESULTS / "ledger_calibration.csv")
+    held = [abs(float(r["error"])) for r in rows if r["fitted"] != "True"]
+    fit = [abs(float(r["error"])) for r in rows if r["fitted"] == "True"]
+    roof = [abs(float(r["roofline_error"])) for r in rows]
+    return (
+        f"**Held out: {len(held)} rows, median |error| {100 * statistics.median(held):.1f}%, largest "
+        f"{100 * max(held):.1f}%; {sum(e <= 0.2 for e in held)} of {len(held)} within 20%.** Fitted: "
+        f"{len(fit)} rows, median {100 * statistics.median(fit):.1f}%, largest {100 * max(fit):.1f}%. The "
+        f"roofline misses every row by {100 * min(roof):.0f}-{100 * max(roof):.0f}%."
+    )
+
+
+def ledger_calibration_ranking() -> str:
+    """``ledger_calibration_ranking.csv``: the count, and every pair ordered unlike the measurement."""
+    pairs = C.read_csv(C.RESULTS / "ledger_calibration_ranking.csv")
+    bad = [p for p in pairs if p["agrees"] != "True"]
+    big_held = [p for p in pairs if p["held_out"] == "True" and float(p["measured_gap"]) > 0.05]
+    lines = [
+        f"Of the {len(pairs)} pairs of strategies measured at the same length by the same PR, "
+        f"{len(pairs) - len(bad)} are ordered as measured; of the {len(big_held)} pairs with a held-out row "
+        f"measured more than 5% apart, {sum(p['agrees'] == 'True' for p in big_held)} are. Ordered unlike the "
+        "measurement:",
+        "",
+        "| comparison, length | pair | measured gap | a held-out row |",
+        "|---|---|---:|---|",
+    ]
+    for p in bad:
+        src, S = p["group"].rsplit(" ", 1)
+        lines.append(
+            f"| {SOURCES[src]}, {int(S) // 1024}K | {p['pair']} | {100 * float(p['measured_gap']):.1f}% | "
+            f"{'yes' if p['held_out'] == 'True' else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+PARAMETERS = (
+    ("attention_efficiency", "splash"),
+    ("attention_efficiency", "tokamax"),
+    ("linear_efficiency", None),
+    ("mxu_dim", None),
+    ("kernel_call_s", None),
+    ("collective_latency_s", None),
+    ("ici_efficiency", None),
+    ("ring_link_efficiency", None),
+    ("ring_overlap", None),
+    ("replay_efficiency", None),
+    ("error_median", None),
+    ("error_max", None),
+)
+
+
+def time_model_parameters() -> str:
+    """The TPU presets' ``time_model`` values, as the YAML files carry them."""
+    from omegaconf import OmegaConf
+
+    tms = {hw: OmegaConf.load(C.ROOT / "conf" / "hardware" / f"{hw}.yaml").time_model for hw in ("tpu_v5p", "tpu7")}
+    out = ["| parameter | tpu_v5p | tpu7 |", "|---|---:|---:|"]
+    for key, sub in PARAMETERS:
+        cells = []
+        for tm in tms.values():
+            v = tm[key] if sub is None else tm[key].get(sub)
+            cells.append("-" if v is None else f"{v:.4g}")
+        out.append(f"| {key}{f' ({sub})' if sub else ''} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
