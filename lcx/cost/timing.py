@@ -116,7 +116,12 @@ class TimeModel:
 
     def __post_init__(self):
         effs = {**dict(self.attention_efficiency), "default": self.default_attention_efficiency}
-        effs.update(linear=self.linear_efficiency, ici=self.ici_efficiency, ring_link=self.ring_link_efficiency, replay=self.replay_efficiency)
+        effs.update(
+            linear=self.linear_efficiency,
+            ici=self.ici_efficiency,
+            ring_link=self.ring_link_efficiency,
+            replay=self.replay_efficiency,
+        )
         for name, v in effs.items():
             if not 0 < float(v) <= 1:
                 raise ValueError(f"hardware.time_model: efficiency {name}={v} must be a fraction of peak in (0, 1]")
