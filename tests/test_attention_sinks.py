@@ -4,7 +4,7 @@ and kernel, against the dense single-device float32 reference, on 8 simulated CP
 The reference gains the sink as one more logit column whose value is 0; every strategy
 (allgather, a2a, ring, usp) with each kernel (xla, splash in interpret mode) must match it in
 the output and in the gradients of q, k, v AND the sinks, within the strategy tests' bounds
-(outputs 5e-5, gradients 2e-4, never loosened), in both sequence layouts (one compilation per
+(outputs 5e-5, gradients 2e-4, never loosened), in every sequence layout (one compilation per
 case). Then: ``sinks=None`` is the plain program (a sink of -inf gives bitwise its results), a
 query with no visible key stays 0 and finite with a sink, and a small Llama with
 ``attention_sinks=True`` has the same loss and gradients on 8 devices under ring as on one.
@@ -64,18 +64,20 @@ def sinks_vjp_fn(mp, mask):
 
 
 def check_sinks_against_reference(mp, mask_name, heads):
-    """Both layouts through ONE compiled function; returns the max errors (out, dq/dk/dv, dsinks)."""
+    """Every layout through ONE compiled function; returns the max errors (out, dq/dk/dv, dsinks)."""
     fn = sinks_vjp_fn(mp, strategies.MASKS[mask_name])
     ref_out, ref_grads = reference(mask_name, heads)
     P = mp.context_degree
     lay = strategies._lay
     errs = []
-    for layout in ("contiguous", "zigzag"):
-        laid = [lay(x, layout, P) for x in strategies.inputs(mask_name, heads)]
+    for layout in ("contiguous", "zigzag", "balanced"):
+        original = strategies.inputs(mask_name, heads)
+        ids = (original[3], original[4])  # the balanced layout is computed from them, row by row
+        laid = [lay(x, layout, P, ids) for x in original]
         out, grads = fn(*strategies.sharded(mp, *laid), SINKS)
         assert grads[3].dtype == jnp.float32 and grads[3].shape == (N,)
-        e_out = np.abs(np.asarray(out) - lay(ref_out, layout, P)).max()
-        e_qkv = max(np.abs(np.asarray(g) - lay(r, layout, P)).max() for g, r in zip(grads[:3], ref_grads[:3]))
+        e_out = np.abs(np.asarray(out) - lay(ref_out, layout, P, ids)).max()
+        e_qkv = max(np.abs(np.asarray(g) - lay(r, layout, P, ids)).max() for g, r in zip(grads[:3], ref_grads[:3]))
         e_sink = np.abs(np.asarray(grads[3]) - ref_grads[3]).max()  # per head: no sequence axis to lay out
         assert e_out <= OUT_TOL, (layout, e_out)
         assert e_qkv <= GRAD_TOL, (layout, e_qkv)

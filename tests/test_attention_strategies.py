@@ -128,23 +128,28 @@ def attention_vjp_fn(mp, mask, compiler_options=FAST_COMPILE):
     return jax.jit(f, compiler_options=compiler_options)
 
 
-def _lay(x, layout, degree):
-    return np.asarray(apply_layout(np.asarray(x), layout, degree, axis=1))
+def _lay(x, layout, degree, ids=None):
+    """``x`` (``[B, T, ...]``) in ``layout``; ``ids``: the original (positions, segment_ids), which
+    the balanced layout is computed from, row by row."""
+    pos, seg = ids if ids is not None else (None, None)
+    return np.asarray(apply_layout(np.asarray(x), layout, degree, axis=1, positions=pos, segment_ids=seg, block=BLOCK_KV))
 
 
-def check_against_reference(mp, mask_name, heads, layouts=("contiguous", "zigzag")):
-    """Run both layouts through ONE compiled function; compare with the permuted reference.
+def check_against_reference(mp, mask_name, heads, layouts=("contiguous", "zigzag", "balanced")):
+    """Run every layout through ONE compiled function; compare with the permuted reference.
     Returns the max errors (out, grads)."""
     fn = attention_vjp_fn(mp, MASKS[mask_name])
     ref_out, ref_grads = reference(mask_name, heads)
     P = mp.context_degree
     errs = []
     for layout in layouts:
-        laid = [_lay(x, layout, P) for x in inputs(mask_name, heads)]
+        original = inputs(mask_name, heads)
+        ids = (original[3], original[4])
+        laid = [_lay(x, layout, P, ids) for x in original]
         out, grads = fn(*sharded(mp, *laid))
         assert out.sharding.is_equivalent_to(mp.activation_sharding(("batch", "seq", "heads", "head_dim")), 4)
-        e_out = np.abs(np.asarray(out) - _lay(ref_out, layout, P)).max()
-        e_grad = max(np.abs(np.asarray(g) - _lay(r, layout, P)).max() for g, r in zip(grads, ref_grads))
+        e_out = np.abs(np.asarray(out) - _lay(ref_out, layout, P, ids)).max()
+        e_grad = max(np.abs(np.asarray(g) - _lay(r, layout, P, ids)).max() for g, r in zip(grads, ref_grads))
         assert e_out <= OUT_TOL, (layout, e_out)
         assert e_grad <= GRAD_TOL, (layout, e_grad)
         errs.append((e_out, e_grad))

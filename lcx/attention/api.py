@@ -240,7 +240,8 @@ def _tie_masks_to_queries(strategy, return_lse, q, k, v, q_pos, k_pos, q_seg, k_
 def _layout_positions(mp: MeshPlan, B: int, T: int) -> Int[Array, "B T"]:
     """int32 ``[B, T]``: the global position of every token of a batch laid out by the plan
     (``positions=None``). Checks the length against the layout (:func:`check_layout`)."""
-    perm = layout_permutation(mp.plan.attention.layout, T, mp.context_degree)
+    att = mp.plan.attention
+    perm = layout_permutation(att.layout, T, mp.context_degree, block=max(att.block_q, att.block_kv))
     return jnp.broadcast_to(jnp.asarray(perm, jnp.int32), (B, T))
 
 

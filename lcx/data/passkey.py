@@ -32,7 +32,7 @@ import numpy as np
 from lcx.data.packing import BATCH_KEYS
 from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows
 from lcx.data.tokenizers import ByteTokenizer
-from lcx.sharding.layout import check_layout
+from lcx.sharding.layout import BALANCED_BLOCK, check_layout
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +214,7 @@ class PasskeyBatches(Rows, BatchStream):
         filler: str = "sentences",
         loss_on: str = "answer",
         state: Mapping[str, int] | None = None,
+        layout_block: int = BALANCED_BLOCK,
     ):
         check_layout(layout, seq_len, context_degree)
         if global_batch < 1:
@@ -224,7 +225,13 @@ class PasskeyBatches(Rows, BatchStream):
             raise ValueError(f"data.digits must be >= 1, got {digits}")
         if seq_len < min_seq_len(digits):
             raise ValueError(f"train.seq_len={seq_len} is too short for the passkey task; use >= {min_seq_len(digits)}")
-        super().__init__(seq_len=seq_len, global_batch=global_batch, layout=layout, context_degree=context_degree)
+        super().__init__(
+            seq_len=seq_len,
+            global_batch=global_batch,
+            layout=layout,
+            context_degree=context_degree,
+            layout_block=layout_block,
+        )
         self.seed, self.digits = int(seed), int(digits)
         self.min_depth, self.max_depth = float(min_depth), float(max_depth)
         self.recall_loss = bool(recall_loss)

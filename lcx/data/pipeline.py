@@ -19,7 +19,7 @@ from lcx.data.corpora import Corpus, stdlib_corpus, text_corpus
 from lcx.data.packing import BATCH_KEYS, EpochIndex, Packer, check_packing_args, unigram_entropy
 from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows
 from lcx.data.tokenizers import get_tokenizer
-from lcx.sharding.layout import check_layout
+from lcx.sharding.layout import BALANCED_BLOCK, check_layout
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +45,13 @@ class Batches(Rows, BatchStream):
       documents: token id arrays, integer ``[T_i]`` each (empty ones are skipped).
       seq_len: S, tokens per row, ``>= 2``.
       global_batch: B, rows per batch, ``>= 1``.
-      layout: sequence layout, ``"contiguous"`` or ``"zigzag"``.
+      layout: sequence layout, ``"contiguous"``, ``"zigzag"`` or ``"balanced"``.
       context_degree: context-parallel degree P (the layout's chunk count is P or 2P).
       seed: shuffling seed.
       shuffle: shuffle documents each epoch; if False every epoch uses the stored order.
-      state: optional :meth:`state` dict to resume from.
+      state: optional :meth:`state` dict to resume from (the balanced layout is a function of
+        each row, so it resumes with the position).
+      layout_block: the kernels' tile in tokens (the balanced layout's shortest chunk).
 
     Yields:
       dicts with :data:`BATCH_KEYS`, each ``[B, S]``: ``tokens``, ``targets``, ``positions``,
@@ -71,9 +73,16 @@ class Batches(Rows, BatchStream):
         seed: int = 0,
         shuffle: bool = True,
         state: Mapping[str, int] | None = None,
+        layout_block: int = BALANCED_BLOCK,
     ):
         _check_common(seq_len, global_batch, layout, context_degree)
-        super().__init__(seq_len=seq_len, global_batch=global_batch, layout=layout, context_degree=context_degree)
+        super().__init__(
+            seq_len=seq_len,
+            global_batch=global_batch,
+            layout=layout,
+            context_degree=context_degree,
+            layout_block=layout_block,
+        )
         self.packer = Packer(documents, self.seq_len)
         self.seed = int(seed)
         self.shuffle = bool(shuffle)

@@ -13,6 +13,7 @@ from typing import Any
 from lcx.data.passkey import passkey_data
 from lcx.data.pipeline import corpus_data, data_value
 from lcx.data.stream import BatchSpec, Data
+from lcx.sharding.layout import BALANCED_BLOCK
 
 SOURCES: dict[str, Callable[[Any, BatchSpec], Data]] = {
     "stdlib": corpus_data,  # the embedded Python standard library sources
@@ -30,6 +31,7 @@ def make_data(
     context_degree: int = 1,
     seed: int = 0,
     val_global_batch: int | None = None,
+    layout_block: int = BALANCED_BLOCK,
 ) -> Data:
     """Build training and validation batches from a data config (the trainer's single entry).
 
@@ -41,10 +43,11 @@ def make_data(
         (:func:`lcx.data.pipeline.corpus_data`, :func:`lcx.data.passkey.passkey_data`).
       seq_len: S, tokens per row.
       global_batch: B, rows per training batch.
-      layout: ``"contiguous"`` or ``"zigzag"``.
+      layout: ``"contiguous"``, ``"zigzag"`` or ``"balanced"``.
       context_degree: context-parallel degree P.
       seed: training shuffle seed.
       val_global_batch: rows per validation batch; defaults to ``global_batch``.
+      layout_block: the kernels' tile in tokens (the balanced layout's shortest chunk).
 
     Returns:
       :class:`lcx.data.stream.Data` ``(train, val, tokenizer)``.
@@ -68,6 +71,7 @@ def make_data(
         context_degree=int(context_degree),
         seed=int(seed),
         val_global_batch=int(global_batch if val_global_batch is None else val_global_batch),
+        layout_block=int(layout_block),
     )
     return SOURCES[name](cfg_data, spec)
 

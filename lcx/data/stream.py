@@ -15,23 +15,28 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lcx.sharding.layout import layout_permutation
+from lcx.sharding.layout import BALANCED_BLOCK, PER_ROW, layout_permutation, row_permutations
 
 Batch = dict[str, np.ndarray]
 
 
-def lay_out(batch: Mapping[str, np.ndarray], layout: str, degree: int) -> Batch:
+def lay_out(batch: Mapping[str, np.ndarray], layout: str, degree: int, block: int = BALANCED_BLOCK) -> Batch:
     """Apply the sequence layout to every array of ``batch`` along its last (sequence) axis.
 
     Args:
       batch: NumPy arrays ``[..., S]`` sharing the sequence axis (the five :data:`BATCH_KEYS`).
-      layout: ``"contiguous"`` or ``"zigzag"``.
+      layout: ``"contiguous"``, ``"zigzag"`` or ``"balanced"`` (per row, from the batch's own
+        ``positions`` and ``segment_ids``).
       degree: context-parallel degree P.
+      block: the kernels' tile in tokens (``balanced`` only).
 
     Returns:
-      A new dict of the same keys, shapes and dtypes, each permuted by the same permutation
-      (:func:`lcx.sharding.layout.apply_layout`'s NumPy path).
+      A new dict of the same keys, shapes and dtypes, each permuted by the same permutation per
+      row (:func:`lcx.sharding.layout.apply_layout`'s NumPy path).
     """
+    if layout in PER_ROW:
+        perm = row_permutations(layout, batch["positions"], batch["segment_ids"], degree, block=block)
+        return {k: np.take_along_axis(v, perm, axis=-1) for k, v in batch.items()}
     return {k: v.take(layout_permutation(layout, v.shape[-1], degree), axis=-1) for k, v in batch.items()}
 
 
@@ -44,8 +49,10 @@ class Rows:
     Attributes:
       seq_len: S, tokens per row.
       global_batch: B, rows per batch.
-      layout: sequence layout, ``"contiguous"`` or ``"zigzag"`` (:mod:`lcx.sharding.layout`).
+      layout: sequence layout, ``"contiguous"``, ``"zigzag"`` or ``"balanced"``
+        (:mod:`lcx.sharding.layout`).
       context_degree: context-parallel degree P (the layout's chunk count is P or 2P).
+      layout_block: the kernels' tile in tokens (the balanced layout's shortest chunk).
     """
 
     _: dataclasses.KW_ONLY
@@ -53,6 +60,7 @@ class Rows:
     global_batch: int
     layout: str = "contiguous"
     context_degree: int = 1
+    layout_block: int = BALANCED_BLOCK
 
     def __post_init__(self) -> None:
         self.seq_len, self.global_batch = int(self.seq_len), int(self.global_batch)
@@ -60,7 +68,7 @@ class Rows:
 
     def lay_out(self, batch: Mapping[str, np.ndarray]) -> Batch:
         """``batch`` in this layout (:func:`lay_out`)."""
-        return lay_out(batch, self.layout, self.context_degree)
+        return lay_out(batch, self.layout, self.context_degree, self.layout_block)
 
     def batch_index(self, i: int, n: int) -> int:
         """Evaluation batch ``i`` of ``n`` as an index in ``[0, n)`` (negative counts from the end).
@@ -147,10 +155,12 @@ class BatchSpec:
     Attributes:
       seq_len: S, tokens per row.
       global_batch: B, rows per training batch.
-      layout: sequence layout, ``"contiguous"`` or ``"zigzag"`` (:mod:`lcx.sharding.layout`).
+      layout: sequence layout, ``"contiguous"``, ``"zigzag"`` or ``"balanced"``
+        (:mod:`lcx.sharding.layout`).
       context_degree: context-parallel degree P.
       seed: the training stream's seed.
       val_global_batch: rows per evaluation batch.
+      layout_block: the kernels' tile in tokens (the balanced layout's shortest chunk).
     """
 
     seq_len: int
@@ -159,6 +169,7 @@ class BatchSpec:
     context_degree: int
     seed: int
     val_global_batch: int
+    layout_block: int = BALANCED_BLOCK
 
     def rows(self, *, val: bool = False) -> dict[str, Any]:
         """The :class:`Rows` keywords of the training batches (``val``: the evaluation batches)."""
@@ -167,6 +178,7 @@ class BatchSpec:
             "global_batch": self.val_global_batch if val else self.global_batch,
             "layout": self.layout,
             "context_degree": self.context_degree,
+            "layout_block": self.layout_block,
         }
 
 

@@ -169,6 +169,7 @@ def prepare(cfg: DictConfig, devices=None) -> Run:
         layout=mp.plan.attention.layout,
         context_degree=mp.context_degree,
         seed=int(t.seed),
+        layout_block=max(mp.plan.attention.block_q, mp.plan.attention.block_kv),
     )
     hw = hardware_from_config(cfg.hardware, len(devices))
     flops = training_flops(model_cfg, int(t.seq_len), int(t.global_batch), window=model_cfg.sliding_window)

@@ -90,6 +90,7 @@ def passkey_grid(
             global_batch=global_batch,
             layout=layout,
             context_degree=degree,
+            layout_block=max(mp.plan.attention.block_q, mp.plan.attention.block_kv),
             digits=digits,
             depths=[float(d) for d in depths],
             per_depth=per_depth,
@@ -97,9 +98,11 @@ def passkey_grid(
         )
         preds, nlls = [], []
         for i in range(len(ev)):
-            p, n = forward(model, put_batch(ev[i], sharding))
-            preds.extend(undo_layout(np.asarray(p), layout, degree, axis=-1))
-            nlls.extend(undo_layout(np.asarray(n), layout, degree, axis=-1))
+            batch = ev[i]
+            p, n = forward(model, put_batch(batch, sharding))
+            ids = {"positions": batch["positions"], "segment_ids": batch["segment_ids"]}  # balanced: per row
+            preds.extend(undo_layout(np.asarray(p), layout, degree, axis=-1, **ids))
+            nlls.extend(undo_layout(np.asarray(n), layout, degree, axis=-1, **ids))
         by_depth: dict[float, list] = {}
         for ex, pred, nll in zip(ev.examples, preds, nlls):  # padding rows of the last batch drop out here
             ok = pred[ex.answer_pos] == ex.arrays["targets"][ex.answer_pos]
