@@ -11,9 +11,13 @@ load_balance.yaml), device r's queries are the r-th block of the laid-out sequen
   follows work. The minimum of ``repeats`` runs after a warm-up: on a shared machine other
   jobs only ever add time, so the minimum is the least disturbed measurement.
 
-Writes ``experiments/results/load_balance.csv`` and ``.png``.
+Writes ``experiments/results/load_balance.csv`` and ``.png``. With ``--documents``, the packed-
+document rows instead (experiments/_documents.py: lcx's stdlib and passkey data, contiguous,
+zigzag and balanced, visible pairs per device and executed / visible kernel tiles, counted
+exactly): ``experiments/results/load_balance_documents.csv`` and ``.png``.
 
     python experiments/load_balance.py          # ~1-3 min on 2 cores
+    python experiments/load_balance.py --documents   # a few minutes; nothing compiles
     python experiments/load_balance.py load_balance.seq_len=4096 load_balance.repeats=1
 """
 
@@ -129,14 +133,30 @@ def plot(rows: list[dict], path: pathlib.Path, note: str = "") -> pathlib.Path:
     return C.save_figure(fig, path)
 
 
+def documents(spec, out: pathlib.Path) -> int:
+    """The packed-document rows of every (data, length) of ``spec``; CSV and plot."""
+    import _documents as D
+
+    rows = []
+    for data in spec.data:
+        for S in spec.seq_lens:
+            rows += D.measure(str(data), int(S), [int(p) for p in spec.degrees], int(spec.rows), int(spec.block))
+    C.write_csv(rows, out.with_suffix(".csv"))
+    D.plot(rows, out.with_suffix(".png"))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-time", action="store_true", help="count work only (seconds, no kernel runs)")
+    ap.add_argument("--documents", action="store_true", help="the packed-document rows (counted, not timed)")
     ap.add_argument("--out", type=pathlib.Path, default=C.RESULTS / NAME)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. load_balance.seq_len=4096")
     a = ap.parse_args(argv)
     cfg = C.compose(NAME, a.overrides)
     lb = cfg.load_balance
+    if a.documents:
+        return documents(lb.documents, a.out.parent / f"{a.out.name}_documents")
     rows = work_rows(int(lb.seq_len), [int(p) for p in lb.degrees], list(lb.layouts))
     if not a.no_time:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -19,6 +19,7 @@ from collections import defaultdict
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+from report_balance import load_balance_documents  # noqa: E402
 from report_time import (  # noqa: E402
     ledger_calibration,
     ledger_calibration_ranking,
@@ -378,6 +379,7 @@ TABLES = {
         ledger_calibration_summary,
         ledger_calibration_ranking,
         time_model_parameters,
+        load_balance_documents,
     )
 }
 PATTERN = re.compile(r"(<!-- BEGIN (\w+) -->\n)(.*?)(<!-- END \2 -->)", re.S)

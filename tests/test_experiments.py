@@ -199,6 +199,26 @@ def test_load_balance_work_counts(tmp_path):
     assert (tmp_path / "lb.png").stat().st_size > 10_000
 
 
+def test_load_balance_documents_counts_packed_rows(tmp_path):
+    import csv
+
+    import load_balance
+
+    argv = ["--documents", "--out", str(tmp_path / "lb")]
+    argv += [
+        "load_balance.documents.rows=2",
+        "load_balance.documents.seq_lens=[8192]",
+        "load_balance.documents.degrees=[4]",
+    ]
+    assert load_balance.main(argv) == 0
+    rows = list(csv.DictReader((tmp_path / "lb_documents.csv").open()))
+    need = {"data", "layout", "seq_len", "P", "max_over_mean", "executed_over_visible_tiles"}
+    assert need <= set(rows[0]) and len(rows) == 2 * 3  # stdlib, passkey x three layouts
+    by = {(r["data"], r["layout"]): float(r["max_over_mean"]) for r in rows}
+    assert by[("stdlib", "balanced")] <= by[("stdlib", "zigzag")] and by[("passkey", "zigzag")] == 1.0
+    assert (tmp_path / "lb_documents.png").stat().st_size > 10_000
+
+
 def test_ledger_reproduction_agrees_at_published_precision(tmp_path):
     import ledger_reproduction as lr
 

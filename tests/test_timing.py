@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import pathlib
 import subprocess
@@ -111,6 +112,9 @@ def test_ledger_calibration_meets_its_hold_out_targets_with_the_presets_values(t
         cwd=ROOT,
         timeout=600,
     ).stdout
+    rows = list(csv.DictReader((tmp_path / "c.csv").open()))
+    assert {"source", "row", "fitted", "published_s", "predicted_s", "error"} <= set(rows[0])
+    assert (tmp_path / "c.png").exists() and (tmp_path / "c_ranking.csv").exists()
     held = next(x for x in out.splitlines() if x.startswith("held out:"))
     n, med = int(held.split()[2]), float(held.split("median |error| ")[1].split("%")[0])
     assert n >= 6 and med <= 10.0, held

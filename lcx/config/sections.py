@@ -67,7 +67,7 @@ MemorySchema = make_schema(
 )
 PlannerSchema = make_schema(
     "PlannerSchema", "``planner:`` of ``conf/plan_config.yaml``.",
-    search=bool, rows=str, probe_cpu=bool,
+    search=bool, rows=str, probe_cpu=bool, packed_documents=bool,
 )
 EvalSchema = make_schema(
     "EvalSchema", "``eval:`` of ``conf/eval_config.yaml``.",

@@ -24,17 +24,26 @@ from lcx.cost.timing import ROOFLINE, StepTime, StepWork
 from lcx.sharding import Plan
 
 
-def causal_imbalance(layout: str, degree: int) -> float:
+def causal_imbalance(layout: str, degree: int, *, packed_documents: bool = False, seq_len: int = 0) -> float:
     """Max/mean causal attention work over ``degree`` devices, counted in chunk-pair cells.
+
+    With ``packed_documents`` (rows pack several documents under a document mask) the value is
+    the layout's measured one on lcx's packed data at the nearest measured ``(seq_len, degree)``
+    (:func:`lcx.cost.balance.packed_imbalance`); the rest of this docstring is one document.
 
     The sequence is cut into ``2P`` chunks; the causal work of chunk pair (i, j <= i) is one cell
     off the diagonal and half a cell on it ((2P)^2 / 2 in all). Contiguous: device r holds chunks
     2r, 2r+1 and does ``4r + 2`` cells (2, 6, 10, 14 for P=4), max/mean ``(2P - 1) / P`` (1.75 at P=4, 1.875
     at P=8). Zigzag: device r holds chunks r and 2P-1-r, exactly ``2P`` cells each: 1.0.
     (Counted here; exact at the token level up to the diagonal, see
-    :func:`lcx.sharding.causal_work_per_device`.)
+    :func:`lcx.sharding.causal_work_per_device`.) Balanced: on one document its equal-count
+    chunk assignment equalises the work as zigzag does: 1.0.
     """
-    if degree <= 1 or layout == "zigzag":
+    if packed_documents and degree > 1:
+        from lcx.cost.balance import packed_imbalance
+
+        return packed_imbalance(layout, seq_len, degree)
+    if degree <= 1 or layout in ("zigzag", "balanced"):
         return 1.0
     if layout != "contiguous":
         raise ValueError(f"unknown layout {layout!r}")
@@ -270,7 +279,9 @@ def estimate(
     a = plan.attention
     # Ulysses computes all S tokens of its heads (balanced); a ring (or USP's ring of P/U ranks,
     # each holding U consecutive chunks after the all-to-all) inherits the layout's imbalance
-    imb = causal_imbalance(a.layout, strategy.imbalance_degree(P, U))
+    imb = causal_imbalance(
+        a.layout, strategy.imbalance_degree(P, U), packed_documents=st.packed_documents, seq_len=seq_len
+    )
     lin_rec = _linear_recompute(cfg, seq_len, global_batch, policy)
     att_replay = (rec - lin_rec) / n_devices * imb
     peak = hw.peak_flops_per_device

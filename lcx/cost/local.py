@@ -35,6 +35,9 @@ class StepArgs(TypedDict, total=False):
       param_dtype: parameter, gradient and optimizer-state dtype name (default ``float32``).
       tie_embeddings: the output head is the embedding's transpose (no ``head`` parameter;
         default False).
+      packed_documents: rows pack several documents under a causal + document mask, so each
+        layout's causal imbalance is its measured one (:mod:`lcx.cost.balance`; default False:
+        one document per row).
     """
 
     seq_len: Required[int]
@@ -42,6 +45,7 @@ class StepArgs(TypedDict, total=False):
     dtype: str
     param_dtype: str
     tie_embeddings: bool
+    packed_documents: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,12 +57,16 @@ class StepSizes:
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
     tie_embeddings: bool = False
+    packed_documents: bool = False
 
     @classmethod
-    def of_model(cls, cfg: Any, seq_len: int, global_batch: int) -> StepSizes:
+    def of_model(cls, cfg: Any, seq_len: int, global_batch: int, *, packed_documents: bool = False) -> StepSizes:
         """``global_batch`` sequences of ``seq_len`` tokens in a model config's dtypes and head
-        (``dtype``, ``param_dtype``, ``tie_embeddings`` of :class:`lcx.models.ModelConfig`)."""
-        return cls(seq_len, global_batch, cfg.dtype, cfg.param_dtype, bool(cfg.tie_embeddings))
+        (``dtype``, ``param_dtype``, ``tie_embeddings`` of :class:`lcx.models.ModelConfig`);
+        ``packed_documents``: rows pack several documents under a document mask (the model's
+        ``document_mask`` must be on for it to count)."""
+        packed = bool(packed_documents and getattr(cfg, "document_mask", False))
+        return cls(seq_len, global_batch, cfg.dtype, cfg.param_dtype, bool(cfg.tie_embeddings), packed)
 
     def args(self) -> StepArgs:
         """The keywords again (to pass on as ``**step``)."""
@@ -68,6 +76,7 @@ class StepSizes:
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             tie_embeddings=self.tie_embeddings,
+            packed_documents=self.packed_documents,
         )
 
 

@@ -207,6 +207,7 @@ def candidate_plans(
     *,
     attention: AttentionConfig | None = None,
     kernel: str | None = None,
+    packed_documents: bool = False,
 ) -> list[tuple[Plan, str]]:
     """Every valid (plan, param sharding) for this model, length, batch and device count.
 
@@ -215,7 +216,9 @@ def candidate_plans(
     ``{data: d, context: P}`` for all-gather, ring and A2A, ``{data: d, ulysses: U, ring: P/U}``
     for USP with ``1 < U < P``), in registry order; each with parameters replicated or ZeRO-3
     sharded along ``embed`` over every mesh axis. Plans that :meth:`~lcx.sharding.Plan.validate`
-    refuses (heads, divisibility, layout) are dropped.
+    refuses (heads, divisibility, layout) are dropped. The layout is the first of zigzag,
+    contiguous that applies; with ``packed_documents`` the balanced layout comes first (it
+    balances packed documents, which zigzag does not: :mod:`lcx.cost.balance`).
     """
     base = attention or AttentionConfig()
     kern = kernel or base.kernel
@@ -230,7 +233,7 @@ def candidate_plans(
                 params = (("embed", names[0] if len(names) == 1 else names),) if sharding == "zero3" else ()
                 # zigzag balances causal work; when S is not a multiple of 2P, fall back to the
                 # contiguous layout (priced with its causal imbalance) rather than drop the plan
-                for layout in ("zigzag", "contiguous"):
+                for layout in ("balanced", "zigzag", "contiguous")[0 if packed_documents else 1 :]:
                     att = dataclasses.replace(base, strategy=strat, kernel=kern, layout=layout, **dict(sm.attention))
                     try:
                         plan = Plan(
@@ -238,7 +241,7 @@ def candidate_plans(
                             params=params,
                             activations=(("batch", "data"), ("seq", sm.seq)),
                             attention=att,
-                            name=sm.name if layout == "zigzag" else f"{sm.name}(contig)",
+                            name=sm.name + {"zigzag": "", "contiguous": "(contig)", "balanced": "(balanced)"}[layout],
                         )
                         plan.validate(n_devices, dims=dims, seq_len=seq_len, global_batch=global_batch)
                     except PlanError:
@@ -290,7 +293,9 @@ def price(q: Query) -> list[Candidate]:
     vocabulary tile count that does not divide the local sequence becomes the nearest that does)."""
     n, st = q.n_devices, q.step
     cands: list[Candidate] = []
-    for plan, sharding in candidate_plans(q.cfg, n, st.seq_len, st.global_batch, attention=q.attention):
+    for plan, sharding in candidate_plans(
+        q.cfg, n, st.seq_len, st.global_batch, attention=q.attention, packed_documents=st.packed_documents
+    ):
         # lcx.train tiles the local sequence: a tile count that does not divide it becomes the
         # nearest that does (a policy that then repeats another is priced once)
         T = st.seq_len // plan.context_degree(n)

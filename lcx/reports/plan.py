@@ -82,7 +82,8 @@ class _Job:
       devices_per_chip, n: devices per chip and in all; S: tokens per sequence; B: sequences per
         step; policy: the activation policy priced; rows: ``planner.rows`` (best | all);
       placeholder: the peak FLOP/s is cpu's placeholder (no probe); host_ram: (bytes, source) of
-        the available host RAM on cpu, else None.
+        the available host RAM on cpu, else None; packed: ``planner.packed_documents`` (rows
+        pack several documents: each layout's measured imbalance, :mod:`lcx.cost.balance`).
     """
 
     model: Any
@@ -97,6 +98,7 @@ class _Job:
     rows: str
     placeholder: bool
     host_ram: tuple[float, str] | None
+    packed: bool = False
 
 
 def _job(cfg: DictConfig) -> _Job:
@@ -161,6 +163,7 @@ def _job(cfg: DictConfig) -> _Job:
         rows=rows,
         placeholder=hwn.get("peak_flops_per_device") is None and not probe,  # cpu without the probe
         host_ram=host_ram,
+        packed=bool(cfg.planner.get("packed_documents", False)),
     )
 
 
@@ -215,7 +218,7 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
         MemoryOptions(vocab_tiling=policy.vocab_tiling).check_tiling(S // P, seq_len=S, context_degree=P)
         say(f"== describe(): the given plan (plan={given.name}); parameters from {source}")
         say(describe(given, n, [*arrays, *activation_arrays(m, S, B, m.dtype)]))
-        step = StepSizes.of_model(m, S, B).args()
+        step = StepSizes.of_model(m, S, B, packed_documents=job.packed).args()
         e = estimate(m, given, hw, n, policy=policy, window=m.sliding_window, **step)
     except (PlanError, ValueError) as err:
         say(f"== the given plan (plan={given.name}) does not apply here: {err}")
@@ -275,7 +278,8 @@ def _search(job: _Job, given, arrays, say) -> dict[str, Any]:
 
     m, hw, n, S, B = job.model, job.hw, job.n, job.S, job.B
     attention = dataclasses.replace(given.attention)
-    rec = search(m, hw, n, attention=attention, window=m.sliding_window, **StepSizes.of_model(m, S, B).args())
+    step = StepSizes.of_model(m, S, B, packed_documents=job.packed).args()
+    rec = search(m, hw, n, attention=attention, window=m.sliding_window, **step)
     if not rec.candidates:
         # an empty table and a blank recommendation say nothing: say which split failed
         from lcx.cost.planner import no_candidates_reason
