@@ -45,7 +45,7 @@ def attention(
 ) -> Float[Array, "B T N H"] | tuple[Float[Array, "B T N H"], Float[Array, "B T N"]]:
     """Context-parallel softmax attention ``softmax(q k^T / sqrt(H) + mask) v`` on global arrays.
 
-    The sequence layout (contiguous or zigzag) is whatever the data pipeline applied: positions
+    The sequence layout (contiguous, zigzag or balanced) is whatever the data pipeline applied: positions
     and segment ids are global and travel with their tokens, so results do not depend on it.
     Only ``positions=None`` reads the layout: it stands for ``arange(T)`` laid out as the plan
     says (``plan.attention.layout`` over the context degree, :func:`lcx.sharding.apply_layout`),

@@ -1,7 +1,7 @@
 """Attention masks as predicates on global positions and segment ids.
 
 Every mask lcx supports is a function of ``(q_pos, k_pos, q_seg, k_seg)`` only, so one kernel
-path serves every sequence layout (contiguous, zigzag) and every context-parallel strategy: the
+path serves every sequence layout (contiguous, zigzag, balanced) and every context-parallel strategy: the
 positions and segment ids travel with their tokens (and, in ring steps, with K/V).
 
 **Padding.** A NEGATIVE segment id marks a padding token, whatever the mask: it sees no key and

@@ -2,7 +2,7 @@
 corpus source (``data=stdlib`` / ``data=text``, :func:`corpus_data`).
 
 A batch is a dict of five arrays ``[global_batch, seq_len]`` (see :mod:`lcx.data.packing`), with
-the sequence layout (contiguous or zigzag, :mod:`lcx.sharding.layout`) applied ONCE, to all five
+the sequence layout (contiguous, zigzag or balanced, :mod:`lcx.sharding.layout`) applied ONCE, to all five
 together, here on the host. Nothing downstream un-permutes it.
 """
 

@@ -109,7 +109,8 @@ class AttentionConfig:
         Fang & Zhao 2024, arXiv:2405.07719).
       kernel: per-device kernel, ``xla`` (blockwise flash attention in plain JAX) or ``splash``
         (Pallas splash attention; interpret mode off TPU).
-      layout: sequence layout applied once in the data pipeline, ``contiguous`` or ``zigzag``.
+      layout: sequence layout applied once in the data pipeline, ``contiguous``, ``zigzag`` or
+        ``balanced`` (per row, from its positions and segment ids: packed documents).
       ulysses_axis: USP only: the mesh axis of the all-to-all.
       ring_axis: USP only: the mesh axis of the ring.
       allow_kv_replication: A2A/USP: when the Ulysses degree exceeds the number of KV heads and is

@@ -74,7 +74,7 @@ def vocab_tiled_loss_sum_and_count(
     The split keeps the sequence sharding: ``S`` is viewed as ``[seq_shards, T]`` (the shard
     index major, as the sequence axis is sharded) and each tile takes ``T / tiles`` tokens of
     every shard, so no tile moves data between devices. The sum is order-free, so any layout
-    (contiguous, zigzag) gives the untiled result up to float32 summation order.
+    (contiguous, zigzag, balanced) gives the untiled result up to float32 summation order.
 
     Args:
       h: ``[B, S, D]`` final-norm output in the compute dtype.
