@@ -299,6 +299,7 @@ def yaml_nodes(x, rows, table) -> str:
         lines += [
             f"# {hw}",
             "time_model:",
+            "  source: fitted by experiments/ledger_calibration.py to MaxText's published steps (docs/time_model.md)",
             f"  attention_efficiency: {{{', '.join(f'{k}: {v:.4f}' for k, v in m.attention_efficiency.items())}}}",
             f"  default_attention_efficiency: {m.default_attention_efficiency:.4f}",
             f"  linear_efficiency: {m.linear_efficiency:.4f}",
