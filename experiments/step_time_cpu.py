@@ -31,15 +31,15 @@ import json
 import math
 import os
 import pathlib
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+
+from lcx.cost.probes import busy_cpu_s, run_with_load  # noqa: E402
 
 NAME = "step_time_cpu"
 MODELS = {
@@ -68,6 +68,7 @@ def block(seq_len: int) -> int:
     return min(512, seq_len // 8)
 
 
+QUIET = 0.1  # runs beside other processes that used less of the machine than this are "quiet"
 RANK_GAP = 0.15  # measured steps this far apart must be ordered the same by the prediction
 
 
@@ -80,16 +81,6 @@ def run_name(model: str, strategy: str, seq_len: int, remat: str) -> str:
     return f"{model}-{strategy}-{seq_len}-{remat}"
 
 
-def _busy_s() -> float:
-    """Seconds the machine's CPUs have been busy since boot, all processes (``/proc/stat``; 0
-    where it cannot be read)."""
-    try:
-        v = [int(x) for x in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except (OSError, ValueError):
-        return 0.0
-    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
-
-
 def launch(sweep: pathlib.Path, rerun_above: float | None = None) -> None:
     """Train every grid point not already under ``sweep`` (a rerun resumes the grid).
 
@@ -97,7 +88,7 @@ def launch(sweep: pathlib.Path, rerun_above: float | None = None) -> None:
     processes used meanwhile (``foreign_share``: busy CPU time not the run's, over wall time x
     cores): the simulated devices share the cores with everything else on the machine, so a run
     beside another job measures both. ``rerun_above``: train again the runs whose share exceeds it
-    (or is unknown).
+    (or is unknown), each once the machine is quiet (:func:`wait_quiet`).
     """
     for model, strategy, seq_len, remat in grid():
         d = sweep / run_name(model, strategy, seq_len, remat)
@@ -106,17 +97,27 @@ def launch(sweep: pathlib.Path, rerun_above: float | None = None) -> None:
             if rerun_above is None or (share is not None and share <= rerun_above):  # unknown: again
                 continue
             shutil.rmtree(d)
+            wait_quiet()
         b = block(seq_len)
         ov = [*MODELS[model], f"plan={strategy}", f"train.seq_len={seq_len}", f"model.remat={remat}", *COMMON]
         ov += [f"plan.attention.block_q={b}", f"plan.attention.block_kv={b}"]
         cmd = [sys.executable, "-m", "lcx.train", f"hydra.run.dir={d}", *ov]
         print("+", " ".join(cmd), flush=True)
-        r0, b0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), _busy_s(), time.perf_counter()
-        subprocess.run(cmd, cwd=C.ROOT, check=True)
-        r1, busy, wall = resource.getrusage(resource.RUSAGE_CHILDREN), _busy_s() - b0, time.perf_counter() - t0
-        cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
-        share = max(0.0, busy - cpu) / (wall * (os.cpu_count() or 1)) if busy else None
-        (d / "load.json").write_text(json.dumps({"wall_s": wall, "cpu_s": cpu, "foreign_share": share}))
+        _, load = run_with_load(cmd, cwd=C.ROOT, check=True)
+        (d / "load.json").write_text(json.dumps(load))
+
+
+def wait_quiet(limit_s: float = 60.0, window_s: float = 3.0) -> float:
+    """Wait (at most ``limit_s`` seconds) until other processes use less than :data:`QUIET` of
+    the machine over ``window_s``; the share last seen."""
+    t0, share = time.perf_counter(), 1.0
+    while time.perf_counter() - t0 < limit_s:
+        b0 = busy_cpu_s()
+        time.sleep(window_s)
+        share = (busy_cpu_s() - b0) / (window_s * (os.cpu_count() or 1))
+        if share < QUIET:
+            break
+    return share
 
 
 def _load(d: pathlib.Path) -> dict:
@@ -215,9 +216,12 @@ def check(rows: list[dict]) -> list[str]:
     worst = sorted(rows, key=lambda r: -abs(r["error"]))[:3]
     pairs = ranking(rows)
     bad = [p for p in pairs if not p["same_order"]]
+    quiet = [abs(r["error"]) for r in rows if r["foreign_share"] <= QUIET]
     lines = [
         f"{len(rows)} runs: median |error| {100 * med:.1f}% (target <= 20%: {'met' if med <= 0.2 else 'MISSED'}); "
         f"roofline median |error| {100 * roof:.1f}%",
+        f"{len(quiet)} runs with other processes under {100 * QUIET:.0f}% of the machine: median |error| "
+        + (f"{100 * statistics.median(quiet):.1f}%" if quiet else "-"),
         "worst: "
         + "; ".join(
             f"{r['model']}/{r['strategy']}/{r['seq_len']}/{r['remat']} {100 * r['error']:+.1f}%" for r in worst
@@ -235,12 +239,13 @@ def check(rows: list[dict]) -> list[str]:
 
 def markdown(rows: list[dict]) -> str:
     """The CSV as a Markdown table (docs/time_model_cpu.md quotes it)."""
-    head = "| model | strategy | seq_len | remat | measured s | predicted s | error | roofline s |"
-    lines = [head, "|" + "---|" * 8]
+    head = "| model | strategy | seq_len | remat | measured s | predicted s | error | roofline s | others' share |"
+    lines = [head, "|---|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['strategy']} | {r['seq_len']:,} | {r['remat']} | {r['measured_s']:.2f} | "
-            f"{r['predicted_s']:.2f} | {100 * r['error']:+.1f}% | {r['roofline_s']:.2f} |"
+            f"{r['predicted_s']:.2f} | {100 * r['error']:+.1f}% | {r['roofline_s']:.2f} | "
+            f"{100 * r['foreign_share']:.0f}% |"
         )
     return "\n".join(lines)
 

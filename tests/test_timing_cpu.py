@@ -147,9 +147,22 @@ def test_step_time_cpu_gather_rank_and_csv(tmp_path, cache):
     for r in rows:
         assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
         assert r["predicted_s"] > r["roofline_s"]  # achieved rates below peak
+    assert S.check(rows)[0].startswith("4 runs: median |error|")
     fake = [
         {"model": "m", "seq_len": 1, "remat": "none", "strategy": s, "measured_s": m, "predicted_s": p}
         for s, m, p in (("a", 1.0, 1.0), ("b", 1.1, 0.9), ("c", 2.0, 0.5))
     ]
     pairs = S.ranking(fake)
     assert [(p["faster"], p["slower"], p["same_order"]) for p in pairs] == [("a", "c", False), ("b", "c", False)]
+
+
+def test_probes_beside_another_job_are_measured_again(cache, monkeypatch):
+    shares = iter([0.5, 0.02, 0.0])
+    calls = []
+
+    def measure(n):
+        calls.append(n)
+        return probes.Probes(**{**STUB.__dict__, "foreign_share": next(shares)})
+
+    p = probes.cpu_probes(8, measure=measure)
+    assert (len(calls), p.foreign_share) == (2, 0.02)  # the quiet second try is kept

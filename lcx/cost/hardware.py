@@ -121,19 +121,36 @@ def cache_path() -> pathlib.Path:
     return pathlib.Path(os.environ.get("LCX_CACHE", pathlib.Path.home() / ".cache" / "lcx")) / "cpu_peak.json"
 
 
+def read_cache() -> dict[str, Any]:
+    """The CPU probes' cache, ``{key: measurement}`` (empty when missing or unreadable)."""
+    try:
+        data = json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(key: str, value: Any) -> None:
+    """Store ``value`` under ``key`` in the CPU probes' cache (where it cannot be written, the
+    next process measures again)."""
+    data = read_cache()
+    data[key] = value
+    try:
+        cache_path().parent.mkdir(parents=True, exist_ok=True)
+        cache_path().write_text(json.dumps(data))
+    except OSError:
+        pass
+
+
 def cpu_peak_flops(n: int = 2048, repeats: int = 3) -> float:
     """Host float32 matmul rate in FLOP/s (best of ``repeats`` runs of an n^3 matmul), cached.
 
     The probe runs once per machine (cache key: core count and n) on the first CPU device.
     """
-    cache = cache_path()
     key = f"{os.cpu_count()}cpu-n{n}"
-    try:
-        data = json.loads(cache.read_text())
-        if key in data:
-            return float(data[key])
-    except (OSError, ValueError):
-        data = {}
+    cached = read_cache().get(key)
+    if cached is not None:
+        return float(cached)
     import jax
     import jax.numpy as jnp
 
@@ -147,12 +164,7 @@ def cpu_peak_flops(n: int = 2048, repeats: int = 3) -> float:
         f(a).block_until_ready()
         best = min(best, time.perf_counter() - t0)
     rate = 2.0 * n**3 / best
-    data[key] = rate
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(data))
-    except OSError:
-        pass
+    write_cache(key, rate)
     return rate
 
 
