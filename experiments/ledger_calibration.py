@@ -138,7 +138,11 @@ def comparison_rows(spec) -> list[Row]:
             (sm,) = meshes
             names = tuple(m for m, _ in sm.mesh)
             att = AttentionConfig(
-                strategy=str(r.strategy), kernel=str(c.kernel), layout="zigzag", block_q=block, block_kv=block
+                strategy=str(r.strategy),
+                kernel=str(c.kernel),
+                layout=str(r.get("layout", "zigzag")),
+                block_q=block,
+                block_kv=block,
             )
             att = dataclasses.replace(att, **dict(sm.attention))
             plan = Plan(

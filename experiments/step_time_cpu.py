@@ -146,7 +146,7 @@ def probed_cpu(n_devices: int = 8):
     """The ``cpu`` preset as conf/hardware/cpu.yaml is now, its time model probed (cached)."""
     from lcx.cost import hardware_from_config
 
-    return hardware_from_config(C.compose(overrides=["hardware=cpu"]).hardware, n_devices)
+    return hardware_from_config(C.compose(overrides=["hardware=cpu"]).hardware, n_devices, probe_time_model=True)
 
 
 def gather(sweep: pathlib.Path, hw=None) -> list[dict]:

@@ -54,7 +54,7 @@ def test_cpu_preset_asks_for_probes():
 
 
 def test_probed_preset_builds_a_time_model_once(cache):
-    hw = hardware_from_config(cpu_node(), 8)
+    hw = hardware_from_config(cpu_node(), 8, probe_time_model=True)
     tm = hw.time_model
     assert isinstance(tm, TimeModel)
     assert tm.attention_efficiency == {"xla": 0.25}
@@ -64,10 +64,16 @@ def test_probed_preset_builds_a_time_model_once(cache):
     assert hw.peak_flops_per_device == STUB.host_peak_flops / 8
     # one link per device: a collective's per-device bandwidth is the probed one
     assert hw.collective_bandwidth_per_device == hw.p2p_bandwidth_per_device == 1e9
-    assert hardware_from_config(cpu_node(), 8).time_model == tm
+    assert hardware_from_config(cpu_node(), 8, probe_time_model=True).time_model == tm
     assert cache == [8]  # measured once, then read from the cache
     data = json.loads((pathlib.Path(hwmod.cache_path())).read_text())
     assert any(k.endswith(f"probes-v{probes.PROBE_VERSION}-d8") for k in data)
+
+
+def test_training_never_runs_the_time_model_probes(cache):
+    """lcx.train reads the hardware without probe_time_model: only the (cached) peak."""
+    hw = hardware_from_config(cpu_node(), 8)
+    assert hw.time_model is None and cache == []
 
 
 def test_probe_false_measures_nothing(cache, monkeypatch):
@@ -81,7 +87,7 @@ def test_probe_false_measures_nothing(cache, monkeypatch):
 
 
 def test_time_model_keys_beside_probe_override_the_probes(cache):
-    hw = hardware_from_config(cpu_node(probe=True, ring_overlap=0.5, linear_efficiency=0.9), 8)
+    hw = hardware_from_config(cpu_node(probe=True, ring_overlap=0.5, linear_efficiency=0.9), 8, probe_time_model=True)
     assert hw.time_model is not None
     assert (hw.time_model.ring_overlap, hw.time_model.linear_efficiency) == (0.5, 0.9)
     assert hw.time_model.attention_efficiency == {"xla": 0.25}
@@ -90,7 +96,7 @@ def test_time_model_keys_beside_probe_override_the_probes(cache):
 def test_preset_bandwidth_wins_over_the_probe(cache):
     node = cpu_node()
     node.ici_bandwidth_per_chip = 5e9
-    assert hardware_from_config(node, 8).ici_bandwidth_per_chip == 5e9
+    assert hardware_from_config(node, 8, probe_time_model=True).ici_bandwidth_per_chip == 5e9
 
 
 def test_probe_on_a_tpu_preset_is_refused():

@@ -222,7 +222,9 @@ def _flags(v: Any) -> tuple[str, ...]:
     return tuple(str(x) for x in v)
 
 
-def hardware_from_config(node: Any, n_devices: int | None = None, *, probe: bool = True) -> Hardware:
+def hardware_from_config(
+    node: Any, n_devices: int | None = None, *, probe: bool = True, probe_time_model: bool = False
+) -> Hardware:
     """Build :class:`Hardware` from the Hydra ``hardware`` node.
 
     Args:
@@ -231,6 +233,10 @@ def hardware_from_config(node: Any, n_devices: int | None = None, *, probe: bool
       probe: on ``cpu`` with ``peak_flops_per_device: null``, measure the host (cached). If
         False, a placeholder of 1e9 FLOP/s per device is used (planner on a TPU preset never
         needs it).
+      probe_time_model: also run the cpu preset's time-model probes (``time_model: {probe:
+        true}``, :mod:`lcx.cost.probes`; cached, about 25 s once per machine) -- the planner and
+        ``experiments/step_time_cpu.py`` ask for them; training never does (it needs only the
+        peak, for MFU). False: a probed time model is left out (None).
 
     Raises:
       ValueError: a non-CPU preset without ``peak_flops_per_device``.
@@ -244,7 +250,7 @@ def hardware_from_config(node: Any, n_devices: int | None = None, *, probe: bool
         peak = (cpu_peak_flops() if probe else 1e9 * devs) / devs
     hbm = _get(node, "hbm_bytes")
     chips = _get(node, "chips")
-    tm, ici = _time_model(node, name, n_devices, probe)
+    tm, ici = _time_model(node, name, n_devices, probe and probe_time_model)
     return Hardware(
         name=name,
         peak_flops_per_device=float(peak),

@@ -301,7 +301,7 @@ def estimate(
     else:
         block, cmin = 0, 0.0
     host_bytes = host_transfer_bytes(mem, policy)
-    work = _step_work(cfg, a, com, seq_len, window, n_devices, imb, flops.attention, att_replay)
+    work = _step_work(cfg, a, com, seq_len, window, n_devices, imb, flops.attention, att_replay, P)
     work = dataclasses.replace(
         work,
         linear_flops=(flops.linear + lin_rec) / n_devices,
@@ -339,9 +339,13 @@ def estimate(
     )
 
 
-def _step_work(cfg, a, com: CommBytes, seq_len, window, n, imb, model_attention, replay) -> StepWork:
+def _step_work(cfg, a, com: CommBytes, seq_len, window, n, imb, model_attention, replay, P) -> StepWork:
     """The per-device :class:`~lcx.cost.timing.StepWork` of the attention and collectives (the
-    rates and the linear part are filled in by :func:`estimate`)."""
+    rates and the linear part are filled in by :func:`estimate`).
+
+    Block waste under a causal mask: the diagonal tiles run whole, ``1 + block / S``; but a tile
+    longer than the layout's chunk (zigzag ``S / 2P``, balanced ``S / kP``) holds tokens of two
+    distant chunks, so the kernels' block test skips nothing and every pair runs: 2x."""
     L = cfg.n_layers
     passes = 2 + (replay > 0)
     block = a.block_kv or a.block_q or 512
@@ -350,7 +354,7 @@ def _step_work(cfg, a, com: CommBytes, seq_len, window, n, imb, model_attention,
         attention_flops=model_attention / n * imb,
         attention_replay_flops=replay,
         linear_flops=0.0,
-        block_waste=1.0 + min(block, span) / span,
+        block_waste=_block_waste(a.layout, block, seq_len, span, P),
         kernel=a.kernel or "xla",
         head_dim=cfg.head_dim,
         kernel_calls=0,
@@ -367,6 +371,17 @@ def _step_work(cfg, a, com: CommBytes, seq_len, window, n, imb, model_attention,
         host_bytes=0.0,
         host_bandwidth=0.0,
     )
+
+
+def _block_waste(layout: str, block: int, seq_len: int, span: int, P: int) -> float:
+    """Executed / visible attention tiles of a causal kernel (see :func:`_step_work`)."""
+    from lcx.sharding.layout import balanced_chunks
+
+    if P > 1 and layout != "contiguous":
+        chunk = seq_len // (2 * P) if layout == "zigzag" else seq_len // (balanced_chunks(seq_len, P, block) * P)
+        if block > chunk:
+            return 2.0
+    return 1.0 + min(block, span) / span
 
 
 def _linear_recompute(cfg, seq_len, global_batch, policy) -> float:

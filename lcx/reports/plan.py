@@ -130,7 +130,7 @@ def _job(cfg: DictConfig) -> _Job:
     if rows not in ("best", "all"):
         raise ValueError(f"planner.rows={rows!r}: use best (the best policy per strategy and degree) or all")
     probe = cfg.planner.probe_cpu
-    hw = hardware_from_config(hwn, n, probe=probe)
+    hw = hardware_from_config(hwn, n, probe=probe, probe_time_model=probe)
     host_ram = None
     if hw.name == "cpu" and hw.hbm_bytes is None:
         # the simulated devices share this machine's RAM (what lcx.train's memory check compares

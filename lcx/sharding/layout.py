@@ -174,7 +174,9 @@ def row_permutations(layout: str, positions, segment_ids, degree: int, *, block:
     return np.stack(flat).reshape(pos.shape)
 
 
-def apply_layout(x, layout: str, degree: int, axis: int = -1, *, positions=None, segment_ids=None, block=BALANCED_BLOCK):
+def apply_layout(
+    x, layout: str, degree: int, axis: int = -1, *, positions=None, segment_ids=None, block=BALANCED_BLOCK
+):
     """Permute ``x`` along ``axis`` (the sequence axis) into ``layout`` for ``degree`` devices.
 
     Works on numpy and jax arrays of any dtype; shape is unchanged. ``balanced`` (NumPy) lays out
