@@ -132,7 +132,9 @@ def _lay(x, layout, degree, ids=None):
     """``x`` (``[B, T, ...]``) in ``layout``; ``ids``: the original (positions, segment_ids), which
     the balanced layout is computed from, row by row."""
     pos, seg = ids if ids is not None else (None, None)
-    return np.asarray(apply_layout(np.asarray(x), layout, degree, axis=1, positions=pos, segment_ids=seg, block=BLOCK_KV))
+    return np.asarray(
+        apply_layout(np.asarray(x), layout, degree, axis=1, positions=pos, segment_ids=seg, block=BLOCK_KV)
+    )
 
 
 def check_against_reference(mp, mask_name, heads, layouts=("contiguous", "zigzag", "balanced")):

@@ -481,7 +481,10 @@ def test_maxtext_comparison_prices_the_recipe_itself(experiment, tmp_path, capsy
     # the calibrated time model prices the same step and says how far it is from the measured one
     assert given["calibrated"] and given["step_time_s"] > given["roofline_step_time_s"]
     off = 100 * (given["step_time_s"] / pub - 1)
-    assert f"at the calibrated rates {given['step_time_s']:,.1f} s/step" in line and f"{off:+.1f}% from the measured" in line
+    assert (
+        f"at the calibrated rates {given['step_time_s']:,.1f} s/step" in line
+        and f"{off:+.1f}% from the measured" in line
+    )
     assert report["recommendation"]["runnable_in_lcx"] and "lacks" not in out
     rec_line = next(x for x in out.splitlines() if x.strip().startswith("lcx recommends "))
     assert ("the same policy" in rec_line) == (report["recommendation"]["policy"] == report["given"]["policy"])

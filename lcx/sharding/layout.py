@@ -79,8 +79,9 @@ def layout_permutation(
       layout: ``"contiguous"`` (identity), ``"zigzag"`` or ``"balanced"``.
       seq_len: S in tokens.
       degree: context-parallel degree P.
-      positions, segment_ids: int ``[S]`` of one row in its original order (``balanced`` only;
-        None: one document, positions ``0 .. S-1``).
+      positions: int ``[S]`` of one row in its original order (``balanced`` only; None: one
+        document, positions ``0 .. S-1``).
+      segment_ids: int ``[S]`` of the same row (``balanced`` only; None: one document).
       block: ``balanced`` only: the kernels' tile in tokens; chunks are at least this long where
         the length allows, so no tile straddles two chunks (:func:`balanced_chunks`).
 
@@ -200,11 +201,13 @@ def undo_layout(x, layout: str, degree: int, axis: int = -1, *, positions=None, 
 
     Args:
       x: laid-out array; its ``axis`` is the sequence.
-      layout, degree: as for :func:`apply_layout`.
-      positions, segment_ids: ``balanced`` only: the LAID-OUT rows' int ids, ``x.shape[: axis +
-        1]``. The original order is recovered by sorting on (segment id, position), padding
-        last: lcx.data packs segment ids increasing along a row and positions increasing within
-        a segment.
+      layout: as for :func:`apply_layout`.
+      degree: as for :func:`apply_layout`.
+      positions: ``balanced`` only: the LAID-OUT rows' int positions, ``x.shape[: axis + 1]``.
+        The original order is recovered by sorting on (segment id, position), padding last:
+        lcx.data packs segment ids increasing along a row and positions increasing within a
+        segment.
+      segment_ids: ``balanced`` only: the laid-out rows' int segment ids, the same shape.
 
     Raises:
       ValueError: ``balanced`` without the laid-out ids, or ids of another shape.
