@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import pathlib
+import statistics
 import subprocess
 import sys
 
@@ -101,16 +102,38 @@ def test_the_planner_flags_extrapolation_and_names_the_error_band():
     assert "no time model" in bare
 
 
+def _calibration_rows():
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import _common as C
+    import ledger_calibration as lc
+
+    spec = C.compose("ledger_calibration").ledger_calibration
+    return lc, lc.recipe_rows(spec) + lc.comparison_rows(spec)
+
+
+def test_the_presets_time_models_meet_the_hold_out_targets():
+    """The shipped YAML values (no fitting here): on the 15 published steps the fit held out,
+    median |error| <= 10% and every row within 20% (issue 21); the fitted rows fit too."""
+    _, rows = _calibration_rows()
+    models = {name: _hw(name).time_model for name in ("tpu_v5p", "tpu7")}
+    err = {r.row: models[r.hardware].time(r.work, r.peak).total / r.published_s - 1 for r in rows}
+    held = [abs(err[r.row]) for r in rows if not r.fitted]
+    assert len(held) >= 6 and statistics.median(held) <= 0.10 and max(held) <= 0.20, sorted(held)
+    assert max(abs(err[r.row]) for r in rows if r.fitted) <= 0.20
+
+
 @pytest.mark.slow
-def test_ledger_calibration_meets_its_hold_out_targets_with_the_presets_values(tmp_path):
-    """The experiment refits from the published rows: held-out median <= 10% over >= 6 rows,
-    and the presets' YAML carries the values it fits (to their printed digits)."""
+def test_a_refit_predicts_what_the_presets_predict(tmp_path):
+    """The experiment refits from the published rows (on this stack's scipy): the hold-out targets
+    hold, and every row's prediction is within 2% of the shipped presets' (the fitted values
+    themselves are weakly identified: two stacks' solvers land a few percent apart on
+    kernel_call_s, while the predictions agree)."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "experiments" / "ledger_calibration.py"), "--yaml", "--out", str(tmp_path / "c")],
+        [sys.executable, str(ROOT / "experiments" / "ledger_calibration.py"), "--out", str(tmp_path / "c")],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=600,
+        timeout=900,
     ).stdout
     rows = list(csv.DictReader((tmp_path / "c.csv").open()))
     assert {"source", "row", "fitted", "published_s", "predicted_s", "error"} <= set(rows[0])
@@ -118,9 +141,8 @@ def test_ledger_calibration_meets_its_hold_out_targets_with_the_presets_values(t
     held = next(x for x in out.splitlines() if x.startswith("held out:"))
     n, med = int(held.split()[2]), float(held.split("median |error| ")[1].split("%")[0])
     assert n >= 6 and med <= 10.0, held
-    for name in ("tpu_v5p", "tpu7"):
-        tm = _hw(name).time_model
-        assert tm is not None
-        node = out[out.index(f"# {name}") :]
-        assert f"linear_efficiency: {tm.linear_efficiency:.4f}" in node
-        assert f"splash: {tm.attention_efficiency['splash']:.4f}" in node
+    _, priced = _calibration_rows()
+    models = {name: _hw(name).time_model for name in ("tpu_v5p", "tpu7")}
+    shipped = {r.row: models[r.hardware].time(r.work, r.peak).total for r in priced}
+    for r in rows:
+        assert float(r["predicted_s"]) == pytest.approx(shipped[r["row"]], rel=0.02), r["row"]
