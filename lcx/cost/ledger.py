@@ -301,11 +301,19 @@ def estimate(
     else:
         block, cmin = 0, 0.0
     host_bytes = host_transfer_bytes(mem, policy)
-    work = _step_work(cfg, a, com, seq_len, window, n_devices, imb, flops.attention, att_replay, P)
-    work = dataclasses.replace(
-        work,
+    work = _step_work(
+        cfg,
+        a,
+        com,
+        seq_len,
+        window,
+        n_devices,
+        imb,
+        flops.attention,
+        att_replay,
+        P,
         linear_flops=(flops.linear + lin_rec) / n_devices,
-        kernel_calls=cfg.n_layers * (2 + (att_replay > 0)) * (P // max(U, 1) if hop is not None else 1),
+        ring_size=P // max(U, 1) if hop is not None else 1,
         p2p_bandwidth=p2p_bw,
         collective_bandwidth=coll_bw,
         host_bytes=host_bytes,
@@ -339,9 +347,27 @@ def estimate(
     )
 
 
-def _step_work(cfg, a, com: CommBytes, seq_len, window, n, imb, model_attention, replay, P) -> StepWork:
-    """The per-device :class:`~lcx.cost.timing.StepWork` of the attention and collectives (the
-    rates and the linear part are filled in by :func:`estimate`).
+def _step_work(
+    cfg,
+    a,
+    com: CommBytes,
+    seq_len,
+    window,
+    n,
+    imb,
+    model_attention,
+    replay,
+    P,
+    *,
+    linear_flops: float,
+    ring_size: int,
+    p2p_bandwidth: float,
+    collective_bandwidth: float,
+    host_bytes: float,
+    host_bandwidth: float,
+) -> StepWork:
+    """The per-device :class:`~lcx.cost.timing.StepWork` of one step (``ring_size``: the ring's
+    devices, 1 without a ring; a kernel call per ring step, layer and pass).
 
     Block waste under a causal mask: the diagonal tiles run whole, ``1 + block / S``; but a tile
     longer than the layout's chunk (zigzag ``S / 2P``, balanced ``S / kP``) holds tokens of two
@@ -353,23 +379,23 @@ def _step_work(cfg, a, com: CommBytes, seq_len, window, n, imb, model_attention,
     return StepWork(
         attention_flops=model_attention / n * imb,
         attention_replay_flops=replay,
-        linear_flops=0.0,
+        linear_flops=linear_flops,
         block_waste=_block_waste(a.layout, block, seq_len, span, P),
         kernel=a.kernel or "xla",
         head_dim=cfg.head_dim,
-        kernel_calls=0,
+        kernel_calls=L * passes * ring_size,
         ring_bytes=com.ring,
         ring_hops=com.ring_hops,
-        p2p_bandwidth=math.inf,
+        p2p_bandwidth=p2p_bandwidth,
         param_bytes=com.param_gather + com.grad_reduction,
         param_collectives=L * ((2 if com.param_gather else 0) + (1 if com.grad_reduction else 0)),
         kv_gather_bytes=com.all_gather,
         kv_collectives=L * passes if com.all_gather else 0,
         all_to_all_bytes=com.all_to_all,
         a2a_collectives=4 * L * passes if com.all_to_all else 0,
-        collective_bandwidth=math.inf,
-        host_bytes=0.0,
-        host_bandwidth=0.0,
+        collective_bandwidth=collective_bandwidth,
+        host_bytes=host_bytes,
+        host_bandwidth=host_bandwidth,
     )
 
 
