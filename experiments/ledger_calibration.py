@@ -176,6 +176,7 @@ PARAMS = {
         ("linear", 0.05, 1.0, 0.6),
         ("kernel_call_s", 0.0, 0.01, 1e-4),
         ("collective_latency_s", 0.0, 0.01, 1e-4),
+        ("split_all_to_all_s", 0.0, 0.01, 1e-4),
         ("ici_efficiency", 0.01, 1.0, 0.5),
         ("ring_overlap", 0.0, 1.0, 0.5),
         ("replay_efficiency", 0.05, 1.0, 0.5),
@@ -183,9 +184,19 @@ PARAMS = {
     ),
     "tpu7": (("splash", 0.05, 1.0, 0.5), ("linear", 0.05, 1.0, 0.5)),
 }
+# Parameters the fitted rows may leave unconstrained, and the roofline's value for each. Every fitted
+# ring step hides its hops behind its attention, so no fitted row sees the ring's overlap or link
+# efficiency, and the solver's stopping point along that flat valley would decide PR #4687's held-out
+# ring step (+4% on one stack, +15% on another). A weak pull (PRIOR_WEIGHT, against fitted residuals
+# of a few hundredths) to the roofline's value decides them where the data do not, and moves a
+# constrained parameter by far less than its fit error.
+PRIOR = {"ring_overlap": 1.0, "ring_link_efficiency": 1.0}
+PRIOR_WEIGHT = 1e-3
+
 SHARED = (
     "kernel_call_s",
     "collective_latency_s",
+    "split_all_to_all_s",
     "ici_efficiency",
     "ring_overlap",
     "replay_efficiency",
@@ -228,8 +239,12 @@ def fit(rows):
     fitted = [r for r in rows if r.fitted]
     pub = np.log([r.published_s for r in fitted])
 
+    names = [p[0] for p in spec]
+    prior = [(names.index(k), v) for k, v in PRIOR.items()]
+
     def resid(x):
-        return np.log(predict(fitted, time_models(x))) - pub
+        pull = [PRIOR_WEIGHT * (x[i] - v) for i, v in prior]
+        return np.concatenate([np.log(predict(fitted, time_models(x))) - pub, pull])
 
     def solve(start):
         # converged tightly from several starts: the cost surface has shallow local minima, and two
@@ -314,8 +329,9 @@ def yaml_nodes(x, rows, table) -> str:
             f"  default_attention_efficiency: {m.default_attention_efficiency:.4f}",
             f"  linear_efficiency: {m.linear_efficiency:.4f}",
             f"  mxu_dim: {m.mxu_dim if m.mxu_dim else 'null'}",
-            f"  kernel_call_s: {m.kernel_call_s:.3e}",
-            f"  collective_latency_s: {m.collective_latency_s:.3e}",
+            f"  kernel_call_s: {_seconds(m.kernel_call_s)}",
+            f"  collective_latency_s: {_seconds(m.collective_latency_s)}",
+            f"  split_all_to_all_s: {_seconds(m.split_all_to_all_s)}",
             f"  ici_efficiency: {m.ici_efficiency:.4f}",
             f"  ring_link_efficiency: {m.ring_link_efficiency:.4f}",
             f"  ring_overlap: {m.ring_overlap:.4f}",
@@ -330,6 +346,10 @@ def yaml_nodes(x, rows, table) -> str:
             f"    kernels: [{', '.join(sorted({r.work.kernel for r in mine}))}]",
         ]
     return "\n".join(lines)
+
+
+def _seconds(v: float) -> str:
+    return f"{v:.3e}" if v >= 1e-12 else "0.0"  # a rate at its bound of 0 prints as 0
 
 
 def _strategy_name(r) -> str:

@@ -74,6 +74,7 @@ PARAMETERS = (
     ("mxu_dim", None),
     ("kernel_call_s", None),
     ("collective_latency_s", None),
+    ("split_all_to_all_s", None),
     ("ici_efficiency", None),
     ("ring_link_efficiency", None),
     ("ring_overlap", None),

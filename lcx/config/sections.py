@@ -85,7 +85,8 @@ HardwareSchema = make_schema(
     name=str, chips=Optional[int], cpu_devices=Optional[int], devices_per_chip=int,
     peak_flops_per_device=Optional[float], hbm_bytes=Optional[int], hbm_bandwidth_per_chip=Optional[float],
     ici_bandwidth_per_chip=Optional[float], ici_links_per_chip=int, host_memory_per_chip=Optional[float],
-    host_bandwidth_per_chip=Optional[float], libtpu_init_args=list[str], xla_flags=list[str],
+    host_bandwidth_per_chip=Optional[float], torus_cube=Optional[int], topology=Optional[list[int]],
+    libtpu_init_args=list[str], xla_flags=list[str],
     attention_block=int, attention_kernel=str,
     time_model=Optional[dict[str, Any]],  # lcx.cost.timing.time_model_from_config checks it
 )

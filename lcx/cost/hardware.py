@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import time
@@ -40,6 +41,10 @@ class Hardware:
       host_bandwidth_per_chip: one-way host <-> chip bytes/s (the chip's PCIe link), which host
         offload moves its bytes over; None: unknown, host transfers are not priced.
       chips: chips in the slice, or None (use the device count).
+      torus_cube: the slice's ICI torus is built of cubes of this many chips a side (4 on v5p and
+        TPU7; :func:`lcx.cost.topology.slice_topology`); None: no torus (CPU).
+      topology: the slice's torus shape in chips (e.g. ``(4, 4, 8)``); None: the standard shape
+        for the chip count.
       libtpu_init_args: flags for ``LIBTPU_INIT_ARGS`` (TPU runtime).
       xla_flags: flags for ``XLA_FLAGS``.
       time_model: the preset's achieved rates (:class:`~lcx.cost.timing.TimeModel`; None: the
@@ -56,6 +61,8 @@ class Hardware:
     host_memory_per_chip: float | None = None
     host_bandwidth_per_chip: float | None = None
     chips: int | None = None
+    torus_cube: int | None = None
+    topology: tuple[int, ...] | None = None
     libtpu_init_args: tuple[str, ...] = ()
     xla_flags: tuple[str, ...] = ()
     time_model: TimeModel | None = None
@@ -75,6 +82,15 @@ class Hardware:
                 f"hardware.host_bandwidth_per_chip must be positive bytes/s, got {self.host_bandwidth_per_chip} "
                 "(null: unknown, host transfers are not priced)"
             )
+        if self.torus_cube is not None and self.torus_cube < 1:
+            raise ValueError(f"hardware.torus_cube={self.torus_cube} must be a positive chip count or null")
+        if self.topology is not None:
+            object.__setattr__(self, "topology", tuple(int(d) for d in self.topology))
+            if not self.topology or min(self.topology) < 1:
+                raise ValueError(
+                    f"hardware.topology={list(self.topology)} must list positive chip counts per torus axis "
+                    "(e.g. [4, 4, 8]) or be null"
+                )
         object.__setattr__(self, "libtpu_init_args", tuple(self.libtpu_init_args))
         object.__setattr__(self, "xla_flags", tuple(self.xla_flags))
 
@@ -109,6 +125,30 @@ class Hardware:
         """One-way host <-> device bytes/s: the chip's PCIe link shared by its devices (None:
         unknown)."""
         return None if self.host_bandwidth_per_chip is None else self.host_bandwidth_per_chip / self.devices_per_chip
+
+    def physical_mesh(self, n_devices: int) -> tuple[int, ...] | None:
+        """The torus axes ``n_devices`` devices sit on (chips' torus shape, then the on-chip axis
+        where a chip holds several devices); None: no torus known (no ``torus_cube``, or a
+        sub-cube slice).
+
+        Raises:
+          ValueError: ``topology`` does not hold ``n_devices / devices_per_chip`` chips.
+        """
+        from lcx.cost.topology import slice_topology
+
+        chips = n_devices // self.devices_per_chip
+        shape = self.topology
+        if shape is not None and math.prod(shape) != chips:
+            raise ValueError(
+                f"hardware.topology={list(shape)} holds {math.prod(shape)} chips, but the step uses {chips} "
+                f"({n_devices} devices / {self.devices_per_chip} per chip); set hardware.topology to the slice's "
+                "shape, or null for the standard one"
+            )
+        if shape is None and self.torus_cube is not None:
+            shape = slice_topology(chips, self.torus_cube)
+        if shape is None:
+            return None
+        return (*shape, self.devices_per_chip) if self.devices_per_chip > 1 else tuple(shape)
 
     def n_devices(self, chips: int | None = None) -> int | None:
         """Devices for ``chips`` chips (default: :attr:`chips`); None if neither is known."""
@@ -262,6 +302,8 @@ def hardware_from_config(
         host_memory_per_chip=_float_or_none(_get(node, "host_memory_per_chip")),
         host_bandwidth_per_chip=_float_or_none(_get(node, "host_bandwidth_per_chip")),
         chips=None if chips is None else int(chips),
+        torus_cube=None if _get(node, "torus_cube") is None else int(_get(node, "torus_cube")),
+        topology=None if _get(node, "topology") is None else tuple(int(d) for d in _get(node, "topology")),
         libtpu_init_args=_flags(_get(node, "libtpu_init_args")),
         xla_flags=_flags(_get(node, "xla_flags")),
         time_model=tm,

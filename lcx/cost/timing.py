@@ -18,7 +18,8 @@ Per device and step, with ``F`` the peak FLOP/s (:class:`StepWork` holds the inp
   at ``head_dim / mxu_dim`` of its rate when ``head_dim`` is smaller.
 - linear layers: ``linear FLOPs / (F * linear_efficiency)``.
 - a collective: ``bytes / (bandwidth * ici_efficiency) + count * collective_latency_s``; a ring
-  hop the same over one link at ``ring_link_efficiency``.
+  hop the same over one link at ``ring_link_efficiency``; an all-to-all whose device group splits
+  a physical torus axis (:mod:`lcx.cost.topology`) ``+ split_all_to_all_s`` each.
 - exposure: ring hops hide behind ``ring_overlap`` of the attention compute, parameter
   all-gathers and gradient reductions behind the linear compute; the K/V all-gather and the
   Ulysses all-to-alls count in full; host transfers hide behind all compute.
@@ -87,6 +88,9 @@ class TimeModel:
       replay_efficiency: the rate of a replayed attention forward (remat without the saved
         output and logsumexp) as a fraction of the kernel's own; MaxText's v5p steps that replay
         the ring forward in the backward run far below the others.
+      split_all_to_all_s: seconds each all-to-all costs beyond the above when its device group
+        splits a physical torus axis (a degree that is no product of whole torus axes, e.g. 8 or
+        2 on a 4x4x4 slice; :mod:`lcx.cost.topology`).
       ring_overlap: fraction of the attention compute ring transfers hide behind (1: all).
       step_overhead_s: fixed seconds per step (optimizer update, host loop).
       executed_flops: price the kernel's executed FLOPs (backward score recompute, causal block
@@ -106,6 +110,7 @@ class TimeModel:
     ici_efficiency: float = 1.0
     ring_link_efficiency: float = 1.0
     replay_efficiency: float = 1.0
+    split_all_to_all_s: float = 0.0
     ring_overlap: float = 1.0
     step_overhead_s: float = 0.0
     executed_flops: bool = True
@@ -127,7 +132,7 @@ class TimeModel:
                 raise ValueError(f"hardware.time_model: efficiency {name}={v} must be a fraction of peak in (0, 1]")
         if not 0 <= self.ring_overlap <= 1:
             raise ValueError(f"hardware.time_model.ring_overlap={self.ring_overlap} must be in [0, 1]")
-        for name in ("kernel_call_s", "collective_latency_s", "step_overhead_s"):
+        for name in ("kernel_call_s", "collective_latency_s", "split_all_to_all_s", "step_overhead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"hardware.time_model.{name}={getattr(self, name)} must be >= 0 seconds")
         if self.mxu_dim is not None and self.mxu_dim < 1:
@@ -165,6 +170,8 @@ class TimeModel:
         t_params = over(w.param_bytes, coll, w.param_collectives)
         t_kv = over(w.kv_gather_bytes, coll, w.kv_collectives)
         t_a2a = over(w.all_to_all_bytes, coll, w.a2a_collectives)
+        if w.a2a_split_axis:
+            t_a2a += w.a2a_collectives * self.split_all_to_all_s
         exposed = max(0.0, t_ring - self.ring_overlap * t_att) + max(0.0, t_params - t_lin) + t_kv + t_a2a
         t_host = w.host_bytes / w.host_bandwidth if w.host_bandwidth else 0.0
         exposed_host = max(0.0, t_host - (t_att + t_lin))
@@ -200,6 +207,8 @@ class StepWork:
         a2a_collectives: Ulysses'; collective_bandwidth: bytes/s per device over all links.
       host_bytes, host_bandwidth: host offload bytes and the device's share of the host link
         (0: not priced).
+      a2a_split_axis: the all-to-all's device group is not a whole sub-torus of the slice (its
+        degree is no product of whole torus axes, :func:`lcx.cost.topology.is_subtorus`).
     """
 
     attention_flops: float
@@ -221,6 +230,7 @@ class StepWork:
     collective_bandwidth: float
     host_bytes: float
     host_bandwidth: float
+    a2a_split_axis: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,76 @@
+"""What one device does in one training step, as the time model prices it.
+
+:func:`step_work` turns the ledger's counts (FLOPs, communication bytes, the plan's attention
+configuration) into a :class:`~lcx.cost.timing.StepWork`: kernel calls, collectives per kind,
+the causal kernels' block waste. :func:`lcx.cost.estimate` calls it once per priced step.
+"""
+
+from __future__ import annotations
+
+from lcx.cost.comm import CommBytes
+from lcx.cost.timing import StepWork
+
+
+def step_work(
+    cfg,
+    a,
+    com: CommBytes,
+    seq_len,
+    window,
+    n,
+    imb,
+    model_attention,
+    replay,
+    P,
+    *,
+    linear_flops: float,
+    ring_size: int,
+    p2p_bandwidth: float,
+    collective_bandwidth: float,
+    host_bytes: float,
+    host_bandwidth: float,
+    a2a_split_axis: bool,
+) -> StepWork:
+    """The per-device :class:`~lcx.cost.timing.StepWork` of one step (``ring_size``: the ring's
+    devices, 1 without a ring; a kernel call per ring step, layer and pass).
+
+    Block waste under a causal mask: the diagonal tiles run whole, ``1 + block / S``; but a tile
+    longer than the layout's chunk (zigzag ``S / 2P``, balanced ``S / kP``) holds tokens of two
+    distant chunks, so the kernels' block test skips nothing and every pair runs: 2x."""
+    L = cfg.n_layers
+    passes = 2 + (replay > 0)
+    block = a.block_kv or a.block_q or 512
+    span = min(seq_len, window) if window else seq_len
+    return StepWork(
+        attention_flops=model_attention / n * imb,
+        attention_replay_flops=replay,
+        linear_flops=linear_flops,
+        block_waste=block_waste(a.layout, block, seq_len, span, P),
+        kernel=a.kernel or "xla",
+        head_dim=cfg.head_dim,
+        kernel_calls=L * passes * ring_size,
+        ring_bytes=com.ring,
+        ring_hops=com.ring_hops,
+        p2p_bandwidth=p2p_bandwidth,
+        param_bytes=com.param_gather + com.grad_reduction,
+        param_collectives=L * ((2 if com.param_gather else 0) + (1 if com.grad_reduction else 0)),
+        kv_gather_bytes=com.all_gather,
+        kv_collectives=L * passes if com.all_gather else 0,
+        all_to_all_bytes=com.all_to_all,
+        a2a_collectives=4 * L * passes if com.all_to_all else 0,
+        collective_bandwidth=collective_bandwidth,
+        host_bytes=host_bytes,
+        host_bandwidth=host_bandwidth,
+        a2a_split_axis=a2a_split_axis,
+    )
+
+
+def block_waste(layout: str, block: int, seq_len: int, span: int, P: int) -> float:
+    """Executed / visible attention tiles of a causal kernel (see :func:`step_work`)."""
+    from lcx.sharding.layout import balanced_chunks
+
+    if P > 1 and layout != "contiguous":
+        chunk = seq_len // (2 * P) if layout == "zigzag" else seq_len // (balanced_chunks(seq_len, P, block) * P)
+        if block > chunk:
+            return 2.0
+    return 1.0 + min(block, span) / span
