@@ -12,25 +12,28 @@ fitting). The fitted values are what ``conf/hardware/<preset>.yaml`` carries.
 
 Writes ``experiments/results/ledger_calibration.csv`` (source, row, fitted, published_s,
 predicted_s, error, roofline_s, ...), ``ledger_calibration_ranking.csv`` (every pair of strategies
-measured together: measured gap, whether the prediction orders them the same) and ``.png``; prints the fitted parameters, every row, the
-held-out median / largest error and the strategy ranking check; exits 1 if a target of issue 21
-is missed (held-out median <= 10%, every held-out row <= 20%, >= 6 rows held out).
+measured together: measured gap, whether the prediction orders them the same) and ``.png``;
+prints the fitted parameters, every row, the held-out median / largest error and the strategy
+ranking check; exits 1 if a target of issue 21 is missed (held-out median <= 10%, every held-out
+row <= 20%, >= 6 rows held out).
 
     python experiments/ledger_calibration.py            # seconds; nothing compiles
     python experiments/ledger_calibration.py --yaml     # also print the time_model YAML nodes
+    python experiments/ledger_calibration.py --ranking-weight 1   # also fit the pairwise order
+                                                        # (docs/time_model.md; not the presets)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import pathlib
 import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+from _calibration_fit import PARAMS, fit, predict, ranking_pairs, time_models  # noqa: E402
 
 NAME = "ledger_calibration"
 CONF = C.ROOT / "conf" / "hardware"
@@ -165,124 +168,6 @@ def _tokens(S: int) -> str:
     return f"{S // 2**20}M" if S >= 2**20 and S % 2**20 == 0 else f"{S // 1024}K"
 
 
-# --- the fit -------------------------------------------------------------------------------------
-
-# (name, lower, upper, start); per preset. TPU 7's tables hold only long ring steps, where latency,
-# overlap and the interconnect's efficiency cannot be told apart: TPU 7 takes v5p's.
-PARAMS = {
-    "tpu_v5p": (
-        ("splash", 0.05, 1.0, 0.6),
-        ("tokamax", 0.05, 1.0, 0.3),
-        ("linear", 0.05, 1.0, 0.6),
-        ("kernel_call_s", 0.0, 0.01, 1e-4),
-        ("collective_latency_s", 0.0, 0.01, 1e-4),
-        ("split_all_to_all_s", 0.0, 0.01, 1e-4),
-        ("ici_efficiency", 0.01, 1.0, 0.5),
-        ("ring_overlap", 0.0, 1.0, 0.5),
-        ("replay_efficiency", 0.05, 1.0, 0.5),
-        ("ring_link_efficiency", 0.05, 1.0, 0.5),
-    ),
-    "tpu7": (("splash", 0.05, 1.0, 0.5), ("linear", 0.05, 1.0, 0.5)),
-}
-# Parameters the fitted rows may leave unconstrained, and the roofline's value for each. Every fitted
-# ring step hides its hops behind its attention, so no fitted row sees the ring's overlap or link
-# efficiency, and the solver's stopping point along that flat valley would decide PR #4687's held-out
-# ring step (+4% on one stack, +15% on another). A weak pull (PRIOR_WEIGHT, against fitted residuals
-# of a few hundredths) to the roofline's value decides them where the data do not, and moves a
-# constrained parameter by far less than its fit error.
-PRIOR = {"ring_overlap": 1.0, "ring_link_efficiency": 1.0}
-PRIOR_WEIGHT = 1e-3
-
-SHARED = (
-    "kernel_call_s",
-    "collective_latency_s",
-    "split_all_to_all_s",
-    "ici_efficiency",
-    "ring_overlap",
-    "replay_efficiency",
-    "ring_link_efficiency",
-)
-
-
-def time_models(x) -> dict:
-    """The TimeModel of each preset for the parameter vector ``x`` (order of :data:`PARAMS`)."""
-    from lcx.cost.timing import TimeModel
-
-    it = iter(x)
-    vals = {hw: {name: float(next(it)) for name, *_ in spec} for hw, spec in PARAMS.items()}
-    out = {}
-    for hw, v in vals.items():
-        shared = {k: v.get(k, vals["tpu_v5p"][k]) for k in SHARED}
-        eff = {k: v[k] for k in ("splash", "tokamax") if k in v}
-        out[hw] = TimeModel(
-            attention_efficiency=eff,
-            default_attention_efficiency=eff["splash"],
-            linear_efficiency=v["linear"],
-            mxu_dim=128 if hw == "tpu_v5p" else None,
-            **shared,
-        )
-    return out
-
-
-def predict(rows, models) -> list[float]:
-    return [models[r.hardware].time(r.work, r.peak).total for r in rows]
-
-
-def fit(rows):
-    import numpy as np
-    from scipy.optimize import least_squares
-
-    spec = [p for ps in PARAMS.values() for p in ps]
-    lo = np.array([p[1] for p in spec])
-    hi = np.array([p[2] for p in spec])
-    x0 = np.array([p[3] for p in spec])
-    fitted = [r for r in rows if r.fitted]
-    pub = np.log([r.published_s for r in fitted])
-
-    names = [p[0] for p in spec]
-    prior = [(names.index(k), v) for k, v in PRIOR.items()]
-
-    def resid(x):
-        pull = [PRIOR_WEIGHT * (x[i] - v) for i, v in prior]
-        return np.concatenate([np.log(predict(fitted, time_models(x))) - pub, pull])
-
-    def solve(start):
-        # converged tightly from several starts: the cost surface has shallow local minima, and two
-        # stacks' scipy must reach the same (lowest) one
-        return least_squares(resid, start, bounds=(lo, hi), x_scale="jac", xtol=1e-14, ftol=1e-14, gtol=1e-14)
-
-    rng = np.random.default_rng(0)
-    starts = [np.clip(x0 * s, lo, hi) for s in (0.5, 1.0, 2.0)]
-    starts += [lo + (hi - lo) * rng.uniform(0.05, 0.95, lo.size) ** 2 for _ in range(12)]
-    best = min((solve(s) for s in starts), key=lambda res: res.cost)
-    best = solve(best.x)
-    return best.x
-
-
-def ranking_pairs(rows, pred) -> list[dict]:
-    """Every pair of strategies measured at the same length by the same source: measured and
-    predicted order."""
-    out = []
-    groups: dict[str, list[int]] = {}
-    for i, r in enumerate(rows):
-        if not r.source.startswith("tpu_recipes"):
-            groups.setdefault(r.group, []).append(i)
-    for g, idx in groups.items():
-        for i, j in itertools.combinations(idx, 2):
-            a, b = rows[i], rows[j]
-            gap = max(a.published_s, b.published_s) / min(a.published_s, b.published_s) - 1
-            out.append(
-                {
-                    "group": g,
-                    "pair": f"{a.strategy} vs {b.strategy}",
-                    "measured_gap": gap,
-                    "agrees": (a.published_s < b.published_s) == (pred[i] < pred[j]),
-                    "held_out": not (a.fitted and b.fitted),
-                }
-            )
-    return out
-
-
 def plot(table, path):
     plt = C.pyplot()
     fig, ax = plt.subplots(figsize=(8, 7))
@@ -360,11 +245,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=pathlib.Path, default=C.RESULTS / NAME)
     ap.add_argument("--yaml", action="store_true", help="print the fitted time_model nodes")
+    ap.add_argument(
+        "--ranking-weight",
+        type=float,
+        default=0.0,
+        help="also fit the comparisons' pairwise order with this weight (0: the presets' fit; "
+        "writes ledger_calibration_ranking_weight_W.* unless --out is given)",
+    )
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(argv)
+    if a.ranking_weight < 0:
+        ap.error(f"--ranking-weight {a.ranking_weight}: must be >= 0")
+    if a.ranking_weight and a.out == C.RESULTS / NAME:  # never overwrite the presets' results
+        a.out = C.RESULTS / f"{NAME}_ranking_weight_{a.ranking_weight:g}"
     spec = C.compose(NAME, a.overrides).ledger_calibration
     rows = recipe_rows(spec) + comparison_rows(spec)
-    x = fit(rows)
+    x = fit(rows, a.ranking_weight)
     pred = predict(rows, time_models(x))
     table = []
     for r, p in zip(rows, pred):
