@@ -18,6 +18,7 @@ read in place and tensors the remat policy offloads stay ordinary temporaries.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Unpack
 
 from lcx.attention.kernels import get_kernel
@@ -34,7 +35,7 @@ from lcx.cost.flops import ModelDims
 from lcx.cost.local import LocalStep, StepArgs, StepSizes
 from lcx.cost.policy import ActivationPolicy
 from lcx.sharding import Plan
-from lcx.sharding.describe import layout_arrays
+from lcx.sharding.describe import ArrayLayout, layout_arrays
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,13 +111,26 @@ class MemoryBreakdown:
         return d
 
 
+@functools.lru_cache(maxsize=256)
+def param_layout(
+    plan: Plan, n_devices: int, cfg: ModelDims, param_dtype: str = "float32", *, tie_embeddings: bool = False
+) -> tuple[ArrayLayout, ...]:
+    """Every parameter array of ``cfg`` laid out under the plan's parameter rules on ``n_devices``
+    (:func:`lcx.sharding.describe.layout_arrays`). Cached: the planner prices one plan under many
+    activation policies, and the layout depends on none of them (all arguments are frozen).
+
+    Raises:
+      PlanError: the plan's mesh does not fit ``n_devices``.
+    """
+    return tuple(layout_arrays(plan, n_devices, param_arrays(cfg, param_dtype, tie_embeddings=tie_embeddings)))
+
+
 def param_bytes_per_device(
     plan: Plan, n_devices: int, cfg: ModelDims, param_dtype: str = "float32", *, tie_embeddings: bool = False
 ) -> int:
     """Bytes of parameters per device under the plan's parameter rules (ceil-divided shards)."""
     return sum(
-        r.bytes_per_device
-        for r in layout_arrays(plan, n_devices, param_arrays(cfg, param_dtype, tie_embeddings=tie_embeddings))
+        r.bytes_per_device for r in param_layout(plan, n_devices, cfg, param_dtype, tie_embeddings=tie_embeddings)
     )
 
 
@@ -163,7 +177,7 @@ def memory_breakdown(
     dtype, param_dtype, tie_embeddings = st.dtype, st.param_dtype, st.tie_embeddings
     local = LocalStep.of(cfg, plan, n_devices, st)
     tokens = local.tokens
-    layout = layout_arrays(plan, n_devices, param_arrays(cfg, param_dtype, tie_embeddings=tie_embeddings))
+    layout = param_layout(plan, n_devices, cfg, param_dtype, tie_embeddings=tie_embeddings)
     p = sum(r.bytes_per_device for r in layout)
     dev_tok, host_tok = saved_bytes_per_token_per_layer(cfg, policy, dtype)
     if not memory_kinds:  # XLA:CPU: offloaded residuals are ordinary temporaries

@@ -14,7 +14,9 @@ Two small values the ledger's functions share instead of repeating their keyword
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import types
 from collections.abc import Mapping
 from typing import Any, Required, TypedDict
 
@@ -108,24 +110,31 @@ class LocalStep:
           PlanError: the plan's mesh does not fit ``n_devices``.
           ValueError: an unknown strategy or dtype.
         """
-        shape = plan.mesh_shape(n_devices)
-        P = plan.context_degree(n_devices)
-        data = math.prod(shape[m] for m in plan.batch_axes)
-        tp = math.prod(shape[m] for m in plan.activation_rules.get(ax.HEADS, ()))
-        b = max(1, step.global_batch // data)
-        strategy = get_strategy(plan.attention.strategy)
-        s = AttentionShard.from_model(
-            cfg,
-            seq_len=step.seq_len,
-            local_batch=b,
-            context_degree=P,
-            ulysses_degree=strategy.all_to_all_degree(plan.attention, shape),
-            tensor_degree=tp,
-            act_bytes=dtype_bytes(step.dtype),
-        )
-        return cls(shape, P, b, tp, strategy, s)
+        return _local_step(cls, cfg, plan, n_devices, step)
 
     @property
     def tokens(self) -> int:
         """b T, tokens per device (T = S / P)."""
         return self.local_batch * self.attention.local_len
+
+
+@functools.lru_cache(maxsize=256)
+def _local_step(cls: type[LocalStep], cfg: ModelDims, plan: Plan, n_devices: int, step: StepSizes) -> LocalStep:
+    # cached: the ledger asks for one step's share three times per estimate, and the planner
+    # prices one plan under many policies (every argument is frozen)
+    shape = plan.mesh_shape(n_devices)
+    P = plan.context_degree(n_devices)
+    data = math.prod(shape[m] for m in plan.batch_axes)
+    tp = math.prod(shape[m] for m in plan.activation_rules.get(ax.HEADS, ()))
+    b = max(1, step.global_batch // data)
+    strategy = get_strategy(plan.attention.strategy)
+    s = AttentionShard.from_model(
+        cfg,
+        seq_len=step.seq_len,
+        local_batch=b,
+        context_degree=P,
+        ulysses_degree=strategy.all_to_all_degree(plan.attention, shape),
+        tensor_degree=tp,
+        act_bytes=dtype_bytes(step.dtype),
+    )
+    return cls(types.MappingProxyType(shape), P, b, tp, strategy, s)  # shared: read-only

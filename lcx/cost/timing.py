@@ -161,15 +161,11 @@ class TimeModel:
         t_att = (att_flops + replay) / rate + w.kernel_calls * self.kernel_call_s
         t_lin = w.linear_flops / (peak * self.linear_efficiency)
         lat = self.collective_latency_s
-
-        def over(nbytes: float, bw: float, count: int) -> float:
-            return nbytes / bw + count * lat if nbytes else 0.0
-
-        t_ring = over(w.ring_bytes, w.p2p_bandwidth * self.ring_link_efficiency, w.ring_hops)
+        t_ring = _transfer_s(w.ring_bytes, w.p2p_bandwidth * self.ring_link_efficiency, w.ring_hops, lat)
         coll = w.collective_bandwidth * self.ici_efficiency
-        t_params = over(w.param_bytes, coll, w.param_collectives)
-        t_kv = over(w.kv_gather_bytes, coll, w.kv_collectives)
-        t_a2a = over(w.all_to_all_bytes, coll, w.a2a_collectives)
+        t_params = _transfer_s(w.param_bytes, coll, w.param_collectives, lat)
+        t_kv = _transfer_s(w.kv_gather_bytes, coll, w.kv_collectives, lat)
+        t_a2a = _transfer_s(w.all_to_all_bytes, coll, w.a2a_collectives, lat)
         if w.a2a_split_axis:
             t_a2a += w.a2a_collectives * self.split_all_to_all_s
         exposed = max(0.0, t_ring - self.ring_overlap * t_att) + max(0.0, t_params - t_lin) + t_kv + t_a2a
@@ -184,6 +180,13 @@ class TimeModel:
             exposed_host=exposed_host,
             overhead=self.step_overhead_s,
         )
+
+
+def _transfer_s(nbytes: float, bandwidth: float, count: int, latency: float) -> float:
+    """Seconds to move ``nbytes`` bytes in ``count`` collectives at ``bandwidth`` bytes/s, each
+    paying ``latency`` seconds (alpha-beta model: Hockney, Parallel Computing 20(3), 1994); 0
+    when nothing moves."""
+    return nbytes / bandwidth + count * latency if nbytes else 0.0
 
 
 ROOFLINE = TimeModel(executed_flops=False)
