@@ -112,6 +112,20 @@ def test_command_line_misspelling_names_the_nearest_key():
         assert r.returncode == 2 and msg in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.parametrize(
+    "tool,arg,near",
+    [("lcx.plan", "+hardwre.chips=128", "hardware"), ("lcx.train", "++foo=1", None), ("lcx.eval", "+evl.x=1", "eval")],
+)
+def test_an_appended_key_under_an_unknown_top_level_name_is_refused(tool, arg, near):
+    # '+' makes Hydra add the key instead of refusing it, and nothing would read it
+    with pytest.raises(ValueError, match="unknown top-level key") as e:
+        S.check_overrides([arg], tool)
+    assert arg in str(e.value) and (near is None or f"did you mean {near}?" in str(e.value))
+    # keys a config of the tool has (a section, a group, an experiment's own section) still pass
+    S.check_overrides(["+train.steps=1", "+experiment=longctx_4m_v5p", "+published.mfu=0.5"], "lcx.plan")
+    S.check_overrides(["+hydra/launcher=basic", "+ledger_calibration.hold_out_sources=[a]"], tool)
+
+
 def test_importing_lcx_registers_nothing_and_register_is_idempotent():
     # registration is the explicit lcx.config.register() (lcx.cli.launch, tests/conftest.py), not an
     # import side effect; a second call changes nothing
@@ -139,3 +153,11 @@ def test_hydra_finds_the_top_level_conf_through_the_package():
 
     assert pathlib.Path(str(importlib.resources.files("lcx.conf"))).resolve() == CONF.resolve()
     assert PRESET_DIR.resolve() == (CONF / "plan").resolve()
+
+
+def test_a_list_given_as_a_string_gets_a_hint_that_parses():
+    with pytest.raises(
+        ValueError, match=r"hardware.topology='4x4x3': must be a list, e.g. hardware.topology=\[4,4,3\]"
+    ):
+        S._check_value("hardware.topology", "4x4x3", list[int])
+    assert S._check_value("hardware.topology", [4, 4, 3], list[int]) == [4, 4, 3]

@@ -81,6 +81,8 @@ def test_each_rate_slows_its_own_part_only():
         ({"attention_efficiency": {"splash": 0}}, r"splash=0.0 must be a fraction"),
         ({"kernel_call_s": -1}, r"kernel_call_s=-1.0 must be >= 0"),
         ({"calibrated": {"seq": [1, 2]}}, "calibrated: unknown key"),
+        ({"error_median": "abc"}, r"hardware.time_model.error_median='abc': must be a number"),
+        ({"attention_efficiency": {"splash": True}}, r"attention_efficiency.splash=True: must be a number"),
     ],
 )
 def test_a_bad_time_model_node_is_refused_by_name(node, match):

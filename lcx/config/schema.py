@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -143,7 +145,8 @@ def _check_value(key: str, value: Any, tp: Any) -> Any:
         return value
     if origin is list:
         if isinstance(value, str):
-            raise ValueError(f"{key}={value!r}: must be a list, e.g. {key}=[{value}]")
+            items = ",".join(x for x in re.split(r"[x,\s]+", value) if x) or value  # 4x4x3 -> [4,4,3]
+            raise ValueError(f"{key}={value!r}: must be a list, e.g. {key}=[{items}]")
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{key}={value!r}: must be a list")
         (inner,) = typing.get_args(tp) or (Any,)
@@ -234,11 +237,44 @@ def check_train_config(cfg: Any, tool: str = "lcx.train") -> dict[str, dict]:
 _CHECKED_PREFIXES = ("train", "checkpoint", "memory", "eval", "distributed", "hardware", "data", "planner")
 
 
+TOOL_CONFIGS = {
+    "lcx": "config",
+    "lcx.train": "config",
+    "lcx.extend": "config",
+    "lcx.plan": "plan_config",
+    "lcx.eval": "eval_config",
+}
+"""The primary config (``conf/<name>.yaml``) each entry point composes."""
+
+
+@functools.cache
+def top_level_keys(tool: str = "lcx") -> tuple[str, ...]:
+    """Every top-level key a config of ``tool`` can hold: its primary config's keys and default
+    groups, ``hydra``, and the top-level keys any experiment (``conf/experiment/*.yaml``) adds."""
+    import importlib.resources
+
+    from omegaconf import OmegaConf
+
+    conf = importlib.resources.files("lcx.conf")
+    primary = OmegaConf.to_container(OmegaConf.load(str(conf / f"{TOOL_CONFIGS.get(tool, 'config')}.yaml")))
+    assert isinstance(primary, dict)
+    keys = {"hydra", *primary}
+    for entry in primary.get("defaults", []):
+        if isinstance(entry, dict):
+            keys |= {k.removeprefix("optional ").split("@")[0].split("/")[0] for k in entry}
+    for exp in (conf / "experiment").iterdir():
+        if exp.name.endswith(".yaml"):
+            keys |= set(OmegaConf.to_container(OmegaConf.load(str(exp))) or {})
+    return tuple(sorted(keys - {"defaults"}))
+
+
 def check_overrides(argv: Sequence[str], tool: str = "lcx") -> None:
     """Refuse a command-line override of an unknown key in a checked section, naming the nearest
     valid key, before Hydra composes anything (Hydra's own refusal does not name it). ``data.*``
     keys are checked against the keys of every data config together (the selected one is known
-    only after composition, where :func:`check_section` checks it exactly).
+    only after composition, where :func:`check_section` checks it exactly). A key appended with
+    ``+`` under a top-level name no config of ``tool`` has (``+hardwre.chips=64``, ``+foo=1``)
+    is refused too: nothing would read it (:func:`top_level_keys`).
 
     Raises:
       ValueError: the unknown key, the nearest valid one and the valid ones.
@@ -248,6 +284,14 @@ def check_overrides(argv: Sequence[str], tool: str = "lcx") -> None:
             continue
         key = arg.split("=", 1)[0].lstrip("+~")
         parts = key.split(".")
+        roots = top_level_keys(tool)
+        if arg.startswith("+") and "/" not in parts[0] and parts[0].split("@")[0] not in roots:
+            near = nearest(parts[0], roots)
+            hint = f"did you mean {near}? " if near else ""
+            raise ValueError(
+                f"{arg}: unknown top-level key {parts[0]!r}; {hint}a config of {tool} has {', '.join(roots)}, "
+                "and nothing reads a key '+' appends elsewhere (a misspelt key is refused, never ignored)"
+            )
         if len(parts) < 2 or parts[0] not in _CHECKED_PREFIXES or "@" in key or "/" in key:
             continue
         section, leaf = parts[0], parts[1]

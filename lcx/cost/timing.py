@@ -285,8 +285,13 @@ def time_model_from_config(node: Any) -> TimeModel | None:
             kernels=tuple(str(x) for x in c.get("kernels", ())),
         )
     eff = d.pop("attention_efficiency", None) or {}
-    eff = {str(k): float(v) for k, v in (eff.items() if hasattr(eff, "items") else dict(eff).items())}
-    floats = {k: float(v) for k, v in d.items() if k not in ("mxu_dim", "executed_flops", "source") and v is not None}
+    eff = {
+        str(k): _number(f"attention_efficiency.{k}", v)
+        for k, v in (eff.items() if hasattr(eff, "items") else dict(eff).items())
+    }
+    floats = {
+        k: _number(k, v) for k, v in d.items() if k not in ("mxu_dim", "executed_flops", "source") and v is not None
+    }
     return TimeModel(
         attention_efficiency=eff,
         mxu_dim=None if d.get("mxu_dim") is None else int(d["mxu_dim"]),
@@ -297,6 +302,16 @@ def time_model_from_config(node: Any) -> TimeModel | None:
         error_median=floats.get("error_median"),
         error_max=floats.get("error_max"),
     )
+
+
+def _number(key: str, v: Any) -> float:
+    # YAML reads 1e-4 (no dot) as a string: a string that is a number is one
+    try:
+        if isinstance(v, bool):
+            raise ValueError
+        return float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"hardware.time_model.{key}={v!r}: must be a number") from None
 
 
 def _pair(v: Any) -> tuple[int, int]:
