@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import pathlib
 import statistics
 import sys
@@ -254,10 +255,13 @@ def main(argv=None) -> int:
     )
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(argv)
-    if a.ranking_weight < 0:
-        ap.error(f"--ranking-weight {a.ranking_weight}: must be >= 0")
-    if a.ranking_weight and a.out == C.RESULTS / NAME:  # never overwrite the presets' results
-        a.out = C.RESULTS / f"{NAME}_ranking_weight_{a.ranking_weight:g}"
+    if not (math.isfinite(a.ranking_weight) and a.ranking_weight >= 0):
+        ap.error(f"--ranking-weight {a.ranking_weight}: must be a finite number >= 0")
+    presets_csv = (C.RESULTS / f"{NAME}.csv").resolve()
+    if a.ranking_weight and a.out.resolve().with_suffix(".csv") == presets_csv:
+        # never overwrite the presets' results: a trial fit writes its own files (1.5 -> 1p5, so
+        # no weight's name is another's with a suffix)
+        a.out = C.RESULTS / f"{NAME}_ranking_weight_{a.ranking_weight:g}".replace(".", "p")
     spec = C.compose(NAME, a.overrides).ledger_calibration
     rows = recipe_rows(spec) + comparison_rows(spec)
     x = fit(rows, a.ranking_weight)

@@ -534,3 +534,29 @@ def test_plan_default_run_prices_its_given_plan(tmp_path, capsys):
     report = run(c, tmp_path)
     assert "error" not in report["given"] and report["given"]["estimate"]["fits"]
     assert "does not apply" not in capsys.readouterr().out
+
+
+def test_estimate_is_the_same_cached_interleaved_or_with_an_unhashable_config():
+    """The ledger caches what depends on the config and plan alone (parameter layout, local step
+    share): the same call gives the same estimate cold, repeated, after another plan, and with a
+    plain namespace (unhashable, so computed uncached) standing in for the model config."""
+    import dataclasses
+    import types
+
+    from lcx.cost.local import StepSizes
+    from lcx.cost.search import candidate_plans
+
+    cfg, h = preset("llama3_1_8b_longctx"), hw("tpu_v5p", calibrated=True)
+    step = StepSizes.of_model(cfg, 1_048_576, 2).args()
+    (p1, _), (p2, _) = list(candidate_plans(cfg, 64, 1_048_576, 2))[:2]
+    pol = cost.ActivationPolicy(remat="full", vocab_tiling=4)
+
+    def key(c, p):
+        e = cost.estimate(c, p, h, 64, policy=pol, **step)
+        return e.step_time, e.memory.as_dict(), e.comm
+
+    first = key(cfg, p1)
+    other = key(cfg, p2)
+    assert other != first and key(cfg, p1) == first
+    ns = types.SimpleNamespace(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+    assert key(ns, p1) == first and key(ns, p2) == other

@@ -488,3 +488,36 @@ def test_maxtext_comparison_prices_the_recipe_itself(experiment, tmp_path, capsy
     assert report["recommendation"]["runnable_in_lcx"] and "lacks" not in out
     rec_line = next(x for x in out.splitlines() if x.strip().startswith("lcx recommends "))
     assert ("the same policy" in rec_line) == (report["recommendation"]["policy"] == report["given"]["policy"])
+
+
+@pytest.mark.parametrize(
+    "override,differs",
+    [
+        (None, None),
+        ("plan.attention.kernel=tokamax", "kernel tokamax, not splash"),
+        ("memory.vocab_tiling=8", "vt8, not custom"),
+        ("train.seq_len=2097152", "at 2,097,152 tokens x 2, not 64 at 4,194,304 x 2"),
+    ],
+)
+def test_the_published_step_is_compared_only_with_the_recipe_it_measured(override, differs, tmp_path, capsys):
+    """An override that changes the experiment's recipe (kernel, policy, length) makes its
+    published step another run's: the planner says so instead of printing an error against it,
+    and the MaxText paragraph still prices the recipe itself (its splash kernel)."""
+    import pathlib
+
+    from hydra import compose, initialize_config_dir
+
+    from lcx.plan import run
+
+    conf = pathlib.Path(__file__).resolve().parent.parent / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        c = compose("plan_config", overrides=["experiment=longctx_4m_v5p", *([override] if override else [])])
+    run(c, tmp_path)
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.strip().startswith("published"))
+    if differs is None:
+        assert "this plan and policy" in line and "from the published step" in line
+    else:
+        assert "but this run is not that one" in line and differs in line and "from the published" not in line
+    same_run = next(x for x in out.splitlines() if "The ledger on that same run" in x)
+    assert "46.38 GiB HBM" in same_run or override == "train.seq_len=2097152"

@@ -18,7 +18,6 @@ read in place and tensors the remat policy offloads stay ordinary temporaries.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Unpack
 
 from lcx.attention.kernels import get_kernel
@@ -32,7 +31,7 @@ from lcx.cost.activations import (
 from lcx.cost.attention_memory import layer_backward_bytes, layer_forward_bytes, layer_prologue_bytes
 from lcx.cost.dtypes import dtype_bytes
 from lcx.cost.flops import ModelDims
-from lcx.cost.local import LocalStep, StepArgs, StepSizes
+from lcx.cost.local import LocalStep, StepArgs, StepSizes, frozen_cache
 from lcx.cost.policy import ActivationPolicy
 from lcx.sharding import Plan
 from lcx.sharding.describe import ArrayLayout, layout_arrays
@@ -111,13 +110,13 @@ class MemoryBreakdown:
         return d
 
 
-@functools.lru_cache(maxsize=256)
+@frozen_cache
 def param_layout(
     plan: Plan, n_devices: int, cfg: ModelDims, param_dtype: str = "float32", *, tie_embeddings: bool = False
 ) -> tuple[ArrayLayout, ...]:
     """Every parameter array of ``cfg`` laid out under the plan's parameter rules on ``n_devices``
     (:func:`lcx.sharding.describe.layout_arrays`). Cached: the planner prices one plan under many
-    activation policies, and the layout depends on none of them (all arguments are frozen).
+    activation policies, and the layout depends on none of them (:func:`~lcx.cost.local.frozen_cache`).
 
     Raises:
       PlanError: the plan's mesh does not fit ``n_devices``.

@@ -26,8 +26,7 @@ from typing import Final, Protocol, TypedDict, Unpack, runtime_checkable
 
 @runtime_checkable
 class ModelDims(Protocol):
-    """The model sizes the ledger reads (``lcx.models.ModelConfig`` has them all); hashable, as a
-    frozen dataclass is (the ledger caches what depends on the model and plan alone)."""
+    """The model sizes the ledger reads (``lcx.models.ModelConfig`` has them all)."""
 
     # Final: read-only members, so a frozen config (a frozen dataclass's fields) satisfies it
     d_model: Final[int]

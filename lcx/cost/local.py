@@ -17,14 +17,16 @@ import dataclasses
 import functools
 import math
 import types
-from collections.abc import Mapping
-from typing import Any, Required, TypedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Required, TypedDict, TypeVar
 
 from lcx.attention.strategies import AbstractStrategy, AttentionShard, get_strategy
 from lcx.cost.dtypes import dtype_bytes
 from lcx.cost.flops import ModelDims
 from lcx.sharding import Plan
 from lcx.sharding import axes as ax
+
+T = TypeVar("T")
 
 
 class StepArgs(TypedDict, total=False):
@@ -118,7 +120,25 @@ class LocalStep:
         return self.local_batch * self.attention.local_len
 
 
-@functools.lru_cache(maxsize=256)
+def frozen_cache(fn: Callable[..., T]) -> Callable[..., T]:
+    """``functools.lru_cache`` for a function of frozen arguments (the ledger's config, plan and
+    step sizes): the planner prices one plan under many policies, and what depends on the plan
+    alone is computed once. An unhashable argument (a plain namespace standing in for
+    :class:`~lcx.cost.flops.ModelDims`) is computed uncached, with the same result."""
+    cached = functools.lru_cache(maxsize=256)(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> T:
+        try:
+            hash((args, tuple(kwargs.items())))
+        except TypeError:
+            return fn(*args, **kwargs)
+        return cached(*args, **kwargs)
+
+    return call
+
+
+@frozen_cache
 def _local_step(cls: type[LocalStep], cfg: ModelDims, plan: Plan, n_devices: int, step: StepSizes) -> LocalStep:
     # cached: the ledger asks for one step's share three times per estimate, and the planner
     # prices one plan under many policies (every argument is frozen)

@@ -246,16 +246,43 @@ def fitted_in_calibration(r: MaxTextRecipe) -> bool:
     return own.index(r) % 2 == 0
 
 
+def recipe_of(hardware: str, step_s: float) -> MaxTextRecipe | None:
+    """The published recipe row of ``hardware`` measured at ``step_s`` seconds (None: none)."""
+    return next((r for r in _MAXTEXT if r.hardware == hardware and abs(r.step_s - step_s) < 5e-3), None)
+
+
+def recipe_differences(r: MaxTextRecipe, plan, policy, n: int, S: int, B: int) -> list[str]:
+    """How a run of ``plan`` and ``policy`` on ``n`` devices at ``S`` tokens x ``B`` differs from
+    recipe ``r`` as lcx prices it (:func:`recipe_plan`; block sizes aside): empty when it is the
+    recipe, so that comparing its step time with the published one is like with like."""
+    from lcx.cost import ActivationPolicy
+
+    if (n, S, B) != (r.context * r.fsdp, r.seq_len, r.global_batch):
+        return [f"{n} devices at {S:,} tokens x {B}, not {r.context * r.fsdp} at {r.seq_len:,} x {r.global_batch}"]
+    want, a, pol = recipe_plan(r, plan.attention), plan.attention, ActivationPolicy(**dict(r.policy))
+    checks = (
+        ("mesh", plan.mesh_shape(n), want.mesh_shape(n)),
+        ("parameter sharding", plan.param_rules, want.param_rules),
+        ("activation sharding", plan.activation_rules, want.activation_rules),
+        ("strategy", a.strategy, "ring"),
+        ("layout", a.layout, "zigzag"),
+        ("kernel", a.kernel, "splash"),
+        ("policy", policy.label, pol.label),
+    )
+    return [f"{what} {got}, not {exp}" for what, got, exp in checks if got != exp]
+
+
 def recipe_plan(r: MaxTextRecipe, attention):
     """The lcx plan of recipe ``r``: its fsdp x context mesh, weights ZeRO-3 over both, ring with
-    load balancing (zigzag) on ``attention``'s kernel and blocks."""
+    load balancing (zigzag) on the splash kernel (what MaxText runs on TPU), at ``attention``'s
+    blocks."""
     from lcx.sharding import Plan
 
     return Plan(
         mesh=(("data", r.fsdp), ("context", r.context)),
         params=(("embed", ("data", "context")),),
         activations=(("batch", "data"), ("seq", "context")),
-        attention=dataclasses.replace(attention, strategy="ring", layout="zigzag"),
+        attention=dataclasses.replace(attention, strategy="ring", layout="zigzag", kernel="splash"),
         name=f"maxtext_{r.seq_len}",
     )
 
@@ -269,8 +296,8 @@ def compare_with_maxtext(rec, model_cfg, hw, n: int, S: int, B: int, attention=N
     policy at this run's length where that differs, beside the recommendation.
 
     Args:
-      attention: the given plan's :class:`~lcx.sharding.AttentionConfig` (kernel, blocks of the
-        hardware preset); the recipe runs it as ring + zigzag.
+      attention: the given plan's :class:`~lcx.sharding.AttentionConfig` (blocks of the hardware
+        preset); the recipe runs it as ring + zigzag on the splash kernel, whatever the given one.
     """
     from lcx.cost import ActivationPolicy, estimate
     from lcx.cost.local import StepSizes

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from lcx.reports.maxtext import compare_with_maxtext
+from lcx.reports.maxtext import compare_with_maxtext, recipe_differences, recipe_of
 
 
 def _as_dict(node: Any) -> dict[str, Any]:
@@ -342,7 +342,12 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     arrays, source = _model_arrays(m, m.param_dtype)
     given_report, e = _given(job, given, arrays, source, say)
     pub = cfg.get("published")
-    if pub and e is not None:
+    recipe = recipe_of(hw.name, float(pub.step_time_s)) if pub else None
+    differs = recipe_differences(recipe, given, job.policy, n, job.S, job.B) if recipe else ["not a tpu-recipes row"]
+    if pub and e is not None and differs:
+        # an override changed the experiment's recipe: its published step is not this run's
+        say(f"  published: {float(pub.step_time_s):,.2f} s/step, but this run is not that one ({'; '.join(differs)})")
+    elif pub and e is not None:
         # the published step is the experiment's own recipe, the given plan and policy priced above
         say(
             f"  published (MaxText tpu-recipes, this plan and policy): {float(pub.step_time_s):,.2f} s/step, MFU "
