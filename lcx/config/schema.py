@@ -284,8 +284,8 @@ def check_overrides(argv: Sequence[str], tool: str = "lcx") -> None:
             continue
         key = arg.split("=", 1)[0].lstrip("+~")
         parts = key.split(".")
-        roots = top_level_keys(tool)
-        if arg.startswith("+") and "/" not in parts[0] and parts[0].split("@")[0] not in roots:
+        roots = top_level_keys(tool) if arg.startswith("+") and "/" not in parts[0] else None
+        if roots is not None and parts[0].split("@")[0] not in roots:
             near = nearest(parts[0], roots)
             hint = f"did you mean {near}? " if near else ""
             raise ValueError(

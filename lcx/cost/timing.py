@@ -30,6 +30,7 @@ Per device and step, with ``F`` the peak FLOP/s (:class:`StepWork` holds the inp
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
@@ -306,12 +307,10 @@ def time_model_from_config(node: Any) -> TimeModel | None:
 
 def _number(key: str, v: Any) -> float:
     # YAML reads 1e-4 (no dot) as a string: a string that is a number is one
-    try:
-        if isinstance(v, bool):
-            raise ValueError
-        return float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"hardware.time_model.{key}={v!r}: must be a number") from None
+    if not isinstance(v, bool):
+        with contextlib.suppress(TypeError, ValueError):
+            return float(v)
+    raise ValueError(f"hardware.time_model.{key}={v!r}: must be a number")
 
 
 def _pair(v: Any) -> tuple[int, int]:

@@ -264,9 +264,7 @@ def recipe_differences(r: MaxTextRecipe, plan, policy, n: int, S: int, B: int) -
         ("mesh", plan.mesh_shape(n), want.mesh_shape(n)),
         ("parameter sharding", plan.param_rules, want.param_rules),
         ("activation sharding", plan.activation_rules, want.activation_rules),
-        ("strategy", a.strategy, "ring"),
-        ("layout", a.layout, "zigzag"),
-        ("kernel", a.kernel, "splash"),
+        *((k, getattr(a, k), getattr(want.attention, k)) for k in ("strategy", "layout", "kernel")),
         ("policy", policy.label, pol.label),
     )
     return [f"{what} {got}, not {exp}" for what, got, exp in checks if got != exp]

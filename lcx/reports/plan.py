@@ -342,9 +342,9 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
     arrays, source = _model_arrays(m, m.param_dtype)
     given_report, e = _given(job, given, arrays, source, say)
     pub = cfg.get("published")
-    recipe = recipe_of(hw.name, float(pub.step_time_s)) if pub else None
-    differs = recipe_differences(recipe, given, job.policy, n, job.S, job.B) if recipe else ["not a tpu-recipes row"]
-    if pub and e is not None and differs:
+    recipe = recipe_of(hw.name, float(pub.step_time_s)) if pub and e is not None else None
+    differs = recipe_differences(recipe, given, job.policy, n, job.S, job.B) if recipe else []
+    if differs:
         # an override changed the experiment's recipe: its published step is not this run's
         say(f"  published: {float(pub.step_time_s):,.2f} s/step, but this run is not that one ({'; '.join(differs)})")
     elif pub and e is not None:
