@@ -2,9 +2,9 @@
 
 Every published measured step of ``experiment=ledger_calibration`` -- MaxText's long-context
 recipe tables (lcx.reports.maxtext: v5p 64K..14M, TPU 7 64K..16M, each with its CP / FSDP / remat
-/ offload settings) and the strategy comparisons of MaxText's context-parallelism PRs (#4893:
-all-gather, ring and USP 16x4 / 8x8 / 32x2 at 64K-256K; #4687: Ulysses, all-gather and ring on
-Llama 2 7B) -- is priced by :func:`lcx.cost.estimate` on its own mesh, strategy, kernel and
+/ offload settings) and the strategy comparisons of MaxText's context-parallelism PRs (#4893 and,
+without load balancing, #4836: all-gather, ring and USP 16x4 / 8x8 / 32x2 at 64K-256K; #4687:
+Ulysses, all-gather and ring on Llama 2 7B) -- is priced by :func:`lcx.cost.estimate` on its own mesh, strategy, kernel and
 policy. The :class:`lcx.cost.timing.TimeModel` parameters of each preset are fitted (least
 squares on log(predicted / published), scipy) on the rows the hold-out rule keeps, and the
 prediction error is reported on the rows it holds out (the rule is fixed in the config, before
@@ -144,7 +144,7 @@ def comparison_rows(spec) -> list[Row]:
             att = AttentionConfig(
                 strategy=str(r.strategy),
                 kernel=str(c.kernel),
-                layout=str(r.get("layout", "zigzag")),
+                layout=str(r.get("layout", c.get("layout", "zigzag"))),
                 block_q=block,
                 block_kv=block,
             )
@@ -222,6 +222,7 @@ def yaml_nodes(x, rows, table) -> str:
             f"  ring_link_efficiency: {m.ring_link_efficiency:.4f}",
             f"  ring_overlap: {m.ring_overlap:.4f}",
             f"  replay_efficiency: {m.replay_efficiency:.4f}",
+            f"  skipped_tile_s: {_seconds(m.skipped_tile_s)}",
             "  step_overhead_s: 0.0",
             f"  error_median: {statistics.median(errs):.4f}" if errs else "  error_median: null",
             f"  error_max: {max(errs):.4f}" if errs else "  error_max: null",

@@ -6,7 +6,12 @@ import statistics
 
 import _common as C
 
-SOURCES = {"tpu_recipes": "tpu-recipes", "maxtext_pr_4893": "PR #4893", "maxtext_pr_4687": "PR #4687"}
+SOURCES = {
+    "tpu_recipes": "tpu-recipes",
+    "maxtext_pr_4893": "PR #4893",
+    "maxtext_pr_4836": "PR #4836",
+    "maxtext_pr_4687": "PR #4687",
+}
 
 
 def _pct(x: str) -> str:
@@ -79,6 +84,7 @@ PARAMETERS = (
     ("ring_link_efficiency", None),
     ("ring_overlap", None),
     ("replay_efficiency", None),
+    ("skipped_tile_s", None),
     ("error_median", None),
     ("error_max", None),
 )

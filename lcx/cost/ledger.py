@@ -22,7 +22,7 @@ from lcx.cost.local import LocalStep, StepArgs, StepSizes
 from lcx.cost.policy import ActivationPolicy
 from lcx.cost.timing import ROOFLINE, StepTime, StepWork
 from lcx.cost.topology import is_subtorus
-from lcx.cost.work import step_work
+from lcx.cost.work import skipped_tiles, step_work
 from lcx.sharding import Plan
 
 
@@ -321,6 +321,7 @@ def estimate(
         host_bytes=host_bytes,
         host_bandwidth=hw.host_bandwidth_per_device or 0.0,
         a2a_split_axis=U > 1 and not is_subtorus(U, hw.physical_mesh(n_devices) or (U,)),
+        skipped_per_tile=skipped_tiles(a.layout, strategy.imbalance_degree(P, U), seq_len, window),
     )
     roof = ROOFLINE.time(work, peak)
     t = roof if hw.time_model is None else hw.time_model.time(work, peak)

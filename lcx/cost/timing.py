@@ -12,7 +12,9 @@ Per device and step, with ``F`` the peak FLOP/s (:class:`StepWork` holds the inp
   * min(1, head_dim / mxu_dim)) + calls * kernel_call_s``. *Executed* FLOPs are the model's forward and the kernel's backward,
   which recomputes the scores (FlashAttention-2: 5 matmuls backward against 2 forward, Dao 2023,
   arXiv:2307.08691, section 3.1.2; model FLOPs count 2), plus a replayed forward, times the
-  causal block waste ``1 + block_kv / S`` (the diagonal blocks run whole). A *call* is one kernel
+  causal block waste ``1 + block_kv / S`` (the diagonal blocks run whole); plus ``skipped_tiles
+  * skipped_tile_s``: a tile of the kernel's grid that a causal mask skips whole still costs its
+  grid step (mask lookup, pipeline slot) though none of its FLOPs. A *call* is one kernel
   invocation: one per layer and pass (forward, backward, replay), times the ring size for a ring.
   The MXU term: a systolic array of width ``mxu_dim`` runs a contraction of width ``head_dim``
   at ``head_dim / mxu_dim`` of its rate when ``head_dim`` is smaller.
@@ -92,6 +94,10 @@ class TimeModel:
       split_all_to_all_s: seconds each all-to-all costs beyond the above when its device group
         splits a physical torus axis (a degree that is no product of whole torus axes, e.g. 8 or
         2 on a 4x4x4 slice; :mod:`lcx.cost.topology`).
+      skipped_tile_s: seconds each visit of a grid tile that the mask skips whole costs (0: free,
+        the roofline's assumption). A balanced causal layout visits one skipped tile per computed
+        one and an unbalanced (contiguous) one's busiest device almost none, so this decides what
+        the imbalance costs; it is a time per tile, so smaller blocks pay it more often.
       ring_overlap: fraction of the attention compute ring transfers hide behind (1: all).
       step_overhead_s: fixed seconds per step (optimizer update, host loop).
       executed_flops: price the kernel's executed FLOPs (backward score recompute, causal block
@@ -112,6 +118,7 @@ class TimeModel:
     ring_link_efficiency: float = 1.0
     replay_efficiency: float = 1.0
     split_all_to_all_s: float = 0.0
+    skipped_tile_s: float = 0.0
     ring_overlap: float = 1.0
     step_overhead_s: float = 0.0
     executed_flops: bool = True
@@ -133,7 +140,13 @@ class TimeModel:
                 raise ValueError(f"hardware.time_model: efficiency {name}={v} must be a fraction of peak in (0, 1]")
         if not 0 <= self.ring_overlap <= 1:
             raise ValueError(f"hardware.time_model.ring_overlap={self.ring_overlap} must be in [0, 1]")
-        for name in ("kernel_call_s", "collective_latency_s", "split_all_to_all_s", "step_overhead_s"):
+        for name in (
+            "kernel_call_s",
+            "collective_latency_s",
+            "split_all_to_all_s",
+            "skipped_tile_s",
+            "step_overhead_s",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"hardware.time_model.{name}={getattr(self, name)} must be >= 0 seconds")
         if self.mxu_dim is not None and self.mxu_dim < 1:
@@ -159,7 +172,9 @@ class TimeModel:
         else:
             att_flops, replay = w.attention_flops, w.attention_replay_flops
         rate = peak * self.attention_rate(w.kernel, w.head_dim)
-        t_att = (att_flops + replay) / rate + w.kernel_calls * self.kernel_call_s
+        t_att = (
+            (att_flops + replay) / rate + w.kernel_calls * self.kernel_call_s + w.skipped_tiles * self.skipped_tile_s
+        )
         t_lin = w.linear_flops / (peak * self.linear_efficiency)
         lat = self.collective_latency_s
         t_ring = _transfer_s(w.ring_bytes, w.p2p_bandwidth * self.ring_link_efficiency, w.ring_hops, lat)
@@ -213,6 +228,8 @@ class StepWork:
         (0: not priced).
       a2a_split_axis: the all-to-all's device group is not a whole sub-torus of the slice (its
         degree is no product of whole torus axes, :func:`lcx.cost.topology.is_subtorus`).
+      skipped_tiles: visits per step of grid tiles the causal mask skips whole, on the busiest
+        device, over every pass (:func:`lcx.cost.work.skipped_tiles`; 0: not priced).
     """
 
     attention_flops: float
@@ -235,6 +252,7 @@ class StepWork:
     host_bytes: float
     host_bandwidth: float
     a2a_split_axis: bool = False
+    skipped_tiles: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ def step_work(
     host_bytes: float,
     host_bandwidth: float,
     a2a_split_axis: bool,
+    skipped_per_tile: float = 0.0,
 ) -> StepWork:
     """The per-device :class:`~lcx.cost.timing.StepWork` of one step (``ring_size``: the ring's
     devices, 1 without a ring; a kernel call per ring step, layer and pass).
@@ -62,6 +63,11 @@ def step_work(
         host_bytes=host_bytes,
         host_bandwidth=host_bandwidth,
         a2a_split_axis=a2a_split_axis,
+        # one grid visit per tile and pass (forward, the backward's two, a replay), as model FLOPs
+        # count them: (forward + 2 x forward + replay) / FLOPs of one (head, tile) forward
+        skipped_tiles=skipped_per_tile
+        * (model_attention / n * imb + replay)
+        / (4.0 * (a.block_q or block) * block * cfg.head_dim),
     )
 
 
@@ -74,3 +80,22 @@ def block_waste(layout: str, block: int, seq_len: int, span: int, P: int) -> flo
         if block > chunk:
             return 2.0
     return 1.0 + min(block, span) / span
+
+
+def skipped_tiles(layout: str, degree: int, seq_len: int, window: int | None) -> float:
+    """Grid tiles a causal kernel visits but skips whole (the mask hides every pair), per computed
+    tile, on the busiest of ``degree`` devices (:func:`step_work` turns it into visits).
+
+    A causal kernel's grid spans the whole rectangle of its queries and keys (splash's block mask
+    shortens a row's grid to the longest row's active blocks, which under a causal mask is every
+    block), so a device visits two tiles per computed one on average. The busiest device computes
+    ``imbalance`` times the mean (:func:`lcx.cost.ledger.causal_imbalance`, one document per row)
+    and skips the rest of its rectangle: ``(2 - imbalance) / imbalance`` (1 balanced; ``1 / (2P -
+    1)`` contiguous). A sliding window shorter than the sequence narrows the grid to its band: 0.
+    Packed documents skip more tiles than this one-document count."""
+    from lcx.cost.ledger import causal_imbalance
+
+    if window and window < seq_len:
+        return 0.0
+    imb = causal_imbalance(layout, degree)
+    return max(0.0, 2.0 - imb) / imb
