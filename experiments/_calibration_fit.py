@@ -21,7 +21,7 @@ PARAMS = {
         ("ring_overlap", 0.0, 1.0, 0.5),
         ("replay_efficiency", 0.05, 1.0, 0.5),
         ("ring_link_efficiency", 0.05, 1.0, 0.5),
-        ("skipped_tile_s", 0.0, 1e-5, 3e-7),
+        ("skipped_tile_s", 0.0, 1e-5, 1e-6),
     ),
     "tpu7": (("splash", 0.05, 1.0, 0.5), ("linear", 0.05, 1.0, 0.5)),
 }

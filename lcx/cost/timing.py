@@ -13,8 +13,8 @@ Per device and step, with ``F`` the peak FLOP/s (:class:`StepWork` holds the inp
   which recomputes the scores (FlashAttention-2: 5 matmuls backward against 2 forward, Dao 2023,
   arXiv:2307.08691, section 3.1.2; model FLOPs count 2), plus a replayed forward, times the
   causal block waste ``1 + block_kv / S`` (the diagonal blocks run whole); plus ``skipped_tiles
-  * skipped_tile_s``: a tile of the kernel's grid that a causal mask skips whole still costs its
-  grid step (mask lookup, pipeline slot) though none of its FLOPs. A *call* is one kernel
+  * skipped_tile_s``: a tile of the dK/dV backward's grid that a causal mask skips whole still
+  costs its grid step though none of its FLOPs. A *call* is one kernel
   invocation: one per layer and pass (forward, backward, replay), times the ring size for a ring.
   The MXU term: a systolic array of width ``mxu_dim`` runs a contraction of width ``head_dim``
   at ``head_dim / mxu_dim`` of its rate when ``head_dim`` is smaller.
@@ -229,7 +229,7 @@ class StepWork:
       a2a_split_axis: the all-to-all's device group is not a whole sub-torus of the slice (its
         degree is no product of whole torus axes, :func:`lcx.cost.topology.is_subtorus`).
       skipped_tiles: visits per step of grid tiles the causal mask skips whole, on the busiest
-        device, over every pass (:func:`lcx.cost.work.skipped_tiles`; 0: not priced).
+        device, in the dK/dV backward (:func:`lcx.cost.work.skipped_tiles`; 0: not priced).
     """
 
     attention_flops: float

@@ -63,10 +63,11 @@ def step_work(
         host_bytes=host_bytes,
         host_bandwidth=host_bandwidth,
         a2a_split_axis=a2a_split_axis,
-        # one grid visit per tile and pass (forward, the backward's two, a replay), as model FLOPs
-        # count them: (forward + 2 x forward + replay) / FLOPs of one (head, tile) forward
+        # one visit per skipped tile and step, in the dK/dV backward (see skipped_tiles): the
+        # forward's computed (head, tile) pairs are its FLOPs (a third of the model count) over
+        # one tile's 4 bq bkv head_dim
         skipped_tiles=skipped_per_tile
-        * (model_attention / n * imb + replay)
+        * (model_attention / n * imb / 3)
         / (4.0 * (a.block_q or block) * block * cfg.head_dim),
     )
 
@@ -86,9 +87,13 @@ def skipped_tiles(layout: str, degree: int, seq_len: int, window: int | None) ->
     """Grid tiles a causal kernel visits but skips whole (the mask hides every pair), per computed
     tile, on the busiest of ``degree`` devices (:func:`step_work` turns it into visits).
 
-    A causal kernel's grid spans the whole rectangle of its queries and keys (splash's block mask
-    shortens a row's grid to the longest row's active blocks, which under a causal mask is every
-    block), so a device visits two tiles per computed one on average. The busiest device computes
+    The splash kernels' dK/dV backward runs a static grid over the whole rectangle of its queries
+    and keys, skipping a masked tile's FLOPs but not its grid step, while their forward runs a
+    dynamic grid of the active tiles only (MaxText's tokamax splash,
+    ``kernels/tokamax_splash_attention/splash_attention_mask_info.py``: ``process_mask`` defaults
+    to ``return_dynamic_grid=True``, the dK/dV mask takes it only with ``dq_reduction_steps=3``).
+    The model prices one visit per skipped tile and step, in that backward. Under a causal mask a
+    device visits two tiles per computed one on average. The busiest device computes
     ``imbalance`` times the mean (:func:`lcx.cost.ledger.causal_imbalance`, one document per row)
     and skips the rest of its rectangle: ``(2 - imbalance) / imbalance`` (1 balanced; ``1 / (2P -
     1)`` contiguous). A sliding window shorter than the sequence narrows the grid to its band: 0.
