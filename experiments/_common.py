@@ -135,6 +135,16 @@ def summarize(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def out_file(stem: pathlib.Path, ext: str) -> pathlib.Path:
+    """The result file ``--out stem`` names for extension ``ext`` (``".csv"``, ``".png"``): the
+    extension appended, so a stem with a dot keeps it (``run.v2`` -> ``run.v2.csv``, where
+    ``with_suffix`` would write ``run.csv`` over another run's); a stem already ending in a result
+    extension drops it first (``run.csv`` -> ``run.csv``, ``run.png``)."""
+    if stem.suffix in (".csv", ".png"):
+        stem = stem.with_suffix("")
+    return stem.parent / f"{stem.name}{ext}"
+
+
 def write_csv(rows: Iterable[Mapping[str, Any]], path: pathlib.Path) -> pathlib.Path:
     """Write ``rows`` (dicts with the same keys) to ``path``; floats with 10 significant digits."""
     rows = list(rows)

@@ -259,7 +259,7 @@ def main(argv=None) -> int:
     if not (math.isfinite(a.ranking_weight) and a.ranking_weight >= 0):
         ap.error(f"--ranking-weight {a.ranking_weight}: must be a finite number >= 0")
     presets_csv = (C.RESULTS / f"{NAME}.csv").resolve()
-    if a.ranking_weight and a.out.resolve().with_suffix(".csv") == presets_csv:
+    if a.ranking_weight and C.out_file(a.out.resolve(), ".csv") == presets_csv:
         # never overwrite the presets' results: a trial fit writes its own files (1.5 -> 1p5, so
         # no weight's name is another's with a suffix)
         a.out = C.RESULTS / f"{NAME}_ranking_weight_{a.ranking_weight:g}".replace(".", "p")
@@ -286,8 +286,8 @@ def main(argv=None) -> int:
                 "published_mfu": r.model_flops / (r.published_s * r.peak * r.n_devices),
             }
         )
-    C.write_csv(table, a.out.with_suffix(".csv"))
-    plot(table, a.out.with_suffix(".png"))
+    C.write_csv(table, C.out_file(a.out, ".csv"))
+    plot(table, C.out_file(a.out, ".png"))
     names = [f"{hw}.{p[0]}" for hw, ps in PARAMS.items() for p in ps]
     print("fitted parameters:", ", ".join(f"{n}={v:.4g}" for n, v in zip(names, x)))
     for t in table:
@@ -300,7 +300,7 @@ def main(argv=None) -> int:
     med, worst = statistics.median(held), max(held)
     print(f"held out: {len(held)} rows, median |error| {100 * med:.1f}%, largest {100 * worst:.1f}%")
     pairs = ranking_pairs(rows, pred)
-    C.write_csv(pairs, a.out.parent / f"{a.out.name}_ranking.csv")
+    C.write_csv(pairs, C.out_file(C.out_file(a.out, ""), "_ranking.csv"))
     bad = [p for p in pairs if not p["agrees"]]
     print(f"strategy ranking: {len(pairs) - len(bad)}/{len(pairs)} pairs ordered as measured")
     for p in bad:

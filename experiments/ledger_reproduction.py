@@ -171,8 +171,8 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(argv)
     rows = rows_from(C.compose(NAME, a.overrides).ledger_reproduction)
-    C.write_csv(rows, a.out.with_suffix(".csv"))
-    plot(rows, a.out.with_suffix(".png"))
+    C.write_csv(rows, C.out_file(a.out, ".csv"))
+    plot(rows, C.out_file(a.out, ".png"))
     bad = [r for r in rows if not r["agrees"]]
     for r in bad:
         print(f"DISAGREES: {r['quantity']}: published {r['published']}, lcx {r['lcx']:.6g}", file=sys.stderr)

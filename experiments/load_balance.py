@@ -141,8 +141,8 @@ def documents(spec, out: pathlib.Path) -> int:
     for data in spec.data:
         for S in spec.seq_lens:
             rows += D.measure(str(data), int(S), [int(p) for p in spec.degrees], int(spec.rows), int(spec.block))
-    C.write_csv(rows, out.with_suffix(".csv"))
-    D.plot(rows, out.with_suffix(".png"))
+    C.write_csv(rows, C.out_file(out, ".csv"))
+    D.plot(rows, C.out_file(out, ".png"))
     return 0
 
 
@@ -167,8 +167,8 @@ def main(argv=None) -> int:
                 mean = sum(r["fwd_bwd_s"] for r in rs) / len(rs)
                 for r in rs:
                     r["time_max_over_mean"] = max(x["fwd_bwd_s"] for x in rs) / mean
-    C.write_csv(rows, a.out.with_suffix(".csv"))
-    plot(rows, a.out.with_suffix(".png"), f" ({C.machine_note()}, model={cfg.model.name})")
+    C.write_csv(rows, C.out_file(a.out, ".csv"))
+    plot(rows, C.out_file(a.out, ".png"), f" ({C.machine_note()}, model={cfg.model.name})")
     return 0
 
 

@@ -201,13 +201,13 @@ def main(argv=None) -> int:
         )
     out = a.out if a.out is not None or (a.overrides and not a.replot) else C.RESULTS / NAME
     if a.replot:
-        rows = C.read_csv(out.with_suffix(".csv"))
+        rows = C.read_csv(C.out_file(out, ".csv"))
     else:
         rows = run(a.overrides)
         if out is None:
             return 0
-        C.write_csv(rows, out.with_suffix(".csv"))
-    plot(rows, out.with_suffix(".png"), f" ({C.machine_note()})")
+        C.write_csv(rows, C.out_file(out, ".csv"))
+    plot(rows, C.out_file(out, ".png"), f" ({C.machine_note()})")
     return 0
 
 

@@ -240,8 +240,8 @@ def main(argv=None) -> int:
             context_degree=summary["context_degree"],
             run_dir=summary["run_dir"],
         )
-    C.write_csv(rows, a.out.with_suffix(".csv"))
-    plot(rows, stage_metrics(run_dir), summary, a.out.with_suffix(".png"))
+    C.write_csv(rows, C.out_file(a.out, ".csv"))
+    plot(rows, stage_metrics(run_dir), summary, C.out_file(a.out, ".png"))
     for r in rows:
         print(f"depth {r['depth']:.1f}: exact match {r['exact_match']:.2f}, digits {r['digit_accuracy']:.2f}")
     return 0

@@ -102,8 +102,8 @@ def main(argv=None) -> int:
     if not rows:
         print(f"no metrics.jsonl under {sweep}", file=sys.stderr)
         return 1
-    C.write_csv(rows, a.out.with_suffix(".csv"))
-    plot(rows, a.out.with_suffix(".png"), f" ({C.machine_note()})")
+    C.write_csv(rows, C.out_file(a.out, ".csv"))
+    plot(rows, C.out_file(a.out, ".png"), f" ({C.machine_note()})")
     return 0
 
 

@@ -285,8 +285,8 @@ def main(argv=None) -> int:
                 flush=True,
             )
     if out is not None:
-        C.write_csv(rows, out.with_suffix(".csv"))
-        plot(rows, out.with_suffix(".png"))
+        C.write_csv(rows, C.out_file(out, ".csv"))
+        plot(rows, C.out_file(out, ".png"))
     worst = max(max(abs(r["ratio_device"] - 1), abs(r["ratio_host"] - 1)) for r in rows)
     print(
         f"worst relative difference {100 * worst:.1f}% "

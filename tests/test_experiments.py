@@ -180,11 +180,12 @@ def test_strategy_sweep_gather_and_plot(tmp_path):
     r = rows[0]
     assert r["tokens_per_sec"] == 200.0  # median of the steps after the first
     assert r["temp_mib_per_device"] == 10.0 and r["final_loss"] == 3.5 and r["mesh"] == "data2xcontext4"
-    out = tmp_path / "res"
+    out = tmp_path / "res.v2"  # a dot in the stem is kept, not taken for a suffix
     assert strategy_sweep.main(["--runs", str(sweep), "--out", str(out)]) == 0
-    got = _common.read_csv(out.with_suffix(".csv"))
+    got = _common.read_csv(tmp_path / "res.v2.csv")
     assert len(got) == 8 and float(got[0]["final_loss"]) == 3.5
-    assert out.with_suffix(".png").stat().st_size > 10_000
+    assert (tmp_path / "res.v2.png").stat().st_size > 10_000
+    assert _common.out_file(tmp_path / "res.csv", ".png") == tmp_path / "res.png"
 
 
 def test_load_balance_work_counts(tmp_path):
