@@ -135,8 +135,34 @@ def ranking_pairs(rows, pred) -> list[dict]:
                 "group": a.group,
                 "pair": f"{a.strategy} vs {b.strategy}",
                 "measured_gap": gap,
+                "predicted_gap": max(pred[i], pred[j]) / min(pred[i], pred[j]) - 1,
                 "agrees": (a.published_s < b.published_s) == (pred[i] < pred[j]),
                 "held_out": not (a.fitted and b.fitted),
+            }
+        )
+    return out
+
+
+def choices(rows, pred) -> list[dict]:
+    """What picking by the prediction costs, per strategy comparison (one source, one length): the
+    strategy predicted fastest, the one measured fastest, and how much slower the measured step of
+    the pick is than the measured best (``regret``, 0 when they are the same strategy)."""
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        if not r.source.startswith("tpu_recipes"):
+            groups.setdefault(r.group, []).append(i)
+    out = []
+    for group, idx in groups.items():
+        pick = min(idx, key=lambda i: pred[i])
+        best = min(idx, key=lambda i: rows[i].published_s)
+        out.append(
+            {
+                "group": group,
+                "strategies": len(idx),
+                "predicted_fastest": rows[pick].strategy,
+                "measured_fastest": rows[best].strategy,
+                "regret": rows[pick].published_s / rows[best].published_s - 1,
+                "held_out": not all(rows[i].fitted for i in idx),
             }
         )
     return out

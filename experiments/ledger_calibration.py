@@ -12,7 +12,9 @@ fitting). The fitted values are what ``conf/hardware/<preset>.yaml`` carries.
 
 Writes ``experiments/results/ledger_calibration.csv`` (source, row, fitted, published_s,
 predicted_s, error, roofline_s, ...), ``ledger_calibration_ranking.csv`` (every pair of strategies
-measured together: measured gap, whether the prediction orders them the same) and ``.png``;
+measured together: measured and predicted gap, whether the prediction orders them the same),
+``ledger_calibration_choice.csv`` (per comparison: the strategy predicted fastest, the one measured
+fastest, and how much slower the pick measured) and ``.png``;
 prints the fitted parameters, every row, the held-out median / largest error and the strategy
 ranking check; exits 1 if a target of issue 21 is missed (held-out median <= 10%, every held-out
 row <= 20%, >= 6 rows held out).
@@ -34,7 +36,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
-from _calibration_fit import PARAMS, fit, predict, ranking_pairs, time_models  # noqa: E402
+from _calibration_fit import PARAMS, choices, fit, predict, ranking_pairs, time_models  # noqa: E402
 
 NAME = "ledger_calibration"
 CONF = C.ROOT / "conf" / "hardware"
@@ -304,7 +306,17 @@ def main(argv=None) -> int:
     bad = [p for p in pairs if not p["agrees"]]
     print(f"strategy ranking: {len(pairs) - len(bad)}/{len(pairs)} pairs ordered as measured")
     for p in bad:
-        print(f"  disagrees: {p['group']}: {p['pair']} (measured gap {100 * p['measured_gap']:.1f}%)")
+        print(
+            f"  disagrees: {p['group']}: {p['pair']} (measured gap {100 * p['measured_gap']:.1f}%, "
+            f"predicted {100 * p['predicted_gap']:.1f}%)"
+        )
+    picks = choices(rows, pred)
+    C.write_csv(picks, C.out_file(C.out_file(a.out, ""), "_choice.csv"))
+    for c in picks:
+        print(
+            f"pick by prediction: {c['group']}: {c['predicted_fastest']} (measured fastest {c['measured_fastest']}; "
+            f"its measured step {100 * c['regret']:+.1f}% from the fastest)"
+        )
     if a.yaml:
         print(yaml_nodes(x, rows, table))
     ok = len(held) >= 6 and med <= 0.10 and worst <= 0.20

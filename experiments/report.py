@@ -22,6 +22,7 @@ import _common as C  # noqa: E402
 from report_balance import load_balance_documents  # noqa: E402
 from report_time import (  # noqa: E402
     ledger_calibration,
+    ledger_calibration_choice,
     ledger_calibration_ranking,
     ledger_calibration_summary,
     time_model_parameters,
@@ -378,6 +379,7 @@ TABLES = {
         ledger_calibration,
         ledger_calibration_summary,
         ledger_calibration_ranking,
+        ledger_calibration_choice,
         time_model_parameters,
         load_balance_documents,
     )

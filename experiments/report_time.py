@@ -60,15 +60,55 @@ def ledger_calibration_ranking() -> str:
         f"measured more than 5% apart, {sum(p['agrees'] == 'True' for p in big_held)} are. Ordered unlike the "
         "measurement:",
         "",
-        "| comparison, length | pair | measured gap | a held-out row |",
-        "|---|---|---:|---|",
+        "| comparison, length | pair | measured gap | predicted gap | a held-out row |",
+        "|---|---|---:|---:|---|",
     ]
     for p in bad:
-        src, S = p["group"].rsplit(" ", 1)
         lines.append(
-            f"| {SOURCES[src]}, {int(S) // 1024}K | {p['pair']} | {100 * float(p['measured_gap']):.1f}% | "
-            f"{'yes' if p['held_out'] == 'True' else 'no'} |"
+            f"| {_comparison(p['group'])} | {p['pair']} | {100 * float(p['measured_gap']):.1f}% | "
+            f"{100 * float(p['predicted_gap']):.1f}% | {'yes' if p['held_out'] == 'True' else 'no'} |"
         )
+    # the planner's tie rule (lcx.cost.timing.versus_words): a predicted gap under the preset's
+    # held-out median error; every comparison is on v5p
+    from omegaconf import OmegaConf
+
+    band = float(OmegaConf.load(C.ROOT / "conf" / "hardware" / "tpu_v5p.yaml").time_model.error_median)
+    close = [p for p in pairs if float(p["predicted_gap"]) < band]
+    far = [p for p in pairs if float(p["predicted_gap"]) >= band]
+    lines += [
+        "",
+        f"The planner calls two plans 'a tie' when their predicted steps are closer than the preset's held-out "
+        f"median error ({100 * band:.1f}% for tpu_v5p). Of the {len(close)} pairs predicted that close, "
+        f"{sum(p['agrees'] == 'True' for p in close)} are ordered as measured; of the {len(far)} pairs predicted "
+        f"farther apart, {sum(p['agrees'] == 'True' for p in far)} are.",
+    ]
+    return "\n".join(lines)
+
+
+def _comparison(group: str) -> str:
+    src, S = group.rsplit(" ", 1)
+    return f"{SOURCES[src]}, {int(S) // 1024}K"
+
+
+def ledger_calibration_choice() -> str:
+    """``ledger_calibration_choice.csv``: what picking the strategy by the prediction costs."""
+    picks = C.read_csv(C.RESULTS / "ledger_calibration_choice.csv")
+    regret = [float(c["regret"]) for c in picks]
+    lines = [
+        "| comparison, length | strategies | predicted fastest | measured fastest | the pick's measured step |",
+        "|---|---:|---|---|---:|",
+    ]
+    for c in picks:
+        lines.append(
+            f"| {_comparison(c['group'])} | {c['strategies']} | {c['predicted_fastest']} | {c['measured_fastest']} | "
+            f"{100 * float(c['regret']):+.1f}% |"
+        )
+    lines += [
+        "",
+        f"**The strategy predicted fastest is the one measured fastest in {sum(r == 0 for r in regret)} of "
+        f"{len(picks)} comparisons; where it is not, its measured step is {100 * max(regret):.1f}% or less "
+        f"slower than the fastest.**",
+    ]
     return "\n".join(lines)
 
 

@@ -8,13 +8,21 @@ import pathlib
 import statistics
 import subprocess
 import sys
+import types
 
 import pytest
 from omegaconf import OmegaConf
 
 from lcx import cost
 from lcx.cost.local import StepSizes
-from lcx.cost.timing import ROOFLINE, CalibratedRange, TimeModel, time_model_from_config, time_words
+from lcx.cost.timing import (
+    ROOFLINE,
+    CalibratedRange,
+    TimeModel,
+    time_model_from_config,
+    time_words,
+    versus_words,
+)
 from lcx.models.config import preset
 from lcx.reports.maxtext import recipe_plan, recipes
 from lcx.sharding import AttentionConfig
@@ -141,6 +149,60 @@ def test_the_planner_flags_extrapolation_and_names_the_error_band():
     assert "no time model" in bare
 
 
+def test_an_alternative_closer_than_the_median_error_is_a_tie():
+    """lcx.plan's runners-up: the gap to the recommendation, 'a tie' under the preset's held-out
+    median error, 'extrapolation' outside the calibrated range, plain percent for a roofline."""
+    hw = _hw("tpu7")
+    _, e = _recipe_estimate(hw, 14680064)
+    band = hw.time_model.error_median
+
+    def slower(k):  # an alternative like e, its step k times longer (the recommendation stays e)
+        return types.SimpleNamespace(
+            step_time=e.step_time * k, calibrated=True, tokens_per_step=e.tokens_per_step, n_devices=e.n_devices
+        )
+
+    assert versus_words(slower(1 + band / 2), e, hw, seq_len=14680064, strategy="ring", kernel="splash") == (
+        f"{100 * band / 2:+.1f}%, a tie",
+        True,
+    )
+    words, tie = versus_words(slower(1 + 2 * band), e, hw, seq_len=14680064, strategy="ring", kernel="splash")
+    assert words == f"{100 * 2 * band:+.1f}%" and not tie
+    words, tie = versus_words(slower(1.0), e, hw, seq_len=14680064, strategy="usp", kernel="splash")
+    assert words == "+0.0%, a tie, extrapolation" and tie
+    bare = dataclasses.replace(hw, time_model=None)
+    _, e_roof = _recipe_estimate(bare, 14680064)
+    assert versus_words(e_roof, e_roof, bare, seq_len=14680064, strategy="ring", kernel="splash") == (
+        "+0.0% (roofline)",
+        False,
+    )
+
+
+def test_the_planner_says_which_runners_up_it_cannot_order():
+    cfg = preset("llama3_1_8b_longctx")
+    rec = cost.search(cfg, _hw("tpu7"), 128, seq_len=14680064, global_batch=1)
+    vs = [r for r in rec.reasons if r.lstrip().startswith("vs ")]
+    assert vs and all("%" in r for r in vs)
+    ties = sum(", a tie" in r for r in vs)
+    summary = [r for r in rec.reasons if "'a tie'" in r]
+    assert ties and summary and summary[0].lstrip().startswith(f"{ties} of these")
+
+
+def test_picking_by_the_prediction_reports_the_measured_cost():
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from _calibration_fit import choices
+
+    Row = dataclasses.make_dataclass("Row", ["source", "group", "strategy", "published_s", "fitted"])
+    rows = [
+        Row("pr", "pr 64K", "ring", 1.4, True),
+        Row("pr", "pr 64K", "usp", 1.0, True),
+        Row("pr", "pr 64K", "allgather", 1.1, False),
+        Row("tpu_recipes", "recipes", "ring", 9.0, True),
+    ]
+    (c,) = choices(rows, [1.5, 1.2, 1.05, 1.0])
+    assert (c["predicted_fastest"], c["measured_fastest"], c["strategies"]) == ("allgather", "usp", 3)
+    assert c["regret"] == pytest.approx(0.1) and c["held_out"]
+
+
 def _calibration_rows():
     sys.path.insert(0, str(ROOT / "experiments"))
     import _common as C
@@ -177,6 +239,7 @@ def test_a_refit_predicts_what_the_presets_predict(tmp_path):
     rows = list(csv.DictReader((tmp_path / "c.csv").open()))
     assert {"source", "row", "fitted", "published_s", "predicted_s", "error"} <= set(rows[0])
     assert (tmp_path / "c.png").exists() and (tmp_path / "c_ranking.csv").exists()
+    assert (tmp_path / "c_choice.csv").exists()
     held = next(x for x in out.splitlines() if x.startswith("held out:"))
     n, med = int(held.split()[2]), float(held.split("median |error| ")[1].split("%")[0])
     assert n >= 6 and med <= 10.0, held

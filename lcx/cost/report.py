@@ -27,7 +27,7 @@ from lcx.cost.search import (
     strategy_meshes,
     train_overrides,
 )
-from lcx.cost.timing import time_words
+from lcx.cost.timing import time_words, versus_words
 from lcx.sharding import Plan, PlanError
 from lcx.sharding.plan import AttentionConfig
 
@@ -194,10 +194,21 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
     others: dict[tuple[str, str], Candidate] = {}
     for c in at[1:]:
         others.setdefault((c.plan.name, c.param_sharding), c)
+    ties = 0
     for c in list(others.values())[:4]:
+        a = c.plan.attention
+        words, tie = versus_words(c.est, e, hw, seq_len=seq_len, strategy=a.strategy, kernel=a.kernel)
+        ties += tie
         reasons.append(
             f"  vs {c.plan.name}, params {c.param_sharding} ({c.policy.label}): "
-            f"{c.est.step_time:,.1f} s/step, {_gib(c.est.memory.total)}"
+            f"{c.est.step_time:,.1f} s/step ({words}), {_gib(c.est.memory.total)}"
+        )
+    tm = hw.time_model
+    if ties and tm is not None and tm.error_median is not None:  # a tie needs the median error
+        reasons.append(
+            f"  {ties} of these {'is' if ties == 1 else 'are'} 'a tie': closer to the recommendation than the "
+            f"{hw.name} fit's held-out median error ({100 * tm.error_median:.1f}%), an order the calibrated time "
+            "cannot resolve (docs/time_model.md, 'Strategy ranking'); choose among them by memory, or measure them"
         )
     rb = choice.best_runnable
     if best.runnable_in_lcx:

@@ -360,3 +360,38 @@ def time_words(e: Any, hw: Any, *, seq_len: int, strategy: str, kernel: str | No
         )
         out += "; EXTRAPOLATION: " + "; ".join(far) if far else "; inside the calibrated range"
     return out
+
+
+def versus_words(alt: Any, best: Any, hw: Any, *, seq_len: int, strategy: str, kernel: str | None) -> tuple[str, bool]:
+    """How an alternative plan's predicted step compares with the recommended one, in words.
+
+    The gap is ``alt / best - 1`` of the calibrated step times. A gap smaller than the preset's
+    held-out median error (``time_model.error_median``) is a tie: it is within the typical error
+    of one prediction, and on MaxText's published strategy comparisons most pairs the fit orders
+    unlike the measurement were predicted that close (docs/time_model.md, "Strategy ranking"). A
+    plan outside the fit's calibrated range is an extrapolation.
+
+    Args:
+      alt, best: :class:`lcx.cost.Estimate` of the alternative and of the recommendation.
+      hw: their :class:`lcx.cost.Hardware`.
+      seq_len: tokens per sequence; strategy, kernel: the alternative's context strategy and kernel.
+
+    Returns:
+      (the words, e.g. ``"+0.4%, a tie"``; whether the gap is a tie).
+    """
+    gap = alt.step_time / best.step_time - 1
+    out = f"{100 * gap:+.1f}%"
+    tm = hw.time_model
+    if tm is None or not alt.calibrated:
+        return out + " (roofline)", False
+    tie = tm.error_median is not None and abs(gap) < tm.error_median
+    if tie:
+        out += ", a tie"
+    if tm.calibrated is not None and tm.calibrated.outside(
+        seq_len=seq_len,
+        tokens_per_device=alt.tokens_per_step / alt.n_devices,
+        strategy=strategy,
+        kernel=kernel or "xla",
+    ):
+        out += ", extrapolation"
+    return out, tie
