@@ -38,6 +38,12 @@ PARAMS = {
 PRIOR = {"ring_overlap": 1.0, "ring_link_efficiency": 1.0}
 PRIOR_WEIGHT = 1e-2
 
+# Trial mechanisms the presets do not price (docs/time_model.md, "Two mechanisms the presets leave
+# out"): `merge` prices the ring's merges outside the kernel (Row.merge_bytes) at one more fitted
+# rate, the achieved fraction of HBM bandwidth; `dq3` drops the skipped-tile charge of the runs
+# that set dq_reduction_steps=3 (Row.dq_carry), whose dK/dV grid is dynamic.
+TRIALS = {"merge": ("merge_hbm_efficiency", 0.05, 1.0, 0.5), "dq3": None}
+
 SHARED = (
     "kernel_call_s",
     "collective_latency_s",
@@ -70,18 +76,39 @@ def time_models(x) -> dict:
     return out
 
 
-def predict(rows, models) -> list[float]:
-    return [models[r.hardware].time(r.work, r.peak).total for r in rows]
+def trial_params(trials=()) -> list[tuple]:
+    """The parameters ``trials`` add after the presets' (name, lower, upper, start)."""
+    return [TRIALS[t] for t in trials if TRIALS[t]]
 
 
-def fit(rows, ranking_weight: float = 0.0):
+def split(x, trials=()):
+    """The presets' TimeModels and the merge trial's HBM efficiency (None: not priced) of ``x``."""
+    n = sum(len(ps) for ps in PARAMS.values())
+    extra = dict(zip((p[0] for p in trial_params(trials)), x[n:]))
+    return time_models(x[:n]), extra.get("merge_hbm_efficiency")
+
+
+def predict(rows, models, merge_efficiency: float | None = None) -> list[float]:
+    """Predicted step seconds of ``rows``; with ``merge_efficiency``, plus the ring's merges
+    (``Row.merge_bytes``) at that fraction of the HBM bandwidth (the merge trial)."""
+    out = []
+    for r in rows:
+        t = models[r.hardware].time(r.work, r.peak).total
+        if merge_efficiency and r.merge_bytes:
+            t += r.merge_bytes / (r.hbm_bandwidth * merge_efficiency)
+        out.append(t)
+    return out
+
+
+def fit(rows, ranking_weight: float = 0.0, trials=()):
     """Least squares on the log step time of every fitted row (plus the prior's pull); with
     ``ranking_weight`` > 0, also on the difference of the log residuals of each pair of fitted rows
-    that one source measured at one length (weights how the comparison's strategies order)."""
+    that one source measured at one length (weights how the comparison's strategies order); with
+    ``trials``, the trial mechanisms' parameters too (:data:`TRIALS`, after the presets')."""
     import numpy as np
     from scipy.optimize import least_squares
 
-    spec = [p for ps in PARAMS.values() for p in ps]
+    spec = [p for ps in PARAMS.values() for p in ps] + trial_params(trials)
     lo = np.array([p[1] for p in spec])
     hi = np.array([p[2] for p in spec])
     x0 = np.array([p[3] for p in spec])
@@ -94,7 +121,7 @@ def fit(rows, ranking_weight: float = 0.0):
 
     def resid(x):
         pull = [PRIOR_WEIGHT * (x[i] - v) for i, v in prior]
-        r = np.log(predict(fitted, time_models(x))) - pub
+        r = np.log(predict(fitted, *split(x, trials))) - pub
         order = ranking_weight * (r[pairs[:, 0]] - r[pairs[:, 1]]) if ranking_weight else []
         return np.concatenate([r, pull, order])
 

@@ -23,6 +23,8 @@ row <= 20%, >= 6 rows held out).
     python experiments/ledger_calibration.py --yaml     # also print the time_model YAML nodes
     python experiments/ledger_calibration.py --ranking-weight 1   # also fit the pairwise order
                                                         # (docs/time_model.md; not the presets)
+    python experiments/ledger_calibration.py --trial merge --trial dq3   # mechanisms the presets
+                                                        # leave out (docs/time_model.md)
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
-from _calibration_fit import PARAMS, choices, fit, predict, ranking_pairs, time_models  # noqa: E402
+from _calibration_fit import PARAMS, TRIALS, choices, fit, predict, ranking_pairs, split, time_models, trial_params  # noqa: E402
 
 NAME = "ledger_calibration"
 CONF = C.ROOT / "conf" / "hardware"
@@ -60,6 +62,9 @@ class Row:
     model_flops: float
     n_devices: int
     tokens_per_device: float
+    merge_bytes: float = 0.0  # the ring's merges' HBM bytes per device and step (ring_merge_bytes)
+    hbm_bandwidth: float = 0.0  # bytes/s per device
+    dq_carry: bool = False  # the run set dq_reduction_steps=3: a dynamic dK/dV grid, no skipped tile
 
 
 def _hardware(name: str):
@@ -79,7 +84,25 @@ def _priced(cfg, plan, hw, n, policy, S, B):
     return estimate(cfg, plan, hw, n, policy=policy, window=cfg.sliding_window, **StepSizes.of_model(cfg, S, B).args())
 
 
-def _row(source, label, hw, group, strategy, S, e, published, fitted) -> Row:
+def ring_merge_bytes(cfg, *, ring: int, ulysses: int, tokens_per_device: float, replay: bool, dq_carry: bool) -> float:
+    """HBM bytes one device moves per step merging a ring's hops outside the attention kernel, as
+    MaxText's ring does (``kernels/tokamax_splash_attention/ring_attention_kernel.py``): the forward
+    adds each hop's 16-bit output into a float32 accumulator with XLA element-wise operations
+    (read 4 + 2 bytes, write 4, per output element and hop), the backward each hop's float32 dQ
+    (read 4 + 4, write 4; inside the kernel with ``dq_reduction_steps=3``) and dK, dV (the same,
+    per K/V element). A hop holds ``U T`` tokens of ``N / U`` query and ``max(K, U) / U`` KV heads
+    (``T`` tokens per device, Ulysses degree ``U``). 0 without a ring. Used by the ``merge`` trial
+    only (docs/time_model.md): the presets do not price it."""
+    if ring <= 1:
+        return 0.0
+    N, K = cfg.n_heads, max(cfg.n_kv_heads, ulysses)
+    per = 10 * N * (1 + replay) + (0 if dq_carry else 12 * N) + 24 * K
+    return cfg.n_layers * ring * tokens_per_device * cfg.head_dim * per
+
+
+def _row(source, label, hw, group, strategy, S, e, published, fitted, *, cfg, ring, ulysses, dq_carry) -> Row:
+    tpd = e.tokens_per_step / e.n_devices
+    replay = e.work.attention_replay_flops > 0
     return Row(
         source=source,
         row=label,
@@ -94,7 +117,12 @@ def _row(source, label, hw, group, strategy, S, e, published, fitted) -> Row:
         peak=hw.peak_flops_per_device,
         model_flops=e.flops.total,
         n_devices=e.n_devices,
-        tokens_per_device=e.tokens_per_step / e.n_devices,
+        tokens_per_device=tpd,
+        merge_bytes=ring_merge_bytes(
+            cfg, ring=ring, ulysses=ulysses, tokens_per_device=tpd, replay=replay, dq_carry=dq_carry
+        ),
+        hbm_bandwidth=(hw.hbm_bandwidth_per_chip or 0.0) / hw.devices_per_chip,
+        dq_carry=dq_carry,
     )
 
 
@@ -116,7 +144,24 @@ def recipe_rows(spec) -> list[Row]:
             e = _priced(cfg, recipe_plan(r, att), hw, n, ActivationPolicy(**dict(r.policy)), r.seq_len, r.global_batch)
             held = bool(spec.hold_out_every_second_recipe) and not fitted_in_calibration(r)
             label = f"{hw_name} {_tokens(r.seq_len)} CP{r.context} FSDP{r.fsdp} ({r.flags})"
-            out.append(_row("tpu_recipes", label, hw, f"recipes {hw_name}", "ring", r.seq_len, e, r.step_s, not held))
+            dq3 = int(spec.recipe_dq_reduction_steps[hw_name]) == 3
+            out.append(
+                _row(
+                    "tpu_recipes",
+                    label,
+                    hw,
+                    f"recipes {hw_name}",
+                    "ring",
+                    r.seq_len,
+                    e,
+                    r.step_s,
+                    not held,
+                    cfg=cfg,
+                    ring=r.context,
+                    ulysses=1,
+                    dq_carry=dq3,
+                )
+            )
     return out
 
 
@@ -163,7 +208,25 @@ def comparison_rows(spec) -> list[Row]:
             held = str(c.source) in held_sources or S in held_lengths
             name = r.strategy if r.strategy != "usp" else f"usp {n // d // U}x{U}"
             label = f"{c.source} {_tokens(S)} {name}"
-            out.append(_row(str(c.source), label, hw, f"{c.source} {S}", name, S, e, float(r.step_s), not held))
+            ring = {"ring": n // d, "usp": n // d // U}.get(str(r.strategy), 1)
+            dq3 = int(c.get("dq_reduction_steps", 0)) == 3
+            out.append(
+                _row(
+                    str(c.source),
+                    label,
+                    hw,
+                    f"{c.source} {S}",
+                    name,
+                    S,
+                    e,
+                    float(r.step_s),
+                    not held,
+                    cfg=cfg,
+                    ring=ring,
+                    ulysses=U,
+                    dq_carry=dq3,
+                )
+            )
     return out
 
 
@@ -256,19 +319,37 @@ def main(argv=None) -> int:
         help="also fit the comparisons' pairwise order with this weight (0: the presets' fit; "
         "writes ledger_calibration_ranking_weight_W.* unless --out is given)",
     )
+    ap.add_argument(
+        "--trial",
+        action="append",
+        default=[],
+        choices=sorted(TRIALS),
+        help="also fit a mechanism the presets leave out (repeatable; docs/time_model.md); writes "
+        "ledger_calibration_trial_<names>.* unless --out is given",
+    )
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(argv)
     if not (math.isfinite(a.ranking_weight) and a.ranking_weight >= 0):
         ap.error(f"--ranking-weight {a.ranking_weight}: must be a finite number >= 0")
+    trials = tuple(sorted(set(a.trial)))
+    if a.yaml and trials:
+        ap.error("--yaml prints the presets' time_model nodes; a --trial fit has parameters they lack")
     presets_csv = (C.RESULTS / f"{NAME}.csv").resolve()
-    if a.ranking_weight and C.out_file(a.out.resolve(), ".csv") == presets_csv:
+    if (a.ranking_weight or trials) and C.out_file(a.out.resolve(), ".csv") == presets_csv:
         # never overwrite the presets' results: a trial fit writes its own files (1.5 -> 1p5, so
         # no weight's name is another's with a suffix)
-        a.out = C.RESULTS / f"{NAME}_ranking_weight_{a.ranking_weight:g}".replace(".", "p")
+        parts = [f"ranking_weight_{a.ranking_weight:g}".replace(".", "p")] if a.ranking_weight else []
+        parts += ["trial_" + "_".join(trials)] if trials else []
+        a.out = C.RESULTS / "_".join([NAME, *parts])
     spec = C.compose(NAME, a.overrides).ledger_calibration
     rows = recipe_rows(spec) + comparison_rows(spec)
-    x = fit(rows, a.ranking_weight)
-    pred = predict(rows, time_models(x))
+    if "dq3" in trials:  # a dynamic dK/dV grid visits no skipped tile
+        rows = [
+            dataclasses.replace(r, work=dataclasses.replace(r.work, skipped_tiles=0.0)) if r.dq_carry else r
+            for r in rows
+        ]
+    x = fit(rows, a.ranking_weight, trials)
+    pred = predict(rows, *split(x, trials))
     table = []
     for r, p in zip(rows, pred):
         table.append(
@@ -290,7 +371,7 @@ def main(argv=None) -> int:
         )
     C.write_csv(table, C.out_file(a.out, ".csv"))
     plot(table, C.out_file(a.out, ".png"))
-    names = [f"{hw}.{p[0]}" for hw, ps in PARAMS.items() for p in ps]
+    names = [f"{hw}.{p[0]}" for hw, ps in PARAMS.items() for p in ps] + [p[0] for p in trial_params(trials)]
     print("fitted parameters:", ", ".join(f"{n}={v:.4g}" for n, v in zip(names, x)))
     for t in table:
         tag = "fit " if t["fitted"] else "HELD"

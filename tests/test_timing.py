@@ -172,9 +172,19 @@ def test_an_alternative_closer_than_the_median_error_is_a_tie():
     bare = dataclasses.replace(hw, time_model=None)
     _, e_roof = _recipe_estimate(bare, 14680064)
     assert versus_words(e_roof, e_roof, bare, seq_len=14680064, strategy="ring", kernel="splash") == (
-        "+0.0% (roofline)",
+        "+0.0%, roofline",
         False,
     )
+
+
+def test_the_cpu_error_band_is_the_measured_check():
+    """cpu.yaml's error band (what lcx.plan prints and its tie rule reads) is the median and the
+    largest |error| of the committed step_time_cpu.csv, not a number typed once."""
+    rows = list(csv.DictReader((ROOT / "experiments" / "results" / "step_time_cpu.csv").open()))
+    err = [abs(float(r["error"])) for r in rows]
+    tm = OmegaConf.load(ROOT / "conf" / "hardware" / "cpu.yaml").time_model
+    assert tm.probe and tm.error_median == pytest.approx(statistics.median(err), abs=5e-5)
+    assert tm.error_max == pytest.approx(max(err), abs=5e-5)
 
 
 def test_the_planner_says_which_runners_up_it_cannot_order():
@@ -221,6 +231,45 @@ def test_the_presets_time_models_meet_the_hold_out_targets():
     held = [abs(err[r.row]) for r in rows if not r.fitted]
     assert len(held) >= 6 and statistics.median(held) <= 0.10 and max(held) <= 0.20, sorted(held)
     assert max(abs(err[r.row]) for r in rows if r.fitted) <= 0.20
+
+
+def test_ring_merge_bytes_count_maxtexts_merges():
+    """The merge trial's HBM bytes (experiments/ledger_calibration.py): per device, layer and hop,
+    10 bytes per output element forward (twice with a replay), 12 per dQ element unless the
+    kernel carries dQ (dq_reduction_steps=3), 12 per dK and per dV element; none without a ring."""
+    lc, _ = _calibration_rows()
+    cfg = dataclasses.replace(preset("llama3_1_8b"), n_layers=2)  # N 32, K 8, H 128
+    T = 1024
+    elems_q, elems_kv = T * 32 * 128, T * 8 * 128
+    one_hop = 10 * elems_q + 12 * elems_q + 2 * 12 * elems_kv
+    assert lc.ring_merge_bytes(cfg, ring=4, ulysses=1, tokens_per_device=T, replay=False, dq_carry=False) == (
+        2 * 4 * one_hop
+    )
+    assert lc.ring_merge_bytes(cfg, ring=4, ulysses=1, tokens_per_device=T, replay=True, dq_carry=True) == (
+        2 * 4 * (one_hop + 10 * elems_q - 12 * elems_q)
+    )
+    # Ulysses beyond the KV heads replicates them: a hop holds U T tokens of one KV head
+    wide = lc.ring_merge_bytes(cfg, ring=2, ulysses=16, tokens_per_device=T, replay=False, dq_carry=False)
+    assert wide == 2 * 2 * (22 * elems_q + 24 * T * 16 * 128)
+    assert lc.ring_merge_bytes(cfg, ring=1, ulysses=8, tokens_per_device=T, replay=True, dq_carry=False) == 0.0
+
+
+@pytest.mark.slow
+def test_a_trial_fit_writes_its_own_files_and_names_its_parameter(tmp_path, monkeypatch, capsys):
+    lc, _ = _calibration_rows()
+    monkeypatch.setattr(lc.C, "RESULTS", tmp_path)
+    presets_csv = tmp_path / "ledger_calibration.csv"
+    presets_csv.write_text("the presets' results\n")
+    lc.main(["--trial", "merge", "--trial", "dq3", "--trial", "merge"])
+    assert presets_csv.read_text() == "the presets' results\n"
+    for suffix in (".csv", ".png", "_ranking.csv", "_choice.csv"):
+        assert (tmp_path / f"ledger_calibration_trial_dq3_merge{suffix}").exists(), suffix
+    out = capsys.readouterr().out
+    assert "merge_hbm_efficiency=" in out and "held out: 20 rows" in out
+    with pytest.raises(SystemExit):
+        lc.main(["--trial", "merge", "--yaml"])
+    with pytest.raises(SystemExit):
+        lc.main(["--trial", "ring"])
 
 
 @pytest.mark.slow

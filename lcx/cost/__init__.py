@@ -47,7 +47,7 @@ from lcx.cost.memory import (
     saved_bytes_per_token_per_layer,
 )
 from lcx.cost.planner import Candidate, Recommendation, candidate_plans, default_policies, missing_in_lcx, search, table
-from lcx.cost.timing import ROOFLINE, CalibratedRange, StepTime, StepWork, TimeModel, time_words
+from lcx.cost.timing import ROOFLINE, CalibratedRange, StepTime, StepWork, TimeModel, time_words, versus_words
 
 __all__ = [
     "ROOFLINE",
@@ -56,6 +56,7 @@ __all__ = [
     "StepWork",
     "TimeModel",
     "time_words",
+    "versus_words",
     "activation_arrays",
     "ActivationPolicy",
     "apply_hardware_flags",

@@ -207,7 +207,7 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
     if ties and tm is not None and tm.error_median is not None:  # a tie needs the median error
         reasons.append(
             f"  {ties} of these {'is' if ties == 1 else 'are'} 'a tie': closer to the recommendation than the "
-            f"{hw.name} fit's held-out median error ({100 * tm.error_median:.1f}%), an order the calibrated time "
+            f"{hw.name} time model's held-out median error ({100 * tm.error_median:.1f}%), an order the calibrated time "
             "cannot resolve (docs/time_model.md, 'Strategy ranking'); choose among them by memory, or measure them"
         )
     rb = choice.best_runnable

@@ -350,7 +350,7 @@ def time_words(e: Any, hw: Any, *, seq_len: int, strategy: str, kernel: str | No
         return f"{roof} (no time model for hardware={hw.name}: an upper bound, not a prediction)"
     out = f"calibrated {e.step_time:,.1f} s/step, MFU {100 * e.mfu:.1f}% ({roof})"
     if tm.error_median is not None and tm.error_max is not None:
-        out += f"; held-out error of the {hw.name} fit: median {100 * tm.error_median:.1f}%, largest {100 * tm.error_max:.1f}%"
+        out += f"; held-out error of the {hw.name} time model: median {100 * tm.error_median:.1f}%, largest {100 * tm.error_max:.1f}%"
     if tm.calibrated is not None:
         far = tm.calibrated.outside(
             seq_len=seq_len,
@@ -377,13 +377,14 @@ def versus_words(alt: Any, best: Any, hw: Any, *, seq_len: int, strategy: str, k
       seq_len: tokens per sequence; strategy, kernel: the alternative's context strategy and kernel.
 
     Returns:
-      (the words, e.g. ``"+0.4%, a tie"``; whether the gap is a tie).
+      (the words, e.g. ``"+0.4%, a tie"``, or ``"+3.0%, roofline"`` without a calibrated time
+      model; whether the gap is a tie).
     """
     gap = alt.step_time / best.step_time - 1
     out = f"{100 * gap:+.1f}%"
     tm = hw.time_model
     if tm is None or not alt.calibrated:
-        return out + " (roofline)", False
+        return out + ", roofline", False
     tie = tm.error_median is not None and abs(gap) < tm.error_median
     if tie:
         out += ", a tie"
