@@ -372,9 +372,12 @@ def versus_words(alt: Any, best: Any, hw: Any, *, seq_len: int, strategy: str, k
     plan outside the fit's calibrated range is an extrapolation.
 
     Args:
-      alt, best: :class:`lcx.cost.Estimate` of the alternative and of the recommendation.
+      alt: the :class:`lcx.cost.Estimate` of the alternative plan.
+      best: the :class:`lcx.cost.Estimate` of the recommendation.
       hw: their :class:`lcx.cost.Hardware`.
-      seq_len: tokens per sequence; strategy, kernel: the alternative's context strategy and kernel.
+      seq_len: tokens per sequence.
+      strategy: the alternative's context strategy.
+      kernel: the alternative's attention kernel (None: ``xla``).
 
     Returns:
       (the words, e.g. ``"+0.4%, a tie"``, or ``"+3.0%, roofline"`` without a calibrated time
