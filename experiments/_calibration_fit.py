@@ -181,14 +181,15 @@ def choices(rows, pred) -> list[dict]:
     out = []
     for group, idx in groups.items():
         pick = min(idx, key=lambda i: pred[i])
-        best = min(idx, key=lambda i: rows[i].published_s)
+        fastest = min(rows[i].published_s for i in idx)
         out.append(
             {
                 "group": group,
                 "strategies": len(idx),
                 "predicted_fastest": rows[pick].strategy,
-                "measured_fastest": rows[best].strategy,
-                "regret": rows[pick].published_s / rows[best].published_s - 1,
+                # every strategy measured at the fastest time (a measured tie names them all)
+                "measured_fastest": " = ".join(rows[i].strategy for i in idx if rows[i].published_s == fastest),
+                "regret": rows[pick].published_s / fastest - 1,
                 "held_out": not all(rows[i].fitted for i in idx),
             }
         )

@@ -332,10 +332,9 @@ def main(argv=None) -> int:
     if not (math.isfinite(a.ranking_weight) and a.ranking_weight >= 0):
         ap.error(f"--ranking-weight {a.ranking_weight}: must be a finite number >= 0")
     trials = tuple(sorted(set(a.trial)))
-    if a.yaml and trials:
-        ap.error("--yaml prints the presets' time_model nodes; a --trial fit has parameters they lack")
-    presets_csv = (C.RESULTS / f"{NAME}.csv").resolve()
-    if (a.ranking_weight or trials) and C.out_file(a.out.resolve(), ".csv") == presets_csv:
+    if a.yaml and (trials or a.ranking_weight):
+        ap.error("--yaml prints the presets' time_model nodes; a --trial or --ranking-weight fit is not theirs")
+    if (a.ranking_weight or trials) and _outputs(a.out) & _outputs(C.RESULTS / NAME):
         # never overwrite the presets' results: a trial fit writes its own files (1.5 -> 1p5, so
         # no weight's name is another's with a suffix)
         parts = [f"ranking_weight_{a.ranking_weight:g}".replace(".", "p")] if a.ranking_weight else []
@@ -401,7 +400,18 @@ def main(argv=None) -> int:
     if a.yaml:
         print(yaml_nodes(x, rows, table))
     ok = len(held) >= 6 and med <= 0.10 and worst <= 0.20
+    if not ok:
+        print(
+            f"issue 21's hold-out targets missed (>= 6 rows held out, median <= 10%, every row <= 20%): "
+            f"{len(held)} rows, median {100 * med:.1f}%, largest {100 * worst:.1f}%; exit 1"
+        )
     return 0 if ok else 1
+
+
+def _outputs(stem: pathlib.Path) -> set[pathlib.Path]:
+    """The files a run with ``--out stem`` writes (resolved)."""
+    base = C.out_file(stem.resolve(), "")
+    return {C.out_file(base, x) for x in (".csv", ".png", "_ranking.csv", "_choice.csv")}
 
 
 if __name__ == "__main__":

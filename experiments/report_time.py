@@ -15,7 +15,7 @@ SOURCES = {
 
 
 def _pct(x: str) -> str:
-    return f"{100 * float(x):+.1f}%"
+    return f"{round(100 * float(x), 1) + 0.0:+.1f}%"  # + 0.0: a rounded -0.0 prints +0.0
 
 
 def ledger_calibration() -> str:
@@ -68,7 +68,7 @@ def ledger_calibration_ranking() -> str:
             f"| {_comparison(p['group'])} | {p['pair']} | {100 * float(p['measured_gap']):.1f}% | "
             f"{100 * float(p['predicted_gap']):.1f}% | {'yes' if p['held_out'] == 'True' else 'no'} |"
         )
-    # the planner's tie rule (lcx.cost.timing.versus_words): a predicted gap under the preset's
+    # the planner's tie rule (lcx.cost.report_time.versus_words): a predicted gap under the preset's
     # held-out median error; every comparison is on v5p
     from omegaconf import OmegaConf
 
@@ -101,7 +101,7 @@ def ledger_calibration_choice() -> str:
     for c in picks:
         lines.append(
             f"| {_comparison(c['group'])} | {c['strategies']} | {c['predicted_fastest']} | {c['measured_fastest']} | "
-            f"{100 * float(c['regret']):+.1f}% |"
+            f"{_pct(c['regret'])} |"
         )
     lines += [
         "",

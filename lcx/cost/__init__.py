@@ -47,7 +47,8 @@ from lcx.cost.memory import (
     saved_bytes_per_token_per_layer,
 )
 from lcx.cost.planner import Candidate, Recommendation, candidate_plans, default_policies, missing_in_lcx, search, table
-from lcx.cost.timing import ROOFLINE, CalibratedRange, StepTime, StepWork, TimeModel, time_words, versus_words
+from lcx.cost.report_time import time_words, versus_words
+from lcx.cost.timing import ROOFLINE, CalibratedRange, StepTime, StepWork, TimeModel
 
 __all__ = [
     "ROOFLINE",

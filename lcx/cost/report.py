@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from lcx.attention.strategies import get_strategy
 from lcx.cost.hardware import Hardware
 from lcx.cost.report_table import table as table
+from lcx.cost.report_time import time_words, versus_words
 from lcx.cost.search import (
     Candidate,
     Choice,
@@ -27,7 +28,6 @@ from lcx.cost.search import (
     strategy_meshes,
     train_overrides,
 )
-from lcx.cost.timing import time_words, versus_words
 from lcx.sharding import Plan, PlanError
 from lcx.sharding.plan import AttentionConfig
 
@@ -194,21 +194,32 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
     others: dict[tuple[str, str], Candidate] = {}
     for c in at[1:]:
         others.setdefault((c.plan.name, c.param_sharding), c)
-    ties = 0
-    for c in list(others.values())[:4]:
+    ties, shown = 0, list(others.values())
+    for i, c in enumerate(shown):
         a = c.plan.attention
-        words, tie = versus_words(c.est, e, hw, seq_len=seq_len, strategy=a.strategy, kernel=a.kernel)
-        ties += tie
-        reasons.append(
-            f"  vs {c.plan.name}, params {c.param_sharding} ({c.policy.label}): "
-            f"{c.est.step_time:,.1f} s/step ({words}), {_gib(c.est.memory.total)}"
+        words, tie = versus_words(
+            c.est,
+            e,
+            hw,
+            seq_len=seq_len,
+            strategy=a.strategy,
+            kernel=a.kernel,
+            best_strategy=best.plan.attention.strategy,
+            best_kernel=best.plan.attention.kernel,
         )
+        ties += tie
+        if i < 4:
+            reasons.append(
+                f"  vs {c.plan.name}, params {c.param_sharding} ({c.policy.label}): "
+                f"{c.est.step_time:,.1f} s/step ({words}), {_gib(c.est.memory.total)}"
+            )
     tm = hw.time_model
     if ties and tm is not None and tm.error_median is not None:  # a tie needs the median error
         reasons.append(
-            f"  {ties} of these {'is' if ties == 1 else 'are'} 'a tie': closer to the recommendation than the "
-            f"{hw.name} time model's held-out median error ({100 * tm.error_median:.1f}%), an order the calibrated time "
-            "cannot resolve (docs/time_model.md, 'Strategy ranking'); choose among them by memory, or measure them"
+            f"  {ties} of the {len(shown)} runners-up{f' ({min(4, len(shown))} shown)' if len(shown) > 4 else ''} "
+            f"{'is' if ties == 1 else 'are'} 'a tie': closer to the recommendation than the {hw.name} time "
+            f"model's held-out median error ({100 * tm.error_median:.1f}%), an order the calibrated time cannot "
+            "resolve (docs/time_model.md, 'Strategy ranking'); choose among them by memory, or measure them"
         )
     rb = choice.best_runnable
     if best.runnable_in_lcx:

@@ -237,7 +237,7 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
             f"{k} {v / 2**30:,.2f} GiB" for k, v in e.comm.as_dict().items() if k not in ("ring_hops", "ring_hop_bytes")
         )
     )
-    from lcx.cost.timing import time_words
+    from lcx.cost.report_time import time_words
 
     plan = given
     say(
