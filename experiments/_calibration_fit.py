@@ -138,14 +138,19 @@ def fit(rows, ranking_weight: float = 0.0, trials=()):
     return best.x
 
 
-def compared(rows) -> list[tuple[int, int]]:
-    """The index pairs of rows that one strategy comparison (one PR, one length; not a
-    tpu-recipes row) measured side by side, comparison by comparison."""
+def comparisons(rows) -> dict[str, list[int]]:
+    """The row indices of each strategy comparison (one PR, one length; no tpu-recipes row)."""
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         if not r.source.startswith("tpu_recipes"):
             groups.setdefault(r.group, []).append(i)
-    return [pair for idx in groups.values() for pair in itertools.combinations(idx, 2)]
+    return groups
+
+
+def compared(rows) -> list[tuple[int, int]]:
+    """The index pairs of rows that one strategy comparison measured side by side, comparison by
+    comparison."""
+    return [pair for idx in comparisons(rows).values() for pair in itertools.combinations(idx, 2)]
 
 
 def ranking_pairs(rows, pred) -> list[dict]:
@@ -174,12 +179,8 @@ def choices(rows, pred) -> list[dict]:
     """What picking by the prediction costs, per strategy comparison (one source, one length): the
     strategy predicted fastest, the one measured fastest, and how much slower the measured step of
     the pick is than the measured best (``regret``, 0 when they are the same strategy)."""
-    groups: dict[str, list[int]] = {}
-    for i, r in enumerate(rows):
-        if not r.source.startswith("tpu_recipes"):
-            groups.setdefault(r.group, []).append(i)
     out = []
-    for group, idx in groups.items():
+    for group, idx in comparisons(rows).items():
         pick = min(idx, key=lambda i: pred[i])
         fastest = min(rows[i].published_s for i in idx)
         out.append(

@@ -334,7 +334,7 @@ def main(argv=None) -> int:
     trials = tuple(sorted(set(a.trial)))
     if a.yaml and (trials or a.ranking_weight):
         ap.error("--yaml prints the presets' time_model nodes; a --trial or --ranking-weight fit is not theirs")
-    if (a.ranking_weight or trials) and _outputs(a.out) & _outputs(C.RESULTS / NAME):
+    if (a.ranking_weight or trials) and set(_outputs(a.out).values()) & set(_outputs(C.RESULTS / NAME).values()):
         # never overwrite the presets' results: a trial fit writes its own files (1.5 -> 1p5, so
         # no weight's name is another's with a suffix)
         parts = [f"ranking_weight_{a.ranking_weight:g}".replace(".", "p")] if a.ranking_weight else []
@@ -368,8 +368,9 @@ def main(argv=None) -> int:
                 "published_mfu": r.model_flops / (r.published_s * r.peak * r.n_devices),
             }
         )
-    C.write_csv(table, C.out_file(a.out, ".csv"))
-    plot(table, C.out_file(a.out, ".png"))
+    files = _outputs(a.out)
+    C.write_csv(table, files[".csv"])
+    plot(table, files[".png"])
     names = [f"{hw}.{p[0]}" for hw, ps in PARAMS.items() for p in ps] + [p[0] for p in trial_params(trials)]
     print("fitted parameters:", ", ".join(f"{n}={v:.4g}" for n, v in zip(names, x)))
     for t in table:
@@ -382,7 +383,7 @@ def main(argv=None) -> int:
     med, worst = statistics.median(held), max(held)
     print(f"held out: {len(held)} rows, median |error| {100 * med:.1f}%, largest {100 * worst:.1f}%")
     pairs = ranking_pairs(rows, pred)
-    C.write_csv(pairs, C.out_file(C.out_file(a.out, ""), "_ranking.csv"))
+    C.write_csv(pairs, files["_ranking.csv"])
     bad = [p for p in pairs if not p["agrees"]]
     print(f"strategy ranking: {len(pairs) - len(bad)}/{len(pairs)} pairs ordered as measured")
     for p in bad:
@@ -391,7 +392,7 @@ def main(argv=None) -> int:
             f"predicted {100 * p['predicted_gap']:.1f}%)"
         )
     picks = choices(rows, pred)
-    C.write_csv(picks, C.out_file(C.out_file(a.out, ""), "_choice.csv"))
+    C.write_csv(picks, files["_choice.csv"])
     for c in picks:
         print(
             f"pick by prediction: {c['group']}: {c['predicted_fastest']} (measured fastest {c['measured_fastest']}; "
@@ -408,10 +409,10 @@ def main(argv=None) -> int:
     return 0 if ok else 1
 
 
-def _outputs(stem: pathlib.Path) -> set[pathlib.Path]:
-    """The files a run with ``--out stem`` writes (resolved)."""
+def _outputs(stem: pathlib.Path) -> dict[str, pathlib.Path]:
+    """The files a run with ``--out stem`` writes, by suffix (resolved)."""
     base = C.out_file(stem.resolve(), "")
-    return {C.out_file(base, x) for x in (".csv", ".png", "_ranking.csv", "_choice.csv")}
+    return {x: C.out_file(base, x) for x in (".csv", ".png", "_ranking.csv", "_choice.csv")}
 
 
 if __name__ == "__main__":

@@ -194,8 +194,8 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
     others: dict[tuple[str, str], Candidate] = {}
     for c in at[1:]:
         others.setdefault((c.plan.name, c.param_sharding), c)
-    ties, shown = 0, list(others.values())
-    for i, c in enumerate(shown):
+    ties, runners_up = 0, list(others.values())
+    for i, c in enumerate(runners_up):
         a = c.plan.attention
         words, tie = versus_words(
             c.est,
@@ -216,7 +216,7 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
     tm = hw.time_model
     if ties and tm is not None and tm.error_median is not None:  # a tie needs the median error
         reasons.append(
-            f"  {ties} of the {len(shown)} runners-up{f' ({min(4, len(shown))} shown)' if len(shown) > 4 else ''} "
+            f"  {ties} of the {len(runners_up)} runners-up{' (4 shown)' if len(runners_up) > 4 else ''} "
             f"{'is' if ties == 1 else 'are'} 'a tie': closer to the recommendation than the {hw.name} time "
             f"model's held-out median error ({100 * tm.error_median:.1f}%), an order the calibrated time cannot "
             "resolve (docs/time_model.md, 'Strategy ranking'); choose among them by memory, or measure them"

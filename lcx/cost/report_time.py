@@ -24,14 +24,16 @@ def time_words(e: Any, hw: Any, *, seq_len: int, strategy: str, kernel: str | No
     if tm.error_median is not None and tm.error_max is not None:
         out += f"; held-out error of the {hw.name} time model: median {100 * tm.error_median:.1f}%, largest {100 * tm.error_max:.1f}%"
     if tm.calibrated is not None:
-        far = tm.calibrated.outside(
-            seq_len=seq_len,
-            tokens_per_device=e.tokens_per_step / e.n_devices,
-            strategy=strategy,
-            kernel=kernel or "xla",
-        )
+        far = _outside(tm, e, seq_len=seq_len, strategy=strategy, kernel=kernel)
         out += "; EXTRAPOLATION: " + "; ".join(far) if far else "; inside the calibrated range"
     return out
+
+
+def _outside(tm: Any, e: Any, *, seq_len: int, strategy: str, kernel: str | None) -> list[str]:
+    """What of estimate ``e``'s case lies outside ``tm``'s calibrated range, in words."""
+    return tm.calibrated.outside(
+        seq_len=seq_len, tokens_per_device=e.tokens_per_step / e.n_devices, strategy=strategy, kernel=kernel or "xla"
+    )
 
 
 def versus_words(
@@ -74,14 +76,9 @@ def versus_words(
     tm = hw.time_model
     if tm is None or not alt.calibrated:
         return out + ", roofline", False
-    if tm.calibrated is not None and any(
-        tm.calibrated.outside(
-            seq_len=seq_len,
-            tokens_per_device=e.tokens_per_step / e.n_devices,
-            strategy=st,
-            kernel=k or "xla",
-        )
-        for e, st, k in ((alt, strategy, kernel), (best, best_strategy, best_kernel))
+    if tm.calibrated is not None and (
+        _outside(tm, alt, seq_len=seq_len, strategy=strategy, kernel=kernel)
+        or _outside(tm, best, seq_len=seq_len, strategy=best_strategy, kernel=best_kernel)
     ):
         return out + ", extrapolation: no error band", False
     tie = tm.error_median is not None and abs(gap) < round(100 * tm.error_median, 1)
