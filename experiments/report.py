@@ -25,6 +25,7 @@ from report_time import (  # noqa: E402
     ledger_calibration_choice,
     ledger_calibration_ranking,
     ledger_calibration_summary,
+    ledger_calibration_torus,
     time_model_parameters,
 )
 
@@ -380,6 +381,7 @@ TABLES = {
         ledger_calibration_summary,
         ledger_calibration_ranking,
         ledger_calibration_choice,
+        ledger_calibration_torus,
         time_model_parameters,
         load_balance_documents,
     )
