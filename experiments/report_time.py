@@ -170,7 +170,8 @@ def ledger_calibration_torus() -> str:
     tm = hw.time_model
     link = hw.ici_bandwidth_per_chip / hw.ici_links_per_chip  # bytes/s, both ways, one link
     physical = hw.physical_mesh(rows["a2a"].n_devices)
-    P = 16  # the PR's context degree (CP 16, data 4)
+    c = next(c for c in spec.comparisons if c.source == "maxtext_pr_4687")
+    P = int(c.devices) // int(c.data)  # the context degree: CP 16 (data 4)
     axes = next(c for k in range(1, 4) for c in itertools.combinations(physical, k) if math.prod(c) == P)
     out = [
         "| PR #4687, 32K | measured s | predicted s | error | collective, on the "
