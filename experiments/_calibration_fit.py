@@ -153,6 +153,11 @@ def compared(rows) -> list[tuple[int, int]]:
     return [pair for idx in comparisons(rows).values() for pair in itertools.combinations(idx, 2)]
 
 
+def gap(a: float, b: float) -> float:
+    """How far apart two step times are: slower / faster - 1."""
+    return max(a, b) / min(a, b) - 1
+
+
 def ranking_pairs(rows, pred) -> list[dict]:
     """Every pair of strategies measured at the same length by the same source: measured and
     predicted order (a pair measured equal has no order to check and is left out)."""
@@ -161,13 +166,12 @@ def ranking_pairs(rows, pred) -> list[dict]:
         a, b = rows[i], rows[j]
         if a.published_s == b.published_s:
             continue
-        gap = max(a.published_s, b.published_s) / min(a.published_s, b.published_s) - 1
         out.append(
             {
                 "group": a.group,
                 "pair": f"{a.strategy} vs {b.strategy}",
-                "measured_gap": gap,
-                "predicted_gap": max(pred[i], pred[j]) / min(pred[i], pred[j]) - 1,
+                "measured_gap": gap(a.published_s, b.published_s),
+                "predicted_gap": gap(pred[i], pred[j]),
                 "agrees": (a.published_s < b.published_s) == (pred[i] < pred[j]),
                 "held_out": not (a.fitted and b.fitted),
             }

@@ -156,53 +156,54 @@ def ledger_calibration_torus() -> str:
     with ``v a / 4`` bytes (a part travels ``a / 4`` hops on average along a ring of ``a``, and the
     ring's ``a`` links share the traffic), at one link's bidirectional bandwidth; an all-gather
     receives over the plane's links only."""
-    import itertools
-    import math
+    import dataclasses
 
+    from _calibration_fit import gap
     from ledger_calibration import comparison_rows
     from omegaconf import OmegaConf
 
     from lcx import cost
+    from lcx.cost.topology import subtorus_axes
 
     spec = OmegaConf.load(C.ROOT / "conf" / "experiment" / "ledger_calibration.yaml").ledger_calibration
     rows = {r.strategy: r for r in comparison_rows(spec) if r.source == "maxtext_pr_4687"}
     hw = cost.hardware_from_config(OmegaConf.load(C.ROOT / "conf" / "hardware" / "tpu_v5p.yaml"), probe=False)
     tm = hw.time_model
-    link = hw.ici_bandwidth_per_chip / hw.ici_links_per_chip  # bytes/s, both ways, one link
-    physical = hw.physical_mesh(rows["a2a"].n_devices)
     c = next(c for c in spec.comparisons if c.source == "maxtext_pr_4687")
     P = int(c.devices) // int(c.data)  # the context degree: CP 16 (data 4)
-    axes = next(c for k in range(1, 4) for c in itertools.combinations(physical, k) if math.prod(c) == P)
+    axes = subtorus_axes(P, hw.physical_mesh(int(c.devices)))
+    assert axes, f"PR #4687's context group of {P} is no whole sub-torus"
+    link = hw.ici_bandwidth_per_chip / hw.ici_links_per_chip  # bytes/s, both ways, one link
+    # what the torus makes of each byte the model prices at the chip's whole bandwidth
+    # (StepWork.collective_bandwidth): an all-to-all's v (P-1)/P bytes load a link with v a / 4
+    # at one link's rate; an all-gather receives over 2 k of the chip's links
+    a2a = P / (P - 1) * max(axes) / 4 * hw.collective_bandwidth_per_device / link
+    gather = hw.ici_links_per_chip / (2 * len(axes))
     out = [
         "| PR #4687, 32K | measured s | predicted s | error | collective, on the "
         f"{' x '.join(map(str, axes))} torus group | predicted s | error |",
         "|---|---:|---:|---:|---|---:|---:|",
     ]
     totals = {}
-    for name, what in (("a2a", "all-to-all"), ("allgather", "K/V all-gather")):
+    for name, what, field, factor in (
+        ("a2a", "all-to-all", "all_to_all_bytes", a2a),
+        ("allgather", "K/V all-gather", "kv_gather_bytes", gather),
+    ):
         r = rows[name]
-        w, t = r.work, tm.time(r.work, r.peak)
-        eff_bw = w.collective_bandwidth * tm.ici_efficiency
-        if name == "a2a":
-            now = w.all_to_all_bytes / eff_bw
-            v = w.all_to_all_bytes * P / (P - 1)  # each device's bytes, not only what leaves it
-            torus = v * max(axes) / 4 / (link * tm.ici_efficiency)
-        else:
-            now = w.kv_gather_bytes / eff_bw
-            torus = now * hw.ici_links_per_chip / (2 * len(axes))
-        totals[name] = (t.total, t.total - now + torus)
+        w = r.work
+        torus_w = dataclasses.replace(w, **{field: getattr(w, field) * factor})
+        now, torus = (getattr(x, field) / (x.collective_bandwidth * tm.ici_efficiency) for x in (w, torus_w))
+        totals[name] = (tm.time(w, r.peak).total, tm.time(torus_w, r.peak).total)
+        before, after = totals[name]
         out.append(
-            f"| {name} | {r.published_s:.2f} | {t.total:.2f} | {_pct(t.total / r.published_s - 1)} | "
-            f"{what} {now:.2f} s -> {torus:.2f} s | {totals[name][1]:.2f} | "
-            f"{_pct(totals[name][1] / r.published_s - 1)} |"
+            f"| {name} | {r.published_s:.2f} | {before:.2f} | {_pct(before / r.published_s - 1)} | "
+            f"{what} {now:.2f} s -> {torus:.2f} s | {after:.2f} | {_pct(after / r.published_s - 1)} |"
         )
-    # slower / faster - 1, as ledger_calibration_ranking.csv measures a gap
-    gap = [max(a, b) / min(a, b) - 1 for a, b in zip(totals["a2a"], totals["allgather"])]
     a, b = rows["a2a"].published_s, rows["allgather"].published_s
-    measured = max(a, b) / min(a, b) - 1
     out += [
         "",
-        f"Predicted apart: {100 * gap[0]:.1f}% by the presets, {100 * gap[1]:.1f}% on the torus; measured "
-        f"{100 * measured:.1f}% apart, the {'all-gather' if b < a else 'Ulysses'} step the faster.",
+        f"Predicted apart: {100 * gap(*(t[0] for t in totals.values())):.1f}% by the presets, "
+        f"{100 * gap(*(t[1] for t in totals.values())):.1f}% on the torus; measured {100 * gap(a, b):.1f}% "
+        f"apart, the {'all-gather' if b < a else 'Ulysses'} step the faster.",
     ]
     return "\n".join(out)

@@ -38,9 +38,17 @@ def slice_topology(chips: int, cube: int) -> tuple[int, int, int] | None:
     return best
 
 
-def is_subtorus(group: int, physical: Sequence[int]) -> bool:
-    """Whether ``group`` devices can be a product of whole physical axes of ``physical`` (the
-    slice's torus shape, plus the on-chip axis where a chip holds several devices)."""
+def subtorus_axes(group: int, physical: Sequence[int]) -> tuple[int, ...] | None:
+    """The first combination of whole physical axes of ``physical`` (the slice's torus shape, plus
+    the on-chip axis where a chip holds several devices) whose sizes multiply to ``group`` (fewest
+    axes first; ``()`` for one device; None: ``group`` must split an axis)."""
     if group <= 1:
-        return True
-    return any(math.prod(c) == group for k in range(1, len(physical) + 1) for c in itertools.combinations(physical, k))
+        return ()
+    combos = (c for k in range(1, len(physical) + 1) for c in itertools.combinations(physical, k))
+    return next((c for c in combos if math.prod(c) == group), None)
+
+
+def is_subtorus(group: int, physical: Sequence[int]) -> bool:
+    """Whether ``group`` devices can be a product of whole physical axes of ``physical``
+    (:func:`subtorus_axes`)."""
+    return subtorus_axes(group, physical) is not None
