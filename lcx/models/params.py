@@ -1,8 +1,8 @@
 """Per-parameter metadata: the logical axes that shard a parameter and the role that decides
 its weight decay.
 
-Every parameter field of an lcx model is declared with :func:`param`, which stores two things in
-``eqx.field(metadata=...)``:
+Every parameter field of an lcx model is declared as ``eqx.field(metadata=param(...))``;
+:func:`param` names two things:
 
 - ``axes``: one logical axis name per dimension (``("embed", "heads", "head_dim")``); a module
   field may carry axes of its own (the stacked blocks carry ``("layers",)``), prepended to those
@@ -44,8 +44,11 @@ kind of parameter picks one of these roles, or adds its own line here."""
 Axes = tuple[str, ...]
 
 
-def param(*axes: str, role: str) -> Any:
-    """An ``eqx.field`` for a parameter: its logical axes (one per dimension) and its role.
+def param(*axes: str, role: str) -> dict[str, Any]:
+    """The ``eqx.field`` metadata of a parameter: its logical axes (one per dimension) and its
+    role. Declare a parameter field as ``w: Array = eqx.field(metadata=param("embed", "mlp",
+    role="weight"))`` (a call of ``eqx.field`` itself, so type checkers see a field without a
+    default).
 
     Args:
       axes: the logical axis names of the parameter's dimensions, outermost first.
@@ -56,7 +59,7 @@ def param(*axes: str, role: str) -> Any:
     """
     if role not in ROLES:
         raise ValueError(f"parameter role {role!r} is unknown; use one of {sorted(ROLES)} or add it to ROLES")
-    return eqx.field(metadata={"axes": tuple(axes), "role": role})
+    return {"axes": tuple(axes), "role": role}
 
 
 class Parameter(NamedTuple):
@@ -119,12 +122,12 @@ def parameters(model: PyTree) -> list[Parameter]:
         if len(axes) != leaf.ndim:
             raise ValueError(
                 f"parameter {path} has shape {leaf.shape} but declares logical axes {axes}; declare its "
-                f"field with lcx.models.params.param(<one axis name per dimension>, role=...)"
+                f"field with eqx.field(metadata=lcx.models.params.param(<one axis name per dimension>, role=...))"
             )
         if role not in ROLES:
             raise ValueError(
                 f"parameter {path} declares no role (found {role!r}); declare its field with "
-                f"lcx.models.params.param(..., role=<one of {sorted(ROLES)}>)"
+                f"eqx.field(metadata=lcx.models.params.param(..., role=<one of {sorted(ROLES)}>))"
             )
         out.append(Parameter(path, leaf, axes, role))
     return out
