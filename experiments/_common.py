@@ -64,17 +64,19 @@ def run_multirun(experiment: str, sweep_dir: pathlib.Path, overrides: Sequence[s
     Raises:
       subprocess.CalledProcessError: a job failed (Hydra stops the sweep at the first failure).
     """
-    cmd = [
-        sys.executable,
-        "-m",
-        "lcx.train",
-        "-m",
-        f"experiment={experiment}",
-        f"hydra.sweep.dir={sweep_dir}",
-        *overrides,
-    ]
-    print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, cwd=ROOT, check=True)
+    run_command(
+        [sys.executable, "-m", "lcx.train", "-m", f"experiment={experiment}", f"hydra.sweep.dir={sweep_dir}", *overrides]
+    )
+
+
+def run_command(cmd: Sequence[str]) -> None:
+    """Print ``cmd`` and run it from the repository root.
+
+    Raises:
+      subprocess.CalledProcessError: it failed.
+    """
+    print("+", " ".join(map(str, cmd)), flush=True)
+    subprocess.run(list(cmd), cwd=ROOT, check=True)
 
 
 def read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
