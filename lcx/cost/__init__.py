@@ -19,13 +19,7 @@ from lcx.cost.flops import (
     training_flops,
     visible_pairs,
 )
-from lcx.cost.hardware import (
-    Hardware,
-    apply_hardware_flags,
-    cpu_peak_flops,
-    hardware_from_config,
-    host_memory_available,
-)
+from lcx.cost.hardware import Hardware, apply_hardware_flags, hardware_from_config, host_memory_available
 from lcx.cost.ledger import (
     Estimate,
     causal_half_block_work,
@@ -47,6 +41,7 @@ from lcx.cost.memory import (
     saved_bytes_per_token_per_layer,
 )
 from lcx.cost.planner import Candidate, Recommendation, candidate_plans, default_policies, missing_in_lcx, search, table
+from lcx.cost.probes import cpu_peak_flops
 from lcx.cost.report_time import time_words, versus_words
 from lcx.cost.timing import ROOFLINE, CalibratedRange, StepTime, StepWork, TimeModel
 
