@@ -6,6 +6,7 @@ configs, and the strategy and kernel registries of :mod:`lcx.attention`, whose c
 themselves (class methods that are plain arithmetic, no JAX call).
 """
 
+from lcx.cost.balance import causal_half_block_work, causal_imbalance
 from lcx.cost.comm import CommBytes, comm_bytes, ring_overlap_min_block
 from lcx.cost.flops import (
     RECOMPUTED_FORWARD_FRACTION,
@@ -22,8 +23,6 @@ from lcx.cost.flops import (
 from lcx.cost.hardware import Hardware, apply_hardware_flags, hardware_from_config, host_memory_available
 from lcx.cost.ledger import (
     Estimate,
-    causal_half_block_work,
-    causal_imbalance,
     estimate,
     host_transfer_bytes,
     mfu,
