@@ -1,6 +1,9 @@
 """The time model's predictions in words, as ``lcx.plan`` prints them: a step's calibrated time
 beside the roofline with the preset's held-out error band (:func:`time_words`), and an
 alternative plan's gap to the recommendation, a tie or an extrapolation (:func:`versus_words`).
+
+Text only, from an :class:`~lcx.cost.ledger.Estimate` and the preset's
+:class:`~lcx.cost.timing.TimeModel` (:mod:`lcx.cost.timing` holds the arithmetic).
 """
 
 from __future__ import annotations
