@@ -19,7 +19,7 @@ from lcx.cost.timing import ROOFLINE, CalibratedRange, TimeModel, time_model_fro
 from lcx.models.config import preset
 from lcx.reports.maxtext import recipe_plan, recipes
 from lcx.reports.planner import reasons
-from lcx.reports.timing import time_words, versus_words
+from lcx.reports.timing import outside, time_words, versus_words
 from lcx.sharding import AttentionConfig
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ def test_the_planner_flags_extrapolation_and_names_the_error_band():
     far = time_words(e, hw, seq_len=14680064, strategy="a2a", kernel="splash")
     assert "EXTRAPOLATION: strategy a2a not among the measured ring" in far
     r = CalibratedRange(seq_len=(10, 20), tokens_per_device=(1, 2))
-    assert r.outside(seq_len=30, tokens_per_device=1, strategy="ring", kernel="xla") == ["seq_len 30 outside 10..20"]
+    assert outside(r, seq_len=30, tokens_per_device=1, strategy="ring", kernel="xla") == ["seq_len 30 outside 10..20"]
     bare = time_words(e, dataclasses.replace(hw, time_model=None), seq_len=1, strategy="ring", kernel="splash")
     assert "no time model" in bare
 

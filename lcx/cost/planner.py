@@ -62,9 +62,6 @@ from lcx.cost.search import (
     rank as rank,
 )
 from lcx.cost.search import (
-    strategy_meshes as strategy_meshes,
-)
-from lcx.cost.search import (
     train_overrides as train_overrides,
 )
 from lcx.cost.search import (
