@@ -190,6 +190,20 @@ def save_figure(fig, path: pathlib.Path) -> pathlib.Path:
     return path
 
 
+def provenance(info: Mapping[str, Any]) -> dict[str, str]:
+    """What a result row records about the run that made it (never a local path): the lcx git
+    commit (12 hex digits, ``+dirty`` when files differed from it), the Python and jax versions,
+    from the run's ``run_info.json`` (``{}`` gives ``unrecorded``)."""
+    commit = info.get("git_commit") or "unrecorded"
+    if commit != "unrecorded":
+        commit = commit[:12] + ("+dirty" if info.get("git_dirty") else "")
+    return {
+        "git_commit": commit,
+        "python": info.get("python") or "unrecorded",
+        "jax": (info.get("packages") or {}).get("jax") or "unrecorded",
+    }
+
+
 def machine_note(info: Mapping[str, Any] | None = None) -> str:
     """One line naming where the numbers were measured (for plot titles and CSV readers)."""
     import platform
