@@ -65,7 +65,15 @@ def run_multirun(experiment: str, sweep_dir: pathlib.Path, overrides: Sequence[s
       subprocess.CalledProcessError: a job failed (Hydra stops the sweep at the first failure).
     """
     run_command(
-        [sys.executable, "-m", "lcx.train", "-m", f"experiment={experiment}", f"hydra.sweep.dir={sweep_dir}", *overrides]
+        [
+            sys.executable,
+            "-m",
+            "lcx.train",
+            "-m",
+            f"experiment={experiment}",
+            f"hydra.sweep.dir={sweep_dir}",
+            *overrides,
+        ]
     )
 
 

@@ -13,7 +13,7 @@ per-step losses, and the commit and versions that made it.
 
     python experiments/default_run.py                     # 3 seeds on this stack (~6 min, 2 cores)
     python3.11 experiments/default_run.py                 # ... and on the floor stack's venv
-    python experiments/default_run.py --runs multirun/default_run/<stamp>   # gather only
+    python experiments/default_run.py --runs multirun/default_run-current/<stamp>   # gather only
     python experiments/default_run.py --summary           # the README's band from the CSV
 
 ``tests/test_default_run.py`` (marked slow) runs the main job and checks that it lands in the
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import platform
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
@@ -131,7 +132,7 @@ def plot(rows: Sequence[Mapping], path: pathlib.Path) -> pathlib.Path:
         )
     ax.set_xlabel("step")
     ax.set_ylabel("training loss, 3-step running mean (nats / byte)")
-    ax.set_title("python -m lcx.train (tiny Llama, 4,096 tokens, data 2 x context 4, embedded stdlib)")
+    ax.set_title("python -m lcx.train: tiny Llama, 4 x 4,096 tokens per step, data 2 x context 4, embedded stdlib")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return C.save_figure(fig, path)
@@ -149,7 +150,8 @@ def main(argv=None) -> int:
         return 0
     sweep = a.runs
     if sweep is None:
-        sweep = C.new_sweep_dir(NAME)
+        # one directory per stack: two stacks launched in the same second never share one
+        sweep = C.new_sweep_dir(f"{NAME}-{stack_of(platform.python_version())}")
         cmd = [sys.executable, "-m", "lcx.train", "-m", f"train.seed={','.join(map(str, SEEDS))}"]
         C.run_command([*cmd, f"hydra.sweep.dir={sweep}"])
     new = [row_of(run) for run in C.load_runs(sweep)]

@@ -358,9 +358,47 @@ def stack_benchmark() -> str:
     return _md(header, out)
 
 
+def default_run() -> str:
+    """The README's main job over seeds on each stack (``experiments/default_run.py``)."""
+    import default_run as D
+
+    rows = C.read_csv(RES / "default_run.csv")
+    body = [
+        [
+            r["stack"],
+            r["seed"],
+            _f(r["final_val_loss"], 4),
+            _f(r["final_loss"], 3),
+            f"{100 * float(r['max_rise']):.1f}%",
+            _f(r["max_grad_norm"], 1),
+            f"{r['python']} / {r['jax']}",
+            r["git_commit"],
+        ]
+        for r in rows
+    ]
+    for stack in sorted({r["stack"] for r in rows}):
+        mean, sd, n = D.band(rows, stack)
+        body.append([f"**{stack}**", f"{n} seeds", f"**{mean:.4f} +- {sd:.4f}**", "", "", "", "", ""])
+    return _md(
+        [
+            "stack",
+            "seed",
+            "final val. loss",
+            "last train loss",
+            "largest rise",
+            "largest grad norm",
+            "python / jax",
+            "commit",
+        ],
+        body,
+        left=(0, 6, 7),
+    )
+
+
 TABLES = {
     f.__name__: f
     for f in (
+        default_run,
         strategy_benchmark,
         ring_degree,
         strategy_memory,

@@ -41,6 +41,18 @@ def test_committed_band_has_three_seeds_per_stack_within_the_limits():
     assert abs(seed0["current"] / seed0["floor"] - 1) <= 0.03  # issue 37: the stacks agree to 3%
 
 
+def test_readme_states_the_committed_band():
+    readme = " ".join((ROOT / "README.md").read_text().split())  # line breaks are spaces
+    rows = C.read_csv(C.RESULTS / f"{D.NAME}.csv")
+    for stack in ("current", "floor"):
+        mean, sd, _ = D.band(rows, stack)
+        assert f"**{mean:.4f} +- {sd:.4f}** on the {stack} stack" in readme, (
+            f"README.md must state the {stack} stack's band {mean:.4f} +- {sd:.4f} (experiments/default_run.py --summary)"
+        )
+    seed0 = {float(r["final_val_loss"]) for r in rows if r["seed"] == "0"}
+    assert all(f"seed 0 gives {v:.4f}" in readme for v in seed0)
+
+
 @pytest.mark.slow
 def test_the_main_job_lands_in_its_band(tmp_path):
     stack = D.stack_of(platform.python_version())
