@@ -233,8 +233,8 @@ def test_one_train_step_updates_the_parameters(devices, tmp_path):
     token and moves the parameters; its state saves and restores bit for bit."""
     from lcx.training.checkpoint import Checkpoints
     from lcx.training.optim import make_optimizer
-    from lcx.training.state import TrainState, abstract_train_state
-    from lcx.training.step import init_opt_state, make_steps
+    from lcx.training.state import TrainState, abstract_train_state, init_opt_state
+    from lcx.training.step import make_steps
 
     mp = bind(preset("dp").with_mesh(data=1), devices[:1])
     model = init_model(SMALL, key=jax.random.key(0))
@@ -258,7 +258,7 @@ def test_one_train_step_updates_the_parameters(devices, tmp_path):
         c.save(state.replace(step=2), {"loss": float(m["loss"])})
         assert c.steps() == [2]  # keep=1 pruned step 1
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-        target = abstract_train_state(abstract, psh, opt, mp.replicated(), opt_shardings=steps.opt_shardings)
+        target = abstract_train_state(abstract, psh, opt, steps.opt_shardings)
         r = c.restore_latest(target)
     finally:
         c.close()

@@ -14,6 +14,7 @@ so a field has a default only where a YAML file leaves the key out on purpose. T
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 from typing import Any, Optional
 
@@ -308,15 +309,16 @@ class RunConfig:
     distributed: DistributedConfig
     plan_spec: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The run as plain values, as checkpoints and ``run_info.json`` store it: one mapping
-        per section (``plan`` as written: :attr:`plan_spec`, else :meth:`lcx.sharding.Plan.to_config`),
+    @functools.cached_property
+    def resolved(self) -> dict[str, Any]:
+        """The run as plain values, computed once: what checkpoints and ``run_info.json`` store
+        and a resume compares (:func:`lcx.training.resume.check_resumable`). One mapping per
+        section, the ``plan`` as written (:attr:`plan_spec`; else :meth:`lcx.sharding.Plan.to_config`),
         paths as strings."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "plan_spec"}
-        out["model"] = self.model.to_dict()
-        out["plan"] = self.plan_spec or self.plan.to_config()
+        out: dict[str, Any] = {"model": self.model.to_dict(), "plan": self.plan_spec or self.plan.to_config()}
         for k in ("data", "train", "memory", "checkpoint", "hardware", "distributed"):
-            out[k] = {a: str(v) if isinstance(v, pathlib.Path) else v for a, v in dataclasses.asdict(out[k]).items()}
+            section = dataclasses.asdict(getattr(self, k))
+            out[k] = {a: str(v) if isinstance(v, pathlib.Path) else v for a, v in section.items()}
         return out
 
     def replace(self, **sections: Any) -> RunConfig:

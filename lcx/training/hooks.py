@@ -256,6 +256,7 @@ def make_hooks(
     run_dir: pathlib.Path,
     stack: contextlib.ExitStack,
     ckpts: Checkpoints | None,
+    stop: StopSignals,
     start: int,
     *,
     resumed: bool,
@@ -263,10 +264,9 @@ def make_hooks(
     """The hooks of a run, in the order they run after a step: evaluation (every
     ``train.eval_every``), the ``metrics.jsonl`` line (every ``train.log_every`` and at each
     evaluation) and, with ``train.tensorboard``, the same record as TensorBoard scalars in
-    ``run_dir/tensorboard``, the progress bar, checkpoints (with the SIGTERM/SIGINT watcher).
-    What they open is closed by ``stack``."""
+    ``run_dir/tensorboard``, the progress bar, checkpoints (saved before exiting once ``stop``,
+    the SIGTERM/SIGINT watcher, has seen a signal). What they open is closed by ``stack``."""
     t = run.config.train
-    stop = stack.enter_context(StopSignals(enabled=ckpts is not None))
     hooks = Hooks()
     if t.eval_every > 0:
         hooks.add_hook(EvalHook(run.steps, run.data, t.eval_batches), every=t.eval_every)
@@ -293,7 +293,7 @@ def checkpoint_meta(run: Run, loss: float | None, val: float | None) -> dict[str
         "val_loss": finite_or_none(val),
         "plan": repr(run.mp.plan),
         "mesh": {k: int(v) for k, v in run.mp.mesh.shape.items()},
-        "config": run.stored,
+        "config": run.config.resolved,
         "sweep": multirun_job(),  # which job of which sweep wrote it (None: not a multirun)
     }
 

@@ -5,9 +5,9 @@
    then its data, model structure, optimizer and sharded steps;
 2. restore (:func:`lcx.training.resume.restore`): the newest readable checkpoint, or a fresh
    state; the run directory claimed (:func:`lcx.training.rundir.record_run`);
-3. loop with hooks (:func:`run_steps`): :func:`compile_step`, then :func:`train_step` and the
-   hooks (:func:`lcx.training.hooks.make_hooks`: evaluation, metrics, progress, checkpoints)
-   once per step;
+3. loop with hooks (:func:`lcx.training.stepping.run_steps`): the hooks
+   (:func:`lcx.training.hooks.make_hooks`: evaluation, metrics, progress, checkpoints), the step
+   compiled, then each step and the hooks after it;
 4. finish: the :class:`~lcx.training.state.TrainResult`.
 
 The configuration arrives typed (:class:`lcx.training.config.RunConfig`, built once by the entry
@@ -17,27 +17,17 @@ point, :func:`lcx.config.run_config`); ``train.dry_run=true`` is :func:`lcx.trai
 from __future__ import annotations
 
 import contextlib
-import logging
-import math
 import pathlib
-import time
-from typing import Any
 
-import jax
-
-from lcx.training.checkpoint import Checkpoints, Restored
 from lcx.training.config import RunConfig
-from lcx.training.hooks import CheckpointHook, StepInfo, make_hooks
 from lcx.training.hooks import evaluate as evaluate
-from lcx.training.preflight import Run, setup
+from lcx.training.preflight import setup
 from lcx.training.resume import restore
 from lcx.training.rundir import RunDirInUseError as RunDirInUseError
 from lcx.training.rundir import claim_run_dir as claim_run_dir
 from lcx.training.rundir import record_run
-from lcx.training.state import TrainResult, TrainState, nonfinite_leaves
-from lcx.training.step import put_batch
-
-log = logging.getLogger(__name__)
+from lcx.training.state import TrainResult, TrainState
+from lcx.training.stepping import run_steps
 
 
 def train(config: RunConfig, run_dir: str | pathlib.Path, devices=None) -> TrainResult:
@@ -80,144 +70,6 @@ def train(config: RunConfig, run_dir: str | pathlib.Path, devices=None) -> Train
             stack.callback(ckpts.close)  # an exception still lets an in-flight (good) save finish
         record_run(run, run_dir, state.step, resumed=restored is not None)
         return run_steps(run, run_dir, stack, ckpts, state, restored)
-
-
-def run_steps(
-    run: Run,
-    run_dir: pathlib.Path,
-    stack: contextlib.ExitStack,
-    ckpts: Checkpoints | None,
-    state: TrainState,
-    restored: Restored | None,
-) -> TrainResult:
-    """Phase 3, the loop with hooks, and 4, finish: compile the step, run it from ``state`` to
-    ``train.steps`` with the hooks after each step; what the hooks open is closed by ``stack``.
-
-    Returns:
-      The :class:`TrainResult` (``final_loss`` None when no step ran: a checkpoint that already
-      reached ``train.steps``; its last loss is not this run's).
-    """
-    start, total = state.step, run.config.train.steps
-    val_loss = restored.meta.get("val_loss") if restored is not None else None
-    losses: list[float] = []
-    compile_s = None
-    if start >= total:
-        log.info("checkpoint at step %d already reached train.steps=%d; nothing to train", start, total)
-    else:
-        batch = put_batch(next(run.data.train), run.steps.batch_sharding)
-        compiled, first = compile_step(run, state, batch, resumed=restored is not None)
-        compile_s = first["compile_s"]
-        hooks, ckpt_hook = make_hooks(run, run_dir, stack, ckpts, start, resumed=restored is not None)
-        for step in range(start + 1, total + 1):
-            assert batch is not None  # only the last step prefetches no next batch
-            extra = first if step == start + 1 else {}
-            state, batch, info = train_step(run, compiled, state, batch, step, extra, val_loss, ckpts, ckpt_hook)
-            losses.append(info.loss)
-            hooks.run(info)
-            val_loss = info.val_loss
-    return TrainResult(
-        losses=losses,
-        final_loss=losses[-1] if losses else None,
-        val_loss=val_loss,
-        state=state,
-        static=run.static,
-        run_dir=str(run_dir),
-        compile_s=compile_s,
-        start_step=start,
-    )
-
-
-def compile_step(
-    run: Run, state: TrainState, batch: dict[str, jax.Array], *, resumed: bool
-) -> tuple[jax.stages.Compiled, dict[str, Any]]:
-    """Compile the train step for ``batch``'s shapes.
-
-    Returns:
-      ``(compiled, first)``: the compiled step and the extra fields of the first step's
-      ``metrics.jsonl`` record (``compile_s``, ``temp_bytes_per_device``, ``resumed_from``).
-    """
-    t0 = time.perf_counter()
-    compiled = run.steps.train.lower(state.params, state.opt_state, batch).compile()
-    compile_s = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
-    first = {
-        "compile_s": compile_s,
-        "temp_bytes_per_device": getattr(mem, "temp_size_in_bytes", None) if mem is not None else None,
-    }
-    if resumed:
-        first["resumed_from"] = state.step
-    return compiled, first
-
-
-def train_step(
-    run: Run,
-    compiled: jax.stages.Compiled,
-    state: TrainState,
-    batch: dict[str, jax.Array],
-    step: int,
-    extra: dict[str, Any],
-    val_loss: float | None,
-    ckpts: Checkpoints | None,
-    ckpt_hook: CheckpointHook | None,
-) -> tuple[TrainState, dict[str, jax.Array] | None, StepInfo]:
-    """Once per step: run step ``step`` on ``batch``, prefetch the next batch while the
-    devices work, and build the step's :class:`StepInfo` (its metrics record plus ``extra``).
-
-    Raises:
-      FloatingPointError: a non-finite loss or gradient norm (:func:`nonfinite_report`).
-    """
-    ts = time.perf_counter()
-    params, opt_state, m = compiled(state.params, state.opt_state, batch)  # dispatched asynchronously
-    # Host work overlaps the step on the devices: fetch the next batch while it runs.
-    last = step == run.config.train.steps
-    next_batch = None if last else put_batch(next(run.data.train), run.steps.batch_sharding)
-    loss = float(m["loss"])  # blocks: the step time below is the whole step
-    dt = time.perf_counter() - ts
-    grad_norm = float(m["grad_norm"])
-    # the data position is the one after this step's batch, not the prefetched one's
-    state = state.replace(
-        params=params, opt_state=opt_state, step=step, data=run.data.train.state_before(0 if last else 1)
-    )
-    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        # A non-finite gradient poisons the update even when the loss is still finite; both
-        # scalars are on the host already, so this check costs nothing per step.
-        raise FloatingPointError(
-            nonfinite_report(state, loss, grad_norm, ckpts, ckpt_hook.saved_step if ckpt_hook is not None else None)
-        )
-    record = {
-        "step": step,
-        "loss": loss,
-        "tokens_per_sec": run.config.train.tokens_per_step / dt,
-        "mfu": run.flops.total / dt / (run.hw.peak_flops_per_device * len(run.devices)),
-        "step_time_s": dt,
-        "lr": float(run.schedule(step - 1)),
-        "grad_norm": grad_norm,
-        "valid_tokens": float(m["tokens"]),
-        **extra,
-    }
-    return state, next_batch, StepInfo(state=state, last=last, loss=loss, record=record, val_loss=val_loss)
-
-
-def nonfinite_report(
-    state: TrainState, loss: float, grad_norm: float, ckpts: Checkpoints | None, saved_step: int | None
-) -> str:
-    """The diagnostic of a non-finite step: which scalars, which tensors, what was kept."""
-    step = state.step
-    bad = nonfinite_leaves(state.arrays())
-    what = "loss" if not math.isfinite(loss) else "gradient norm"
-    msg = f"non-finite {what} at step {step} (loss={loss}, grad_norm={grad_norm}); "
-    if bad:
-        msg += f"non-finite tensors after the update: {', '.join(bad[:8])}"
-        msg += f" and {len(bad) - 8} more" if len(bad) > 8 else ""
-    else:
-        msg += "parameters and optimizer state are still finite (the forward pass overflowed)"
-    if ckpts is not None:
-        msg += (
-            f". Step {step} was not checkpointed; the last checkpoint is step {saved_step} in {ckpts.directory}"
-            if saved_step is not None
-            else f". Nothing was checkpointed in {ckpts.directory}"
-        )
-    return msg + ". Lower train.lr, lengthen train.warmup_steps or check the data"
 
 
 __all__ = ["TrainResult", "TrainState", "train"]

@@ -88,9 +88,7 @@ class Run:
     """What :func:`setup` builds once per run (phase 1 of :func:`lcx.training.loop.train`).
 
     Attributes:
-      config: the run's configuration; stored: the same as plain values
-        (:meth:`RunConfig.to_dict`: what checkpoints and ``run_info.json`` record, and a resume
-        compares); mp: its plan bound to ``devices``.
+      config: the run's configuration; mp: its plan bound to ``devices``.
       data: the training and validation batches.
       hw: the hardware preset priced for the devices (its peak FLOP/s gives the MFU); flops:
         the model's FLOPs per step (:func:`lcx.cost.training_flops`).
@@ -102,7 +100,6 @@ class Run:
     """
 
     config: RunConfig
-    stored: dict[str, Any]
     mp: MeshPlan
     devices: list[Any]
     data: Data
@@ -141,7 +138,6 @@ def setup(config: RunConfig, devices=None) -> Run:
     optimizer, schedule = optimizer_from_config(t)
     return Run(
         config=config,
-        stored=config.to_dict(),
         mp=mp,
         devices=devices,
         data=data,

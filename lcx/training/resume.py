@@ -23,7 +23,7 @@ from lcx.training.config import TrainConfig
 from lcx.training.preflight import Run
 from lcx.training.rundir import multirun_job
 from lcx.training.state import TrainState, abstract_train_state, init_train_state
-from lcx.training.step import is_arraylike
+from lcx.training.step import is_arraylike, opt_state_shardings
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,9 @@ def train_state_target(config: Mapping[str, Any], mp: Any) -> tuple[TrainState, 
     optimizer, _ = optimizer_from_config(TrainConfig(**{k: v for k, v in config["train"].items() if k in fields}))
     abstract = eqx.filter_eval_shape(init_model, model_cfg, key=jax.random.key(0))
     abstract_params, static = eqx.partition(abstract, is_arraylike)
-    target = abstract_train_state(abstract_params, model_shardings(abstract, mp), optimizer, mp.replicated())
+    shardings = model_shardings(abstract, mp)
+    opt_shardings = opt_state_shardings(optimizer, abstract_params, shardings, mp.replicated())
+    target = abstract_train_state(abstract_params, shardings, optimizer, opt_shardings)
     return target, static
 
 
@@ -219,31 +221,27 @@ def restore(run: Run) -> tuple[Checkpoints | None, TrainState, Restored | None]:
       CheckpointMismatchError / CheckpointConfigChangedError: :func:`check_resumable`'s.
       NoUsableCheckpointError: checkpoints exist but none can be read.
     """
-    c, steps, data = run.config.checkpoint, run.steps, run.data.train
+    c, steps, data, key = run.config.checkpoint, run.steps, run.data.train, run.key
+
+    def resumable(meta: Mapping[str, Any], where: str) -> None:
+        check_resumable(meta, run.config.resolved, where=where, allow=c.allow_config_change, job=multirun_job())
+
+    def target() -> TrainState:
+        return abstract_train_state(run.abstract_params, steps.param_shardings, run.optimizer, steps.opt_shardings)
+
+    def fresh() -> TrainState:
+        rng = jax.random.fold_in(key, 1)
+        return init_train_state(run.config.model, key, run.optimizer, steps, rng=rng, data=data.state())
+
     if c.dir is None:
-        ckpts = None
-    else:
-        ckpts = Checkpoints(c.dir, keep=c.keep, async_save=c.async_save)
-        restored = ckpts.restore_latest(
-            lambda: abstract_train_state(
-                run.abstract_params,
-                steps.param_shardings,
-                run.optimizer,
-                run.mp.replicated(),
-                opt_shardings=steps.opt_shardings,
-            ),
-            check=lambda meta, where: check_resumable(
-                meta, run.stored, where=where, allow=c.allow_config_change, job=multirun_job()
-            ),
-        )
-        if restored is not None:
-            data.resume(restored.meta["data"])
-            log.info("resumed from %s at step %d", ckpts.directory / str(restored.step), restored.step)
-            return ckpts, restored.state.replace(data=data.state()), restored
-    state = init_train_state(
-        run.config.model, run.key, run.optimizer, steps, rng=jax.random.fold_in(run.key, 1), data=data.state()
-    )
-    return ckpts, state, None
+        return None, fresh(), None
+    ckpts = Checkpoints(c.dir, keep=c.keep, async_save=c.async_save)
+    restored = ckpts.restore_latest(target, check=resumable)
+    if restored is None:
+        return ckpts, fresh(), None
+    data.resume(restored.meta["data"])
+    log.info("resumed from %s at step %d", ckpts.directory / str(restored.step), restored.step)
+    return ckpts, restored.state.replace(data=data.state()), restored
 
 
 __all__ = [

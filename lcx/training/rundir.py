@@ -163,7 +163,7 @@ def record_run(run: Run, run_dir: pathlib.Path, start: int, *, resumed: bool) ->
     c = run.config.checkpoint
     claim_run_dir(run_dir, ckpt_dir=c.dir, reuse=run.config.train.reuse_run_dir)
     info = run_info(run.devices)
-    info["config"] = run.stored
+    info["config"] = run.config.resolved
     info["plan"] = repr(run.mp.plan)
     info["mesh"] = dict(run.mp.mesh.shape)
     info["peak_flops_per_device"] = run.hw.peak_flops_per_device

@@ -21,8 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lcx.training.step import init_opt_state, opt_state_shardings
-
 
 class TrainState(eqx.Module):
     """Everything that evolves during training.
@@ -110,12 +108,7 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
 
 
 def abstract_train_state(
-    abstract_params: Any,
-    param_shardings: Any,
-    optimizer: optax.GradientTransformation,
-    replicated: jax.sharding.Sharding,
-    *,
-    opt_shardings: Any = None,
+    abstract_params: Any, param_shardings: Any, optimizer: optax.GradientTransformation, opt_shardings: Any
 ) -> TrainState:
     """Restore target: a :class:`TrainState` of ``ShapeDtypeStruct`` for a model under a plan.
 
@@ -124,16 +117,12 @@ def abstract_train_state(
         ``ShapeDtypeStruct`` (None where the model has no array).
       param_shardings: matching pytree of ``NamedSharding`` (:func:`lcx.models.model_shardings`).
       optimizer: the optax transformation whose state was saved.
-      replicated: the plan's replicated sharding (``MeshPlan.replicated()``), for optax's
-        scalar ``count``.
-      opt_shardings: the optimizer state's shardings (default: each state like its parameter,
-        :func:`lcx.training.step.opt_state_shardings`); ``Steps.opt_shardings`` places it where
-        the run keeps it (``pinned_host`` with ``memory.offload_optimizer``). A checkpoint
-        written from either memory kind restores into either.
+      opt_shardings: the optimizer state's shardings: ``Steps.opt_shardings`` places it where the
+        run keeps it (``pinned_host`` with ``memory.offload_optimizer``), or
+        :func:`lcx.training.step.opt_state_shardings` (each state like its parameter). A
+        checkpoint written from either memory kind restores into either.
     """
     abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
-    if opt_shardings is None:
-        opt_shardings = opt_state_shardings(optimizer, abstract_params, param_shardings, replicated)
     return TrainState(
         params=abstract_like(abstract_params, param_shardings), opt_state=abstract_like(abstract_opt, opt_shardings)
     )
@@ -165,6 +154,11 @@ def init_train_state(
     )(key)
     opt_state = init_opt_state(optimizer, params, steps.opt_shardings)
     return TrainState(params=params, opt_state=opt_state, step=0, rng=rng, data=data)
+
+
+def init_opt_state(optimizer: optax.GradientTransformation, params: Any, opt_shardings: Any) -> Any:
+    """Optimizer state created directly in its sharded layout (never materialised whole)."""
+    return jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
 
 
 def nonfinite_leaves(tree: Any) -> list[str]:
@@ -208,6 +202,7 @@ __all__ = [
     "abstract_like",
     "abstract_train_state",
     "finite_or_none",
+    "init_opt_state",
     "init_train_state",
     "key_from_json",
     "key_to_json",

@@ -188,11 +188,6 @@ def opt_state_shardings(
     )
 
 
-def init_opt_state(optimizer: optax.GradientTransformation, params, opt_shardings):
-    """Optimizer state created directly in its sharded layout (never materialised whole)."""
-    return jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
-
-
 def put_batch(batch: Mapping[str, np.ndarray], sharding: jax.sharding.NamedSharding) -> dict[str, jax.Array]:
     """Host numpy batch ``{key: [B, S]}`` -> global arrays with ``sharding``.
 

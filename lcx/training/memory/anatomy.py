@@ -15,7 +15,8 @@ def memory_anatomy(chk: MemoryCheck, model_cfg: ModelConfig, plan, train: TrainC
 
     Args:
       chk: the estimate (:func:`lcx.training.memory.memory_check`) of the run.
-      model_cfg, plan: the model and the (unbound) plan it priced.
+      model_cfg: the model it priced.
+      plan: the (unbound) plan it priced.
       train: the ``train`` section (``seq_len``, ``global_batch``).
 
     Returns:

@@ -88,8 +88,11 @@ def memory_check(
     """Price the run's step with the cost ledger and compare it with the hardware's memory.
 
     Args:
-      model_cfg, plan: the model and the (unbound) plan; n_devices: devices of the run.
-      seq_len, global_batch: S tokens per sequence, B sequences per step.
+      model_cfg: the model.
+      plan: the (unbound) plan.
+      n_devices: devices of the run.
+      seq_len: S, tokens per sequence.
+      global_batch: B, sequences per step.
       hardware: the ``hardware`` preset.
       memory: the ``memory:`` options (None: the defaults).
       local_devices: devices of this process (None: all ``n_devices``).

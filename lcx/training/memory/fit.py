@@ -48,7 +48,8 @@ def fit_step(
     (:func:`check_tiling`).
 
     Args:
-      model_cfg, plan: the model and the (unbound) plan.
+      model_cfg: the model.
+      plan: the (unbound) plan.
       n_devices: devices of the run (all processes together; a dry run has only the count).
       train: the ``train`` section (``seq_len``, ``global_batch``).
       memory: the ``memory:`` options.
