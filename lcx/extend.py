@@ -24,15 +24,14 @@ def extend(cfg: DictConfig) -> float | None:
     Raises:
       ValueError / PlanError: a key unknown or mistyped, or a stage a real run refuses.
     """
-    from lcx.config import run_config, stages
+    from lcx.config import schedule_config
 
-    config = run_config(cfg, tool="lcx.extend")  # the base run, typed once
-    schedule = stages(cfg)
-    devices = cli.start_devices(config.hardware, config.distributed)
+    schedule = schedule_config(cfg)  # the base run and its stages, typed once
+    devices = cli.start_devices(schedule.run.hardware, schedule.run.distributed)
     from lcx.reports.train import stage_lines
     from lcx.training.schedule import run_schedule
 
-    results = run_schedule(config, schedule, cli.output_dir(), devices)
+    results = run_schedule(schedule, cli.output_dir(), devices)
     for line in stage_lines(results):
         print(line, file=sys.stderr)
     return results[-1].val_loss

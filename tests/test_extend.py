@@ -15,7 +15,7 @@ from _compile_cache import compile_cache
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf, open_dict
 
-from lcx.config import run_config, stages
+from lcx.config import run_config, schedule_config, stages
 from lcx.sharding import PlanError
 from lcx.training.checkpoint import Checkpoints
 from lcx.training.optim import make_optimizer
@@ -48,7 +48,7 @@ def _config(*overrides, stages=None):
 
 def _extend(cfg, run_dir, devices):
     """What ``python -m lcx.extend`` runs: the base run and its stages, typed once."""
-    return run_schedule(run_config(cfg, tool="lcx.extend"), stages(cfg), run_dir, devices)
+    return run_schedule(schedule_config(cfg), run_dir, devices)
 
 
 def _metrics(d):

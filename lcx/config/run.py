@@ -1,7 +1,8 @@
 """The composed Hydra config of each entry point read, checked and typed, once.
 
 - :func:`run_config`: ``lcx.train`` (and ``lcx.extend``'s base run) -> :class:`RunConfig`;
-- :func:`stages`: ``lcx.extend``'s ``schedule.stages`` -> :class:`lcx.training.schedule.Stage` list;
+- :func:`schedule_config`: ``lcx.extend`` -> :class:`lcx.training.schedule.Schedule` (the base
+  run and its :func:`stages`);
 - :func:`plan_query`: ``lcx.plan`` -> :class:`lcx.reports.config.PlanQuery`;
 - :func:`eval_query`: ``lcx.eval`` -> :class:`lcx.reports.config.EvalQuery`.
 
@@ -32,7 +33,7 @@ from lcx.training.config import (
     TrainConfig,
 )
 from lcx.training.rundir import resolve_dir
-from lcx.training.schedule import Stage, stages_from_list
+from lcx.training.schedule import Schedule, Stage, stages_from_list
 
 
 def plain(node: Any) -> Any:
@@ -60,7 +61,7 @@ def run_config(cfg: DictConfig, tool: str = "lcx.train") -> RunConfig:
         )
     train = typed(cfg.get("train"), TrainConfig, "train", tool=tool)
     checkpoint = checkpoint_config(cfg.get("checkpoint"), tool)
-    dist = cfg.get("distributed")  # lcx.eval's config has none: one process
+    dist = cfg.get("distributed")  # none: one process
     distributed = SINGLE_PROCESS if dist is None else typed(dist, DistributedConfig, "distributed", tool=tool)
     hardware = typed(cfg.get("hardware"), HardwareConfig, "hardware", tool=tool)
     memory = typed(cfg.get("memory"), MemoryOptions, "memory", tool=tool)
@@ -88,8 +89,8 @@ def checkpoint_config(node: Any, tool: str = "lcx.train") -> CheckpointConfig:
     """
     if node is None:
         return NO_CHECKPOINTS
-    d = check_section(node, CheckpointConfig, "checkpoint", tool=tool)
-    return typed(node, CheckpointConfig, "checkpoint", tool=tool, dir=resolve_dir(d["dir"], per_job=True))
+    per_job = {"dir": lambda d: resolve_dir(d, per_job=True)}
+    return typed(node, CheckpointConfig, "checkpoint", tool=tool, resolve=per_job)
 
 
 def model_config(node: Any) -> ModelConfig:
@@ -130,6 +131,15 @@ def data_config(node: Any, tool: str = "lcx.train") -> DataConfig:
     if name not in DATA_CONFIGS:
         raise ValueError(f"unknown data.name {name!r}; use data={', data='.join(DATA_CONFIGS)}")
     return typed(node, DATA_CONFIGS[name], "data", tool=tool)
+
+
+def schedule_config(cfg: DictConfig, tool: str = "lcx.extend") -> Schedule:
+    """What ``lcx.extend`` runs: the base run (:func:`run_config`) and its :func:`stages`.
+
+    Raises:
+      ValueError / PlanError: as :func:`run_config` and :func:`stages`.
+    """
+    return Schedule(run=run_config(cfg, tool=tool), stages=tuple(stages(cfg)))
 
 
 def stages(cfg: DictConfig) -> list[Stage]:
@@ -191,12 +201,20 @@ def eval_query(cfg: DictConfig, tool: str = "lcx.eval") -> EvalQuery:
             "lcx.eval needs a checkpoint to evaluate: python -m lcx.eval checkpoint.dir=DIR "
             "(the checkpoint.dir of a python -m lcx.train run)"
         )
-    d = check_section(node, EvalCheckpointConfig, "checkpoint", tool=tool)
     return EvalQuery(
         eval=typed(cfg.get("eval"), EvalConfig, "eval", tool=tool),
-        checkpoint=typed(node, EvalCheckpointConfig, "checkpoint", tool=tool, dir=resolve_dir(d["dir"])),
+        checkpoint=typed(node, EvalCheckpointConfig, "checkpoint", tool=tool, resolve={"dir": resolve_dir}),
         hardware=typed(cfg.get("hardware"), HardwareConfig, "hardware", tool=tool),
     )
 
 
-__all__ = ["checkpoint_config", "data_config", "eval_query", "plan_query", "plain", "run_config", "stages"]
+__all__ = [
+    "checkpoint_config",
+    "data_config",
+    "eval_query",
+    "plain",
+    "plan_query",
+    "run_config",
+    "schedule_config",
+    "stages",
+]

@@ -27,7 +27,7 @@ import pathlib
 import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from lcx.config.sections import DATA_CONFIGS, SECTIONS
@@ -152,9 +152,23 @@ def check_section(node: Any, schema: type, section: str, *, complete: bool = Tru
 C = TypeVar("C")
 
 
-def typed(node: Any, cls: type[C], section: str, *, tool: str = "lcx", **fields: Any) -> C:
+def typed(
+    node: Any,
+    cls: type[C],
+    section: str,
+    *,
+    tool: str = "lcx",
+    resolve: Mapping[str, Callable[[Any], Any]] | None = None,
+) -> C:
     """The section ``node`` as its typed value: :func:`check_section` (complete), then ``cls``
-    built from it, ``fields`` replacing checked values (a resolved path, say).
+    built from it.
+
+    Args:
+      node: the section (DictConfig or mapping); None counts as empty.
+      cls: its typed frozen dataclass (the schema).
+      section: its dotted name, for messages.
+      tool: the entry point, for messages.
+      resolve: a function per key applied to its checked value (a path made absolute, say).
 
     Raises:
       ValueError: as :func:`check_section`; a mandatory value (``???``) left unset, naming the
@@ -162,9 +176,11 @@ def typed(node: Any, cls: type[C], section: str, *, tool: str = "lcx", **fields:
     """
     d = check_section(node, cls, section, tool=tool)
     for k, v in d.items():
-        if v == "???" and k not in fields:
+        if v == "???":
             raise ValueError(f"{section}.{k} is required by {tool} and unset: add {section}.{k}=<value>")
-    return cls(**{**d, **fields})
+    for k, f in (resolve or {}).items():
+        d[k] = f(d[k])
+    return cls(**d)
 
 
 # -- the command line -----------------------------------------------------------------------------

@@ -77,6 +77,20 @@ class Stage:
             raise ValueError(f"schedule stage {self.name!r}: lr must be positive, got {self.lr!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """What ``python -m lcx.extend`` runs: the base run and its stages (:func:`stage_config`
+    makes each stage's run from them).
+
+    Attributes:
+      run: the base run (``train.*`` and ``model.*`` as configured; each stage sets its own).
+      stages: the stages, in order.
+    """
+
+    run: RunConfig
+    stages: tuple[Stage, ...]
+
+
 def stages_from_list(raw: Any) -> list[Stage]:
     """The stages of ``schedule.stages`` (plain values: a list of mappings).
 
@@ -167,11 +181,9 @@ class StageResult:
     start_step: int | None = None
 
 
-def run_schedule(
-    run: RunConfig, stages: Sequence[Stage], run_dir: str | pathlib.Path, devices=None
-) -> list[StageResult]:
-    """Run every stage of ``stages`` in order, each a :func:`stage_config` of ``run`` (module
-    docstring).
+def run_schedule(schedule: Schedule, run_dir: str | pathlib.Path, devices=None) -> list[StageResult]:
+    """Run every stage of ``schedule`` in order, each a :func:`stage_config` of its base run
+    (module docstring).
 
     Writes ``stage{i}_{name}/`` (each stage's ``metrics.jsonl`` and ``run_info.json``) and
     ``schedule.json`` (the :class:`StageResult` of every stage run or skipped so far) in ``run_dir``.
@@ -188,6 +200,7 @@ def run_schedule(
     from lcx.training.checkpoint import Checkpoints
     from lcx.training.loop import train
 
+    run, stages = schedule.run, schedule.stages
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = run.checkpoint
@@ -256,4 +269,4 @@ def check_stages(run: RunConfig, stages: Sequence[Stage], devices=None) -> list[
     return configs
 
 
-__all__ = ["Stage", "StageResult", "check_stages", "run_schedule", "stage_config", "stages_from_list"]
+__all__ = ["Schedule", "Stage", "StageResult", "check_stages", "run_schedule", "stage_config", "stages_from_list"]

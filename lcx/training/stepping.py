@@ -33,9 +33,10 @@ def run_steps(
     state: TrainState,
     restored: Restored | None,
 ) -> TrainResult:
-    """Phase 3, the loop with hooks, and 4, finish: the SIGTERM/SIGINT watcher (with checkpoints),
-    the hooks (:func:`lcx.training.hooks.make_hooks`), the step compiled, then run from ``state`` to ``train.steps`` with the hooks after each step;
-    what the hooks open is closed by ``stack``.
+    """Phase 3, the loop with hooks, and 4, finish: the step compiled for the first batch, the
+    SIGTERM/SIGINT watcher (with checkpoints) and the hooks (:func:`lcx.training.hooks.make_hooks`),
+    then the steps from ``state`` to ``train.steps``, the hooks after each; what the hooks open is
+    closed by ``stack``.
 
     Returns:
       The :class:`TrainResult` (``final_loss`` None when no step ran: a checkpoint that already
@@ -48,11 +49,11 @@ def run_steps(
     if start >= total:
         log.info("checkpoint at step %d already reached train.steps=%d; nothing to train", start, total)
     else:
-        stop = stack.enter_context(StopSignals(enabled=ckpts is not None))
-        hooks, ckpt_hook = make_hooks(run, run_dir, stack, ckpts, stop, start, resumed=restored is not None)
         batch = put_batch(next(run.data.train), run.steps.batch_sharding)
         compiled, first = compile_step(run, state, batch, resumed=restored is not None)
         compile_s = first["compile_s"]
+        stop = stack.enter_context(StopSignals(enabled=ckpts is not None))
+        hooks, ckpt_hook = make_hooks(run, run_dir, stack, ckpts, stop, start, resumed=restored is not None)
         for step in range(start + 1, total + 1):
             assert batch is not None  # only the last step prefetches no next batch
             extra = first if step == start + 1 else {}
