@@ -64,17 +64,27 @@ def run_multirun(experiment: str, sweep_dir: pathlib.Path, overrides: Sequence[s
     Raises:
       subprocess.CalledProcessError: a job failed (Hydra stops the sweep at the first failure).
     """
-    cmd = [
-        sys.executable,
-        "-m",
-        "lcx.train",
-        "-m",
-        f"experiment={experiment}",
-        f"hydra.sweep.dir={sweep_dir}",
-        *overrides,
-    ]
-    print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, cwd=ROOT, check=True)
+    run_command(
+        [
+            sys.executable,
+            "-m",
+            "lcx.train",
+            "-m",
+            f"experiment={experiment}",
+            f"hydra.sweep.dir={sweep_dir}",
+            *overrides,
+        ]
+    )
+
+
+def run_command(cmd: Sequence[str]) -> None:
+    """Print ``cmd`` and run it from the repository root.
+
+    Raises:
+      subprocess.CalledProcessError: it failed.
+    """
+    print("+", " ".join(map(str, cmd)), flush=True)
+    subprocess.run(list(cmd), cwd=ROOT, check=True)
 
 
 def read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -188,6 +198,20 @@ def save_figure(fig, path: pathlib.Path) -> pathlib.Path:
     plt.close(fig)
     print(f"wrote {rel(path)}")
     return path
+
+
+def provenance(info: Mapping[str, Any]) -> dict[str, str]:
+    """What a result row records about the run that made it (never a local path): the lcx git
+    commit (12 hex digits, ``+dirty`` when files differed from it), the Python and jax versions,
+    from the run's ``run_info.json`` (``{}`` gives ``unrecorded``)."""
+    commit = info.get("git_commit") or "unrecorded"
+    if commit != "unrecorded":
+        commit = commit[:12] + ("+dirty" if info.get("git_dirty") else "")
+    return {
+        "git_commit": commit,
+        "python": info.get("python") or "unrecorded",
+        "jax": (info.get("packages") or {}).get("jax") or "unrecorded",
+    }
 
 
 def machine_note(info: Mapping[str, Any] | None = None) -> str:

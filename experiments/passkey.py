@@ -167,7 +167,7 @@ def evaluate(run_dir: pathlib.Path, per_depth: int) -> tuple[list[dict], dict]:
         "plan": plan.name,
         "strategy": plan.attention.strategy,
         "context_degree": mp.context_degree,
-        "run_dir": C.rel(run_dir),
+        **C.provenance(info),
     }
     return rows, summary
 
@@ -238,7 +238,7 @@ def main(argv=None) -> int:
             seq_len=summary["seq_len"],
             strategy=summary["strategy"],
             context_degree=summary["context_degree"],
-            run_dir=summary["run_dir"],
+            **{k: summary[k] for k in ("git_commit", "python", "jax")},
         )
     C.write_csv(rows, C.out_file(a.out, ".csv"))
     plot(rows, stage_metrics(run_dir), summary, C.out_file(a.out, ".png"))

@@ -69,7 +69,7 @@ def ledger_calibration_ranking() -> str:
             f"| {_comparison(p['group'])} | {p['pair']} | {100 * float(p['measured_gap']):.1f}% | "
             f"{100 * float(p['predicted_gap']):.1f}% | {'yes' if p['held_out'] == 'True' else 'no'} |"
         )
-    # the planner's tie rule (lcx.cost.report_time.versus_words): a predicted gap under the preset's
+    # the planner's tie rule (lcx.reports.timing.versus_words): a predicted gap under the preset's
     # held-out median error; every comparison is on v5p
     from omegaconf import OmegaConf
 

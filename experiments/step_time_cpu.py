@@ -179,7 +179,7 @@ def gather(sweep: pathlib.Path, hw=None) -> list[dict]:
                 "steps_timed": len(steady),
                 "foreign_share": _load(run["dir"]).get("foreign_share", math.nan),
                 "spread": (max(steady) - min(steady)) / measured,
-                "run_dir": C.rel(run["dir"]),
+                **C.provenance(run["info"]),
             }
         )
     return rows
@@ -299,8 +299,7 @@ def main(argv=None) -> int:
         print(f"no runs under {sweep}", file=sys.stderr)
         return 1
     C.write_csv(rows, C.RESULTS / f"{NAME}.csv")
-    info = C.load_runs(C.ROOT / rows[0]["run_dir"])[0]["info"]
-    plot(rows, C.RESULTS / f"{NAME}.png", C.machine_note(info))
+    plot(rows, C.RESULTS / f"{NAME}.png", C.machine_note({"packages": {"jax": rows[0]["jax"]}}))
     for line in check(rows):
         print(line)
     if args.markdown:

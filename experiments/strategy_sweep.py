@@ -54,7 +54,7 @@ def gather(sweep_dir: pathlib.Path) -> list[dict]:
                 "first_loss": s["first_loss"],
                 "final_loss": s["final_loss"],
                 "losses": ";".join(f"{r['loss']:.6f}" for r in run["metrics"]),
-                "run_dir": C.rel(run["dir"]),
+                **C.provenance(run["info"]),
             }
         )
     order = {p: i for i, p in enumerate(PLANS)}

@@ -1,8 +1,11 @@
 """Data pipeline: corpora, byte tokenizer, packing invariants, layouts, determinism, state, errors."""
 
 import collections
+import hashlib
 import json
 import os
+import platform
+import sysconfig
 
 import numpy as np
 import pytest
@@ -25,6 +28,9 @@ from lcx.data import (
 )
 from lcx.data.packing import PAD_SEGMENT
 from lcx.sharding.layout import layout_permutation, undo_layout
+
+# the first 16 hex digits of the SHA-256 of the embedded snapshot's documents joined by NUL
+STDLIB_SHA256_16 = "270eed6fbd322f16"
 
 CONF = os.path.join(os.path.dirname(__file__), "..", "conf", "data")
 LENGTHS = [0, 1, 3, 8, 9, 20, 0, 5, 17, 2, 31]  # empty, 1-token, shorter/equal/longer than a row
@@ -168,6 +174,28 @@ def test_batches_cover_each_epoch_exactly_once():
     assert it.epoch == 2
 
 
+def test_rows_are_shuffled_not_only_documents():
+    """A long document spans many packed rows: consecutive batches must not walk through it row
+    after row (they did, and runs of alike batches made the default run's loss spike)."""
+    docs = [np.arange(1000, dtype=np.int32) + 1000 * i for i in range(3)]  # 3 documents of 1000 tokens
+
+    def continuations(it, n):  # batches whose row continues the previous batch's row
+        firsts = [int(next(it)["tokens"][0, 0]) for _ in range(n)]
+        return sum(b == a + 8 for a, b in zip(firsts, firsts[1:]))
+
+    shuffled = Batches(docs, seq_len=8, global_batch=1, seed=0)
+    in_order = Batches(docs, seq_len=8, global_batch=1, shuffle=False)
+    R = shuffled.rows_per_epoch  # 375 rows, one epoch
+    assert continuations(in_order, R) == R - 1  # every row continues the one before
+    assert continuations(shuffled, R) <= 5  # a random order continues about once per epoch
+    np.testing.assert_array_equal(in_order.row_order(0), np.arange(R))
+    assert sorted(shuffled.row_order(0)) == list(range(R)) and list(shuffled.row_order(0)) != list(range(R))
+    # a stream saved before rows were shuffled cannot resume mid-epoch: it would see other rows
+    old = {k: v for k, v in shuffled.state().items() if k != "row_shuffle"}
+    with pytest.raises(ValueError, match="visits rows in order, this run's shuffled"):
+        Batches(docs, seq_len=8, global_batch=1, seed=0).restore({**old, "row": 3})
+
+
 def test_determinism_and_seed_dependence():
     a, b, c = make(0), make(0), make(1)
     for _ in range(7):
@@ -269,8 +297,9 @@ def test_split_by_document():
 
 def test_stdlib_corpus():
     c = stdlib_corpus()
-    assert 300 < len(c) < 3000
-    assert 8e6 < c.num_bytes < 16e6  # about 12 MB on CPython 3.11
+    # the embedded snapshot of CPython 3.11.7's library: the same bytes on every Python version
+    assert (len(c), c.num_bytes) == (734, 12_118_641)
+    assert hashlib.sha256("\0".join(c.documents).encode()).hexdigest()[:16] == STDLIB_SHA256_16
     assert list(c.names) == sorted(c.names)
     assert all(n.endswith(".py") for n in c.names)
     parts = {p for n in c.names for p in n.split(os.sep)[:-1]}
@@ -279,6 +308,18 @@ def test_stdlib_corpus():
     assert max(len(d) for d in c) > 100_000  # real, long documents
     h = unigram_entropy([ByteTokenizer().encode(d) for d in c.documents[:50]])
     assert 2.0 < h < np.log(256)
+
+
+def test_stdlib_corpus_of_a_directory():
+    """stdlib_corpus(root) reads a library directory (here the running interpreter's); on CPython
+    3.11.7 that is exactly the embedded snapshot."""
+    c = stdlib_corpus(sysconfig.get_paths()["stdlib"])
+    assert 300 < len(c) < 3000 and 8e6 < c.num_bytes < 16e6
+    assert list(c.names) == sorted(c.names)
+    if platform.python_version() == "3.11.7":
+        assert (c.names, c.documents) == (stdlib_corpus().names, stdlib_corpus().documents)
+    with pytest.raises(FileNotFoundError, match="not found; use data=text"):
+        stdlib_corpus(os.path.join(sysconfig.get_paths()["stdlib"], "no-such-dir"))
 
 
 def test_unigram_entropy_exact():

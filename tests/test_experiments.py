@@ -162,7 +162,8 @@ def _fake_run(d: pathlib.Path, plan: str, seq: int, losses, temp=2**20 * 10, tps
         "plan": {"name": plan, "attention": {"strategy": plan}, "mesh": {"data": 2, "context": 4}},
         "train": {"seq_len": seq, "global_batch": 2},
     }
-    (d / "run_info.json").write_text(json.dumps({"config": cfg, "mesh": {"data": 2, "context": 4}}))
+    info = {"git_commit": "0123456789abcdef", "git_dirty": [], "python": "3.11.7", "packages": {"jax": "0.10.2"}}
+    (d / "run_info.json").write_text(json.dumps({"config": cfg, "mesh": {"data": 2, "context": 4}, **info}))
     lines = []
     for i, l in enumerate(losses, 1):
         rec = {"step": i, "loss": l, "tokens_per_sec": tps * (0.5 if i == 1 else 1.0), "mfu": 0.1, "step_time_s": 1.0}
@@ -184,6 +185,9 @@ def test_strategy_sweep_gather_and_plot(tmp_path):
     r = rows[0]
     assert r["tokens_per_sec"] == 200.0  # median of the steps after the first
     assert r["temp_mib_per_device"] == 10.0 and r["final_loss"] == 3.5 and r["mesh"] == "data2xcontext4"
+    # what reproduces the row, never the directory it ran in (a path of the machine that made it)
+    assert str(tmp_path) not in repr(rows) and "run_dir" not in r
+    assert (r["git_commit"], r["python"], r["jax"]) == ("0123456789ab", "3.11.7", "0.10.2")
     out = tmp_path / "res.v2"  # a dot in the stem is kept, not taken for a suffix
     assert strategy_sweep.main(["--runs", str(sweep), "--out", str(out)]) == 0
     got = _common.read_csv(tmp_path / "res.v2.csv")

@@ -85,9 +85,10 @@ def test_two_stage_schedule_hands_over_through_the_checkpoint(tmp_path, devices,
     m0, m1 = _metrics(tmp_path / "run" / "stage0_short"), _metrics(tmp_path / "run" / "stage1_long")
     assert [r["step"] for r in m0] == [1, 2] and [r["step"] for r in m1] == [3, 4]
     assert m1[0]["resumed_from"] == 2
-    # each stage warms up over its own steps from 0 to its own peak
-    assert [r["lr"] for r in m0] == [0.0, pytest.approx(3e-3)]
-    assert [r["lr"] for r in m1] == [0.0, pytest.approx(1e-3)]
+    # each stage runs its own schedule: warmup (1 step: the peak at once), then the cosine down to
+    # its own final rate, lr * min_lr_ratio (0.1), at its last step
+    assert [r["lr"] for r in m0] == [pytest.approx(3e-3), pytest.approx(3e-4)]
+    assert [r["lr"] for r in m1] == [pytest.approx(1e-3), pytest.approx(1e-4)]
     # tokens per step doubled with the sequence length
     assert m1[0]["tokens_per_sec"] * m1[0]["step_time_s"] == pytest.approx(2 * 256)
 

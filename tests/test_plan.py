@@ -347,18 +347,19 @@ def test_missing_in_lcx_lists_only_what_lcx_train_cannot_run():
 )
 def test_maxtext_cases_get_a_runnable_recommendation_with_tiling_and_offload(hardware, n, seq, batch, local):
     from lcx import cost
+    from lcx.reports.planner import reasons
 
     rec = cost.search(_longctx(), _hw(hardware), n, seq_len=seq, global_batch=batch)
     b = rec.best
     assert b is not None and b.runnable_in_lcx and rec.best_runnable is b
-    assert not any("lacks" in r for r in rec.reasons), rec.reasons
+    assert not any("lacks" in r for r in reasons(rec)), reasons(rec)
     # MaxText's recipe: vocabulary tiling 16 and the block input and attention context offloaded
     p = b.policy
     assert p.vocab_tiling == 16 and (seq // b.context_degree) % 16 == 0
     assert b.est.memory.logits < b.est.memory.layer_working  # tiled: the logits are no longer the peak
     assert (p.remat, p.decoder_layer_input, p.context) == ("custom", "offload", "offload")
     assert b.est.fits and batch * seq // n == local
-    line = next(r for r in rec.reasons if r.startswith("lcx.train trains it with: "))
+    line = next(r for r in reasons(rec) if r.startswith("lcx.train trains it with: "))
     assert "memory.vocab_tiling=16" in line and "model.remat_context=offload" in line
 
 
@@ -419,22 +420,24 @@ def test_train_overrides_are_what_hydra_and_lcx_train_accept():
 def test_planner_names_the_best_plan_lcx_runs_and_it_is_the_recommendation():
     # 1M tokens x 4 on 64 v5p: the recommendation tiles the vocabulary, which lcx.train now runs
     from lcx import cost
+    from lcx.reports.planner import reasons
 
     rec = cost.search(_longctx(), _hw("tpu_v5p"), 64, seq_len=1 << 20, global_batch=4)
     assert rec.best.runnable_in_lcx and rec.best_runnable is rec.best and rec.best.policy.vocab_tiling == 16
-    assert not any("lacks" in r for r in rec.reasons)
+    assert not any("lacks" in r for r in reasons(rec))
 
 
 def test_planner_warns_without_a_margin_and_needs_nothing_lcx_train_lacks():
     # ~31.9M tokens on 64 TPU7 chips: the recommendation is within 5% of the HBM (the warning);
     # it and the warning's alternatives are plans lcx.train runs
     from lcx import cost
+    from lcx.reports.planner import reasons
 
     rec = cost.search(_longctx(), _hw("tpu7"), 128, seq_len=31_932_416, global_batch=1)
     assert 0.95 * _hw("tpu7").hbm_bytes < rec.best.est.memory.total <= _hw("tpu7").hbm_bytes
-    line = next(r for r in rec.reasons if r.startswith("warning: "))
+    line = next(r for r in reasons(rec) if r.startswith("warning: "))
     assert "of the 96.00 GiB of HBM (less than a 5% margin)" in line and "heap packing loss" in line
-    assert rec.best.runnable_in_lcx and not any("lacks" in r for r in rec.reasons)
+    assert rec.best.runnable_in_lcx and not any("lacks" in r for r in reasons(rec))
 
 
 @pytest.mark.slow

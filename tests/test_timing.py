@@ -15,10 +15,11 @@ from omegaconf import OmegaConf
 
 from lcx import cost
 from lcx.cost.local import StepSizes
-from lcx.cost.report_time import time_words, versus_words
 from lcx.cost.timing import ROOFLINE, CalibratedRange, TimeModel, time_model_from_config
 from lcx.models.config import preset
 from lcx.reports.maxtext import recipe_plan, recipes
+from lcx.reports.planner import reasons
+from lcx.reports.timing import outside, time_words, versus_words
 from lcx.sharding import AttentionConfig
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -138,7 +139,7 @@ def test_the_planner_flags_extrapolation_and_names_the_error_band():
     far = time_words(e, hw, seq_len=14680064, strategy="a2a", kernel="splash")
     assert "EXTRAPOLATION: strategy a2a not among the measured ring" in far
     r = CalibratedRange(seq_len=(10, 20), tokens_per_device=(1, 2))
-    assert r.outside(seq_len=30, tokens_per_device=1, strategy="ring", kernel="xla") == ["seq_len 30 outside 10..20"]
+    assert outside(r, seq_len=30, tokens_per_device=1, strategy="ring", kernel="xla") == ["seq_len 30 outside 10..20"]
     bare = time_words(e, dataclasses.replace(hw, time_model=None), seq_len=1, strategy="ring", kernel="splash")
     assert "no time model" in bare
 
@@ -177,9 +178,9 @@ def test_the_planner_says_which_runners_up_it_cannot_order():
     cfg = preset("llama3_1_8b_longctx")
     att = AttentionConfig(kernel="splash", block_q=1024, block_kv=1024)  # the v5p recipes' kernel
     rec = cost.search(cfg, _hw("tpu_v5p"), 64, attention=att, seq_len=4194304, global_batch=2)
-    vs = [r for r in rec.reasons if r.lstrip().startswith("vs ")]
+    vs = [r for r in reasons(rec) if r.lstrip().startswith("vs ")]
     assert vs and all("%" in r for r in vs) and len(vs) <= 4
-    summary = [r for r in rec.reasons if "'a tie'" in r]
+    summary = [r for r in reasons(rec) if "'a tie'" in r]
     assert any(", a tie)" in r for r in vs) and len(summary) == 1
     n = int(summary[0].split()[0])
     assert n >= sum(", a tie)" in r for r in vs) and "runners-up" in summary[0]

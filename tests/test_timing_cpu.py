@@ -66,7 +66,7 @@ def test_probed_preset_builds_a_time_model_once(cache):
     assert hw.collective_bandwidth_per_device == hw.p2p_bandwidth_per_device == 1e9
     assert hardware_from_config(cpu_node(), 8, probe_time_model=True).time_model == tm
     assert cache == [8]  # measured once, then read from the cache
-    data = json.loads((pathlib.Path(hwmod.cache_path())).read_text())
+    data = json.loads((pathlib.Path(probes.cache_path())).read_text())
     assert any(k.endswith(f"probes-v{probes.PROBE_VERSION}-d8") for k in data)
 
 

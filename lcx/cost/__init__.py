@@ -1,11 +1,13 @@
-"""Analytic cost ledger: FLOPs, memory, communication, hardware presets, plan search.
+"""Analytic cost ledger: FLOPs, memory, communication, time, hardware presets, plan search.
 
 Pure arithmetic on plans and model configs: nothing here compiles or touches a device, except
-the one-off CPU matmul probe of :func:`cpu_peak_flops`. It reads :mod:`lcx.sharding`, the model
-configs, and the strategy and kernel registries of :mod:`lcx.attention`, whose classes price
-themselves (class methods that are plain arithmetic, no JAX call).
+the one-off CPU probes of :mod:`lcx.cost.probes` (:func:`cpu_peak_flops`). It reads
+:mod:`lcx.sharding`, the model configs, and the strategy and kernel registries of
+:mod:`lcx.attention`, whose classes price themselves (class methods that are plain arithmetic, no
+JAX call). Nothing here renders: the words and tables of these numbers are :mod:`lcx.reports`.
 """
 
+from lcx.cost.balance import causal_half_block_work, causal_imbalance
 from lcx.cost.comm import CommBytes, comm_bytes, ring_overlap_min_block
 from lcx.cost.flops import (
     RECOMPUTED_FORWARD_FRACTION,
@@ -19,17 +21,9 @@ from lcx.cost.flops import (
     training_flops,
     visible_pairs,
 )
-from lcx.cost.hardware import (
-    Hardware,
-    apply_hardware_flags,
-    cpu_peak_flops,
-    hardware_from_config,
-    host_memory_available,
-)
+from lcx.cost.hardware import Hardware, apply_hardware_flags, hardware_from_config, host_memory_available
 from lcx.cost.ledger import (
     Estimate,
-    causal_half_block_work,
-    causal_imbalance,
     estimate,
     host_transfer_bytes,
     mfu,
@@ -46,8 +40,8 @@ from lcx.cost.memory import (
     param_arrays,
     saved_bytes_per_token_per_layer,
 )
-from lcx.cost.planner import Candidate, Recommendation, candidate_plans, default_policies, missing_in_lcx, search, table
-from lcx.cost.report_time import time_words, versus_words
+from lcx.cost.planner import Candidate, Recommendation, candidate_plans, default_policies, missing_in_lcx, search
+from lcx.cost.probes import cpu_peak_flops
 from lcx.cost.timing import ROOFLINE, CalibratedRange, StepTime, StepWork, TimeModel
 
 __all__ = [
@@ -56,8 +50,6 @@ __all__ = [
     "StepTime",
     "StepWork",
     "TimeModel",
-    "time_words",
-    "versus_words",
     "activation_arrays",
     "ActivationPolicy",
     "apply_hardware_flags",
@@ -98,7 +90,6 @@ __all__ = [
     "StepArgs",
     "StepFlops",
     "StepSizes",
-    "table",
     "training_flops",
     "visible_pairs",
 ]

@@ -2,8 +2,8 @@
 
 The ledger stretches a ring's (or all-gather's) attention time by max/mean visible pairs over
 the context-parallel devices: the step waits for the busiest. For one document per row the value
-is counted exactly (:func:`lcx.cost.ledger.causal_imbalance`: contiguous ``(2P - 1) / P``, zigzag
-1). Rows that pack several documents under a causal AND document mask balance differently,
+is counted exactly (:func:`causal_imbalance`: contiguous ``(2P - 1) / P``, zigzag 1). Rows that
+pack several documents under a causal AND document mask balance differently,
 because the visible pairs depend on where the boundaries fall: the values below are measured on
 lcx's own packed data (``data=stdlib``, the training stream's first 100 rows per length) by
 ``python experiments/load_balance.py --documents``
@@ -41,3 +41,43 @@ def packed_imbalance(layout: str, seq_len: int, degree: int) -> float:
         raise ValueError(f"no packed-document measurement of layout {layout!r}; measured: {sorted(PACKED_IMBALANCE)}")
     key = min(table, key=lambda k: (abs(math.log(k[0] / seq_len)) + abs(math.log(k[1] / degree)), -k[1]))
     return table[key]
+
+
+def causal_imbalance(layout: str, degree: int, *, packed_documents: bool = False, seq_len: int = 0) -> float:
+    """Max/mean causal attention work over ``degree`` devices, counted in chunk-pair cells.
+
+    With ``packed_documents`` (rows pack several documents under a document mask) the value is
+    the layout's measured one on lcx's packed data at the nearest measured ``(seq_len, degree)``
+    (:func:`packed_imbalance`); the rest of this docstring is one document.
+
+    The sequence is cut into ``2P`` chunks; the causal work of chunk pair (i, j <= i) is one cell
+    off the diagonal and half a cell on it ((2P)^2 / 2 in all). Contiguous: device r holds chunks
+    2r, 2r+1 and does ``4r + 2`` cells (2, 6, 10, 14 for P=4), max/mean ``(2P - 1) / P`` (1.75 at P=4, 1.875
+    at P=8). Zigzag: device r holds chunks r and 2P-1-r, exactly ``2P`` cells each: 1.0.
+    (Counted here; exact at the token level up to the diagonal, see
+    :func:`lcx.sharding.causal_work_per_device`.) Balanced: on one document its equal-count
+    chunk assignment equalises the work as zigzag does: 1.0.
+    """
+    if packed_documents and degree > 1:
+        return packed_imbalance(layout, seq_len, degree)
+    if degree <= 1 or layout in ("zigzag", "balanced"):
+        return 1.0
+    if layout != "contiguous":
+        raise ValueError(f"unknown layout {layout!r}")
+    work = causal_half_block_work(layout, degree)
+    return max(work) / (sum(work) / degree)
+
+
+def causal_half_block_work(layout: str, degree: int) -> list[int]:
+    """Causal work per device in cells of the ``2P x 2P`` grid of chunk pairs, a diagonal cell
+    counting half (see :func:`causal_imbalance`). O(P)."""
+    P = degree
+    if layout == "contiguous":
+        owned = [(2 * r, 2 * r + 1) for r in range(P)]
+    elif layout == "zigzag":
+        owned = [(r, 2 * P - 1 - r) for r in range(P)]
+    else:
+        raise ValueError(f"unknown layout {layout!r}")
+    # chunk i attends to the i chunks before it fully and to itself half: i + 1/2 cells; a device
+    # owns two chunks, so its total i + j + 1 is an integer
+    return [sum(2 * i + 1 for i in chunks) // 2 for chunks in owned]

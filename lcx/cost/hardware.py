@@ -1,9 +1,10 @@
 """Hardware presets (the ``hardware=`` Hydra group): peak FLOP/s, memory, interconnect, flags.
 
 Every number in ``conf/hardware/*.yaml`` carries its public source in a comment. On CPU the
-peak is not a datasheet number: it is measured once by a float32 matmul probe and cached in
-``~/.cache/lcx/cpu_peak.json`` (``LCX_CACHE`` overrides the folder); the simulated CPU devices
-share the host's cores, so the per-device peak is the host peak divided by the device count.
+peak is not a datasheet number: it is measured once by a float32 matmul probe
+(:func:`lcx.cost.probes.cpu_peak_flops`) and cached in ``~/.cache/lcx/cpu_peak.json``
+(``LCX_CACHE`` overrides the folder); the simulated CPU devices share the host's cores, so the
+per-device peak is the host peak divided by the device count.
 
 A preset also carries the XLA/libtpu flags a run on that hardware needs (asynchronous
 collective-permute and all-gather, compute/communication overlap, scoped VMEM);
@@ -14,14 +15,13 @@ starts.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import pathlib
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lcx.cost.probes import cpu_peak_flops, cpu_probes
 from lcx.cost.timing import TimeModel, time_model_from_config
 
 
@@ -156,58 +156,6 @@ class Hardware:
         return None if c is None else int(c) * self.devices_per_chip
 
 
-def cache_path() -> pathlib.Path:
-    """The file the CPU probes cache their measurements in (``LCX_CACHE`` overrides the folder)."""
-    return pathlib.Path(os.environ.get("LCX_CACHE", pathlib.Path.home() / ".cache" / "lcx")) / "cpu_peak.json"
-
-
-def read_cache() -> dict[str, Any]:
-    """The CPU probes' cache, ``{key: measurement}`` (empty when missing or unreadable)."""
-    try:
-        data = json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def write_cache(key: str, value: Any) -> None:
-    """Store ``value`` under ``key`` in the CPU probes' cache (where it cannot be written, the
-    next process measures again)."""
-    data = read_cache()
-    data[key] = value
-    try:
-        cache_path().parent.mkdir(parents=True, exist_ok=True)
-        cache_path().write_text(json.dumps(data))
-    except OSError:
-        pass
-
-
-def cpu_peak_flops(n: int = 2048, repeats: int = 3) -> float:
-    """Host float32 matmul rate in FLOP/s (best of ``repeats`` runs of an n^3 matmul), cached.
-
-    The probe runs once per machine (cache key: core count and n) on the first CPU device.
-    """
-    key = f"{os.cpu_count()}cpu-n{n}"
-    cached = read_cache().get(key)
-    if cached is not None:
-        return float(cached)
-    import jax
-    import jax.numpy as jnp
-
-    dev = jax.devices("cpu")[0]
-    a = jax.device_put(jnp.ones((n, n), jnp.float32), dev)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    rate = 2.0 * n**3 / best
-    write_cache(key, rate)
-    return rate
-
-
 def host_memory_available() -> tuple[int, str] | None:
     """Bytes of host RAM a new allocation can use now, and where the number comes from.
 
@@ -324,8 +272,6 @@ def _time_model(node: Any, name: str, n_devices: int | None, probe: bool) -> tup
         raise ValueError(f"hardware preset {name!r}: time_model.probe measures this machine; only the cpu preset can")
     if not probe:
         return None, ici
-    from lcx.cost.probes import cpu_probes
-
     p = cpu_probes(n_devices or int(_get(node, "cpu_devices", 1) or 1))
     over = time_model_from_config(keys) if keys else None
     tm = p.time_model(**{k: getattr(over, k) for k in keys}) if over is not None else p.time_model()

@@ -14,6 +14,7 @@ import dataclasses
 import math
 from typing import Unpack
 
+from lcx.cost.balance import causal_imbalance
 from lcx.cost.breakdown import MemoryBreakdown, memory_breakdown
 from lcx.cost.comm import CommBytes, comm_bytes, ring_overlap_min_block
 from lcx.cost.flops import ModelDims, StepFlops, recompute_flops, training_flops
@@ -24,48 +25,6 @@ from lcx.cost.timing import ROOFLINE, StepTime, StepWork
 from lcx.cost.topology import is_subtorus
 from lcx.cost.work import skipped_tiles, step_work
 from lcx.sharding import Plan
-
-
-def causal_imbalance(layout: str, degree: int, *, packed_documents: bool = False, seq_len: int = 0) -> float:
-    """Max/mean causal attention work over ``degree`` devices, counted in chunk-pair cells.
-
-    With ``packed_documents`` (rows pack several documents under a document mask) the value is
-    the layout's measured one on lcx's packed data at the nearest measured ``(seq_len, degree)``
-    (:func:`lcx.cost.balance.packed_imbalance`); the rest of this docstring is one document.
-
-    The sequence is cut into ``2P`` chunks; the causal work of chunk pair (i, j <= i) is one cell
-    off the diagonal and half a cell on it ((2P)^2 / 2 in all). Contiguous: device r holds chunks
-    2r, 2r+1 and does ``4r + 2`` cells (2, 6, 10, 14 for P=4), max/mean ``(2P - 1) / P`` (1.75 at P=4, 1.875
-    at P=8). Zigzag: device r holds chunks r and 2P-1-r, exactly ``2P`` cells each: 1.0.
-    (Counted here; exact at the token level up to the diagonal, see
-    :func:`lcx.sharding.causal_work_per_device`.) Balanced: on one document its equal-count
-    chunk assignment equalises the work as zigzag does: 1.0.
-    """
-    if packed_documents and degree > 1:
-        from lcx.cost.balance import packed_imbalance
-
-        return packed_imbalance(layout, seq_len, degree)
-    if degree <= 1 or layout in ("zigzag", "balanced"):
-        return 1.0
-    if layout != "contiguous":
-        raise ValueError(f"unknown layout {layout!r}")
-    work = causal_half_block_work(layout, degree)
-    return max(work) / (sum(work) / degree)
-
-
-def causal_half_block_work(layout: str, degree: int) -> list[int]:
-    """Causal work per device in cells of the ``2P x 2P`` grid of chunk pairs, a diagonal cell
-    counting half (see :func:`causal_imbalance`). O(P)."""
-    P = degree
-    if layout == "contiguous":
-        owned = [(2 * r, 2 * r + 1) for r in range(P)]
-    elif layout == "zigzag":
-        owned = [(r, 2 * P - 1 - r) for r in range(P)]
-    else:
-        raise ValueError(f"unknown layout {layout!r}")
-    # chunk i attends to the i chunks before it fully and to itself half: i + 1/2 cells; a device
-    # owns two chunks, so its total i + j + 1 is an integer
-    return [sum(2 * i + 1 for i in chunks) // 2 for chunks in owned]
 
 
 @dataclasses.dataclass(frozen=True)

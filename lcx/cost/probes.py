@@ -1,15 +1,18 @@
-"""Short probes of this machine: the ``cpu`` preset's :class:`~lcx.cost.timing.TimeModel`.
+"""Short probes of this machine: the host's matmul peak and the ``cpu`` preset's
+:class:`~lcx.cost.timing.TimeModel`.
 
-The ``cpu`` preset's achieved rates are measured here, once per machine, by second-long programs
-over the simulated devices, cached beside the matmul peak (``LCX_CACHE``, default
-``~/.cache/lcx/cpu_peak.json``; key: cores, devices, :data:`PROBE_VERSION`). None is a training
+:mod:`lcx.cost.hardware` reads both from here (this module reads no preset). The peak
+(:func:`cpu_peak_flops`) and the ``cpu`` preset's achieved rates (:func:`cpu_probes`) are measured
+once per machine, the rates by second-long programs over the simulated devices, and kept in one
+cache (``LCX_CACHE``, default ``~/.cache/lcx/cpu_peak.json``; :func:`read_cache`; the rates' key:
+cores, devices, :data:`PROBE_VERSION`). None is a training
 step: ``experiments/step_time_cpu.py`` checks their model against real ``lcx.train`` steps.
 
 Every probe runs on all ``n`` simulated devices at once (``jax.shard_map``, each device on its
 own data, no communication unless the probe is about it), as a training step does: the devices
 share the host's cores, so a probe's wall time is the host's, and a rate is total work over wall
-time against the host's peak (:func:`lcx.cost.hardware.cpu_peak_flops`; the per-device peak is
-host / n and the ledger divides work by n, so the ratio is the same). Each time is the best of
+time against the host's peak (:func:`cpu_peak_flops`; the per-device peak is host / n and the
+ledger divides work by n, so the ratio is the same). Each time is the best of
 a few calls after one that compiles (as the matmul peak's), and the share of the machine other
 processes used meanwhile is recorded (``foreign_share``): a probe beside another job measures
 both.
@@ -53,6 +56,58 @@ tiles of the preset's steps (256 and 512 tokens, the zigzag chunk at 2,048 and 4
 MAX_FOREIGN_SHARE = 0.1
 """Probes during which other processes used more of the machine are measured again (3 tries at
 most; the least disturbed is kept)."""
+
+
+def cache_path() -> pathlib.Path:
+    """The file the CPU probes cache their measurements in (``LCX_CACHE`` overrides the folder)."""
+    return pathlib.Path(os.environ.get("LCX_CACHE", pathlib.Path.home() / ".cache" / "lcx")) / "cpu_peak.json"
+
+
+def read_cache() -> dict[str, Any]:
+    """The CPU probes' cache, ``{key: measurement}`` (empty when missing or unreadable)."""
+    try:
+        data = json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(key: str, value: Any) -> None:
+    """Store ``value`` under ``key`` in the CPU probes' cache (where it cannot be written, the
+    next process measures again)."""
+    data = read_cache()
+    data[key] = value
+    try:
+        cache_path().parent.mkdir(parents=True, exist_ok=True)
+        cache_path().write_text(json.dumps(data))
+    except OSError:
+        pass
+
+
+def cpu_peak_flops(n: int = 2048, repeats: int = 3) -> float:
+    """Host float32 matmul rate in FLOP/s (best of ``repeats`` runs of an n^3 matmul), cached.
+
+    The probe runs once per machine (cache key: core count and n) on the first CPU device.
+    """
+    key = f"{os.cpu_count()}cpu-n{n}"
+    cached = read_cache().get(key)
+    if cached is not None:
+        return float(cached)
+    import jax
+    import jax.numpy as jnp
+
+    dev = jax.devices("cpu")[0]
+    a = jax.device_put(jnp.ones((n, n), jnp.float32), dev)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    rate = 2.0 * n**3 / best
+    write_cache(key, rate)
+    return rate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +154,6 @@ class Probes:
 def cpu_probes(n_devices: int, *, measure: Callable[[int], Probes] | None = None) -> Probes:
     """The probes of this machine for ``n_devices`` simulated devices, measured once and cached
     (``measure``: the measurement, default :func:`measure_in_subprocess`; tests pass a stub)."""
-    from lcx.cost.hardware import read_cache, write_cache
-
     key = f"{os.cpu_count()}cpu-probes-v{PROBE_VERSION}-d{n_devices}"
     cached = read_cache().get(key)
     if isinstance(cached, dict):
@@ -166,8 +219,6 @@ def measure(n_devices: int) -> Probes:
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, PartitionSpec
-
-    from lcx.cost.hardware import cpu_peak_flops
 
     devs = jax.devices("cpu")[:n_devices]
     if len(devs) < n_devices:

@@ -6,7 +6,7 @@ valid (data x context) mesh that a registered strategy proposes (all-gather, rin
 USP splits), parameter sharding (replicated or ZeRO-3 over all devices) and activation policy
 (remat, host offload); price each with :func:`lcx.cost.ledger.estimate`; keep those whose
 per-device memory fits; take the smallest context degree among them, and at that degree the
-shortest predicted step (:func:`rank`). :mod:`lcx.cost.report` says why, in words.
+shortest predicted step (:func:`rank`). :mod:`lcx.reports.planner` says why, in words.
 Pure arithmetic: nothing is compiled, no device is touched.
 """
 
@@ -329,19 +329,22 @@ def rank(c: Candidate) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class Recommendation:
-    """The planner's answer (:func:`lcx.cost.planner.search`).
+    """The planner's answer (:func:`lcx.cost.planner.search`), in numbers
+    (:func:`lcx.reports.planner.reasons` says why in words).
 
     Attributes:
       best: the recommended candidate (None: nothing fits).
       best_runnable: the best candidate ``lcx.train`` can run today (may equal ``best``).
       candidates: every priced candidate.
-      reasons: sentences explaining the choice.
+      query: what the planner was asked.
+      choice: what :func:`choose` picked among the fitting candidates (None: nothing fits).
     """
 
     best: Candidate | None
     best_runnable: Candidate | None
     candidates: tuple[Candidate, ...]
-    reasons: tuple[str, ...]
+    query: Query
+    choice: Choice | None
 
 
 @dataclasses.dataclass(frozen=True)

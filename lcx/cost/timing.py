@@ -40,7 +40,8 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class CalibratedRange:
-    """The cases a time model was fitted and checked on; outside them a prediction extrapolates.
+    """The cases a time model was fitted and checked on; outside them a prediction extrapolates
+    (:func:`lcx.reports.timing.outside` says where, in words).
 
     Attributes:
       seq_len: (lowest, highest) tokens per sequence.
@@ -53,21 +54,6 @@ class CalibratedRange:
     tokens_per_device: tuple[int, int] = (0, 0)
     strategies: tuple[str, ...] = ()
     kernels: tuple[str, ...] = ()
-
-    def outside(self, *, seq_len: int, tokens_per_device: float, strategy: str, kernel: str) -> list[str]:
-        """What of a case lies outside the calibrated range, in words (empty: inside)."""
-        out = []
-        lo, hi = self.seq_len
-        if not lo <= seq_len <= hi:
-            out.append(f"seq_len {seq_len:,} outside {lo:,}..{hi:,}")
-        lo, hi = self.tokens_per_device
-        if not lo <= tokens_per_device <= hi:
-            out.append(f"{tokens_per_device:,.0f} tokens per device outside {lo:,}..{hi:,}")
-        if self.strategies and strategy not in self.strategies:
-            out.append(f"strategy {strategy} not among the measured {', '.join(self.strategies)}")
-        if self.kernels and kernel not in self.kernels:
-            out.append(f"kernel {kernel} not among the measured {', '.join(self.kernels)}")
-        return out
 
 
 @dataclasses.dataclass(frozen=True)

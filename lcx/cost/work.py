@@ -7,6 +7,7 @@ the causal kernels' block waste. :func:`lcx.cost.estimate` calls it once per pri
 
 from __future__ import annotations
 
+from lcx.cost.balance import causal_imbalance
 from lcx.cost.comm import CommBytes
 from lcx.cost.timing import StepWork
 
@@ -94,12 +95,10 @@ def skipped_tiles(layout: str, degree: int, seq_len: int, window: int | None) ->
     to ``return_dynamic_grid=True``, the dK/dV mask takes it only with ``dq_reduction_steps=3``).
     The model prices one visit per skipped tile and step, in that backward. Under a causal mask a
     device visits two tiles per computed one on average. The busiest device computes
-    ``imbalance`` times the mean (:func:`lcx.cost.ledger.causal_imbalance`, one document per row)
+    ``imbalance`` times the mean (:func:`lcx.cost.balance.causal_imbalance`, one document per row)
     and skips the rest of its rectangle: ``(2 - imbalance) / imbalance`` (1 balanced; ``1 / (2P -
     1)`` contiguous). A sliding window shorter than the sequence narrows the grid to its band: 0.
     Packed documents skip more tiles than this one-document count."""
-    from lcx.cost.ledger import causal_imbalance
-
     if window and window < seq_len:
         return 0.0
     imb = causal_imbalance(layout, degree)

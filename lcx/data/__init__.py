@@ -3,7 +3,7 @@ one batch-stream interface (:mod:`lcx.data.stream`) and a registry of sources
 (:mod:`lcx.data.sources`)."""
 
 from lcx.data.config import DATA_CONFIGS, DataConfig, PasskeyData, StdlibData, TextData
-from lcx.data.corpora import STDLIB_SKIP_DIRS, Corpus, stdlib_corpus, text_corpus
+from lcx.data.corpora import STDLIB_SKIP_DIRS, STDLIB_SNAPSHOT, Corpus, stdlib_corpus, text_corpus
 from lcx.data.packing import BATCH_KEYS, Packer, pack_documents, unigram_entropy
 from lcx.data.pipeline import Batches, EvalBatches, corpus_data, load_corpus, split_documents
 from lcx.data.sources import SOURCES, make_data
@@ -35,6 +35,7 @@ __all__ = [
     "split_documents",
     "stdlib_corpus",
     "STDLIB_SKIP_DIRS",
+    "STDLIB_SNAPSHOT",
     "StdlibData",
     "TextData",
     "text_corpus",

@@ -1,8 +1,11 @@
 """Corpora: lists of documents (str). The embedded default is the Python standard library.
 
-:func:`stdlib_corpus` reads the ``.py`` source of the running interpreter's standard library: real,
-long, structured documents (one per module file, about 12 MB, about 730 files on CPython 3.11),
-with nothing downloaded. :func:`text_corpus` reads the user's own files and globs (``data=text``).
+:func:`stdlib_corpus` reads the ``.py`` source of CPython 3.11.7's standard library from a snapshot
+shipped inside lcx (:data:`STDLIB_SNAPSHOT`): real, long, structured documents (734, one per
+module file, 12,118,641 bytes), nothing downloaded, and the same bytes on every Python version lcx
+runs on (the running interpreter's own library differs between 3.11 and 3.12, so the default run
+would not be the same run on both). :func:`text_corpus` reads the user's own files and globs
+(``data=text``).
 
 Every error raised here happens before anything compiles and names the path and the fix.
 """
@@ -12,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import glob
+import importlib.resources
 import json
 import os
-import sysconfig
+import tarfile
 from collections.abc import Iterator, Sequence
 
 # Directories skipped in the standard library: installed third-party packages (site-packages,
@@ -24,6 +28,12 @@ from collections.abc import Iterator, Sequence
 STDLIB_SKIP_DIRS: frozenset[str] = frozenset(
     {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 )
+
+STDLIB_SNAPSHOT: str = "stdlib-3.11.7.tar.xz"
+"""The embedded default corpus, a file of the package ``lcx.data``: CPython 3.11.7's standard
+library (the ``.py`` files :func:`stdlib_corpus` reads from a directory), one tar member per
+document named by its relative path, xz-compressed (2.0 MB); its license (PSF) is
+``stdlib-3.11.7-LICENSE.txt`` beside it. Made by ``experiments/make_stdlib_snapshot.py``."""
 
 # Suffixes read as JSON lines (one document per line, from a text field); any other file is plain
 # text, one document per file.
@@ -81,23 +91,27 @@ def _decode(data: bytes, path: str, base_offset: int = 0) -> str:
 
 @functools.lru_cache(maxsize=2)
 def stdlib_corpus(root: str | None = None) -> Corpus:
-    """The Python standard library source of the running interpreter, one document per ``.py`` file.
+    """Python standard library source, one document per ``.py`` file, sorted by relative path.
 
-    Files are sorted by path relative to ``root``; directories in :data:`STDLIB_SKIP_DIRS`
-    (third-party packages, CPython's test suite, caches) are skipped. On CPython 3.11 this is about
-    12 MB in about 730 documents, from a few bytes to about 0.75 MB each. The result is cached.
+    With no ``root``: the embedded snapshot of CPython 3.11.7's standard library
+    (:data:`STDLIB_SNAPSHOT`; 734 documents, 12,118,641 bytes, from a few bytes to about 0.75 MB
+    each), identical on every Python version. With ``root``: the ``.py`` files under that
+    directory (for example ``sysconfig.get_paths()["stdlib"]``, the running interpreter's own),
+    skipping the directories in :data:`STDLIB_SKIP_DIRS` (third-party packages, CPython's test
+    suite, caches). The result is cached.
 
     Args:
-      root: directory to read; defaults to ``sysconfig.get_paths()["stdlib"]``.
+      root: directory to read; None: the embedded snapshot.
 
     Returns:
-      A :class:`Corpus` whose names are paths relative to ``root``.
+      A :class:`Corpus` whose names are paths relative to the standard library root.
 
     Raises:
       FileNotFoundError: ``root`` is not a directory.
       ValueError: no ``.py`` file found, or a file is not valid UTF-8 (path and byte offset).
     """
-    root = root or sysconfig.get_paths()["stdlib"]
+    if root is None:
+        return _snapshot_corpus()
     if not os.path.isdir(root):
         raise FileNotFoundError(f"standard library directory {root!r} not found; use data=text with your own files")
     rels = []
@@ -115,6 +129,19 @@ def stdlib_corpus(root: str | None = None) -> Corpus:
     if not any(docs):
         raise ValueError(f"no Python source found under {root!r}; use data=text with your own files")
     return Corpus(tuple(docs), tuple(rels), root)
+
+
+def _snapshot_corpus() -> Corpus:
+    """The embedded :data:`STDLIB_SNAPSHOT`, read with ``tarfile`` (about 0.6 s)."""
+    source = importlib.resources.files("lcx.data") / STDLIB_SNAPSHOT
+    with source.open("rb") as fh, tarfile.open(fileobj=fh, mode="r:xz") as tf:
+        members = sorted((m for m in tf.getmembers() if m.isfile()), key=lambda m: m.name)
+        docs = []
+        for m in members:
+            data = tf.extractfile(m)
+            assert data is not None  # a regular file always has contents
+            docs.append(_decode(data.read(), f"{STDLIB_SNAPSHOT}:{m.name}"))
+    return Corpus(tuple(docs), tuple(m.name for m in members), f"lcx.data/{STDLIB_SNAPSHOT}")
 
 
 def _expand(paths: Sequence[str]) -> list[str]:

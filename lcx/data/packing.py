@@ -133,17 +133,22 @@ class Packer:
         return EpochIndex(order, ends - self.lengths[order], ends)
 
     def rows(self, index: EpochIndex, first_row: int, num_rows: int) -> dict[str, np.ndarray]:
-        """Rows ``first_row .. first_row + num_rows - 1`` of the epoch described by ``index``.
+        """Rows ``first_row .. first_row + num_rows - 1`` of the epoch described by ``index``
+        (:meth:`rows_at` of those row numbers)."""
+        return self.rows_at(index, np.arange(first_row, first_row + num_rows, dtype=np.int64))
+
+    def rows_at(self, index: EpochIndex, row_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows numbered ``row_ids`` (int ``[R]``, any order) of the epoch described by ``index``.
 
         Rows at or past :attr:`rows_per_epoch` are all padding (used to fill a last batch).
 
         Returns:
-          dict with :data:`BATCH_KEYS`, each ``[num_rows, S]``: ``tokens``, ``targets``,
+          dict with :data:`BATCH_KEYS`, each ``[R, S]``: ``tokens``, ``targets``,
           ``positions``, ``segment_ids`` int32 and ``loss_mask`` float32 (see module docstring).
         """
         S = self.seq_len
         total = self.num_tokens
-        idx = (first_row * S + np.arange(num_rows * S, dtype=np.int64)).reshape(num_rows, S)
+        idx = np.asarray(row_ids, dtype=np.int64)[:, None] * S + np.arange(S, dtype=np.int64)
         row_start = idx[:, :1]
         valid = idx < total
         d = np.minimum(np.searchsorted(index.ends, idx, side="right"), self.num_docs - 1)

@@ -34,10 +34,18 @@ class Batches(Rows, BatchStream):
     """Infinite, deterministic, resumable training batches.
 
     Epoch ``e`` packs the documents in the order ``np.random.default_rng([seed, e]).permutation``
-    (or the stored order if ``shuffle=False``) into ``rows_per_epoch`` rows; epochs follow one
-    another as one endless stream of rows, and each batch is the next ``global_batch`` rows (a
-    batch may hold the last rows of one epoch and the first of the next). Within an epoch every
-    token is an input exactly once; only the last row of each epoch is padded.
+    into ``rows_per_epoch`` rows, then visits those rows in the order
+    ``np.random.default_rng([seed, e, 1]).permutation`` (with ``shuffle=False``: the stored
+    documents, rows in order). Epochs follow one another as one endless stream of rows, and each
+    batch is the next ``global_batch`` rows (a batch may hold the last rows of one epoch and the
+    first of the next). Within an epoch every token is an input exactly once; only the last
+    packed row of each epoch is padded.
+
+    Rows are shuffled, not only documents: a document spans ``len / seq_len`` consecutive packed
+    rows (the longest file of the default corpus, about 180 rows of 4,096 tokens), so visiting
+    them in order feeds a small batch the same document for many steps in a row. Such runs of
+    alike batches (dozens of character-map tables of ``encodings/``, say) made the default run's
+    loss spike (docs/training_stability.md).
 
     The position in the stream is the whole state: :meth:`state` returns a small dict of Python
     ints, :meth:`restore` (or the ``state`` argument) resumes exactly there.
@@ -88,7 +96,7 @@ class Batches(Rows, BatchStream):
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self._row = 0  # global row counter over the endless stream of epochs
-        self._index_cache: dict[int, EpochIndex] = {}
+        self._index_cache: dict[int, tuple[EpochIndex, np.ndarray]] = {}
         if state is not None:
             self.restore(state)
 
@@ -100,11 +108,17 @@ class Batches(Rows, BatchStream):
             return np.arange(self.packer.num_docs)
         return np.random.default_rng([self.seed, int(epoch)]).permutation(self.packer.num_docs)
 
-    def _index(self, epoch: int) -> EpochIndex:
+    def row_order(self, epoch: int) -> np.ndarray:
+        """Order in which ``epoch``'s packed rows are visited: int64 ``[rows_per_epoch]``."""
+        if not self.shuffle:
+            return np.arange(self.rows_per_epoch)
+        return np.random.default_rng([self.seed, int(epoch), 1]).permutation(self.rows_per_epoch)
+
+    def _index(self, epoch: int) -> tuple[EpochIndex, np.ndarray]:
         if epoch not in self._index_cache:
             if len(self._index_cache) >= 2:
                 self._index_cache.pop(min(self._index_cache))
-            self._index_cache[epoch] = self.packer.epoch_index(self.epoch_order(epoch))
+            self._index_cache[epoch] = (self.packer.epoch_index(self.epoch_order(epoch)), self.row_order(epoch))
         return self._index_cache[epoch]
 
     # -- sizes --------------------------------------------------------------------------------
@@ -142,7 +156,8 @@ class Batches(Rows, BatchStream):
         while left:
             epoch, r = divmod(row, R)
             n = min(left, R - r)
-            parts.append(self.packer.rows(self._index(epoch), r, n))
+            index, order = self._index(epoch)
+            parts.append(self.packer.rows_at(index, order[r : r + n]))
             row += n
             left -= n
         self._row = row
@@ -153,8 +168,10 @@ class Batches(Rows, BatchStream):
         """The exact stream position, as a dict of Python ints (JSON- and checkpoint-friendly).
 
         Keys: ``epoch`` and ``row`` (next row within that epoch) locate the position; ``seed``,
-        ``shuffle``, ``seq_len``, ``num_docs``, ``num_tokens`` identify the stream and are checked
-        by :meth:`restore`. The position is in rows, so it survives a change of global batch.
+        ``shuffle``, ``row_shuffle`` (1: rows are shuffled too; streams saved before lcx
+        shuffled rows lack it and are refused mid-epoch), ``seq_len``, ``num_docs``,
+        ``num_tokens`` identify the stream and are checked by :meth:`restore`. The position is in
+        rows, so it survives a change of global batch.
         """
         epoch, row = divmod(self._row, self.rows_per_epoch)
         return {
@@ -162,6 +179,7 @@ class Batches(Rows, BatchStream):
             "row": int(row),
             "seed": self.seed,
             "shuffle": int(self.shuffle),
+            "row_shuffle": int(self.shuffle),
             "seq_len": self.seq_len,
             "num_docs": self.packer.num_docs,
             "num_tokens": self.packer.num_tokens,
@@ -175,6 +193,13 @@ class Batches(Rows, BatchStream):
             corpus differ) or is out of range; the message names the field.
         """
         mine = self.state()
+        if state.get("row", 0) and int(state.get("row_shuffle", 0)) != mine["row_shuffle"]:
+            raise ValueError(
+                f"data state mismatch: the checkpoint's stream visits rows {'shuffled' if state.get('row_shuffle') else 'in order'}"
+                f", this run's {'shuffled' if mine['row_shuffle'] else 'in order'} (lcx shuffles rows since its data "
+                f"format changed), so resuming mid-epoch would not see the batches the run would have; start a new run, "
+                f"or resume with the lcx version that wrote the checkpoint"
+            )
         for key in ("seed", "shuffle", "seq_len", "num_docs", "num_tokens"):
             if key in state and int(state[key]) != mine[key]:
                 raise ValueError(

@@ -1,4 +1,5 @@
-"""Equinox Llama family: configs and presets, modules, parameter shardings."""
+"""Equinox Llama family: configs and presets, modules, parameter metadata (logical axes and
+weight-decay roles), parameter shardings."""
 
 from lcx.models.config import DTYPES, PRESETS, REMAT_POLICIES, ModelConfig, preset
 from lcx.models.llama import (
@@ -13,12 +14,14 @@ from lcx.models.llama import (
     rope,
     rope_frequencies,
 )
+from lcx.models.params import ROLES, decay_mask, logical_axes, param, parameter_roles, parameters
 from lcx.models.rotary import ROPE_SCALING_TYPES, RopeConfig, rope_angles
-from lcx.models.sharding import init_sharded, logical_axes, model_shardings, shard_model
+from lcx.models.sharding import init_sharded, model_shardings, shard_model
 
 __all__ = [
     "Attention",
     "Block",
+    "decay_mask",
     "DTYPES",
     "Embedding",
     "init_model",
@@ -26,6 +29,9 @@ __all__ = [
     "Llama",
     "logical_axes",
     "MLP",
+    "param",
+    "parameter_roles",
+    "parameters",
     "model_shardings",
     "ModelConfig",
     "preset",
@@ -33,6 +39,7 @@ __all__ = [
     "REMAT_POLICIES",
     "remat_policy",
     "RMSNorm",
+    "ROLES",
     "rope",
     "rope_angles",
     "rope_frequencies",

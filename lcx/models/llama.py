@@ -8,9 +8,10 @@ applied with ``jax.lax.scan``, so compile time does not grow with depth.
 Einsum letters (Gemma's convention): B batch, T query length, S key length, D model width,
 N query heads, K kv heads, G = N / K group size, H head width, F MLP width, V vocabulary.
 
-Every parameter field names its logical axes in ``eqx.field(metadata={"axes": ...})``; a module
-field's axes are prepended to those of everything inside it (the stacked blocks add
-``"layers"``). :mod:`lcx.models.sharding` turns these into ``NamedSharding`` through a plan.
+Every parameter field is declared with :func:`lcx.models.params.param` metadata: its logical axes (a module
+field's axes are prepended to those of everything inside it; the stacked blocks add ``"layers"``),
+which :mod:`lcx.models.sharding` turns into ``NamedSharding`` through a plan, and its role
+(weight, embedding, norm, sink), which decides its weight decay.
 
 Every module call runs under ``jax.named_scope`` (``lcx.Embedding``, ``lcx.Block``, ``lcx.RMSNorm``,
 ``lcx.Attention`` with ``qkv_proj`` / ``o_proj`` inside, ``lcx.MLP``, ``lcx.Llama.logits``), as
@@ -37,6 +38,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 from lcx.attention import Mask, attention
 from lcx.attention.names import CONTEXT
 from lcx.models.config import ModelConfig
+from lcx.models.params import param
 from lcx.models.rotary import RopeConfig, apply_rope, rope, rope_cos_sin, rope_frequencies
 
 __all__ = [
@@ -134,7 +136,7 @@ class RMSNorm(eqx.Module):
     Computed in float32 whatever the input dtype; returns the input dtype.
     """
 
-    weight: Float[Array, " D"] = eqx.field(metadata={"axes": ("embed",)})
+    weight: Float[Array, " D"] = eqx.field(metadata=param("embed", role="norm"))
     eps: float = eqx.field(static=True)
 
     def __init__(self, d_model: int, *, eps: float, dtype=jnp.float32):
@@ -151,7 +153,7 @@ class RMSNorm(eqx.Module):
 class Embedding(eqx.Module):
     """Token embedding table ``[V, D]``; also the output head when embeddings are tied."""
 
-    weight: Float[Array, "V D"] = eqx.field(metadata={"axes": ("vocab", "embed")})
+    weight: Float[Array, "V D"] = eqx.field(metadata=param("vocab", "embed", role="embedding"))
 
     def __init__(self, vocab_size: int, d_model: int, *, key: PRNGKeyArray, dtype=jnp.float32):
         self.weight = _normal(key, (vocab_size, d_model), _INIT_STD, dtype)
@@ -171,11 +173,11 @@ class Attention(eqx.Module):
     initialised to 0; :mod:`lcx.attention.sinks`), else ``sinks`` is None.
     """
 
-    wq: Float[Array, "D N H"] = eqx.field(metadata={"axes": ("embed", "heads", "head_dim")})
-    wk: Float[Array, "D K H"] = eqx.field(metadata={"axes": ("embed", "kv_heads", "head_dim")})
-    wv: Float[Array, "D K H"] = eqx.field(metadata={"axes": ("embed", "kv_heads", "head_dim")})
-    wo: Float[Array, "N H D"] = eqx.field(metadata={"axes": ("heads", "head_dim", "embed")})
-    sinks: Float[Array, " N"] | None = eqx.field(metadata={"axes": ("heads",)})
+    wq: Float[Array, "D N H"] = eqx.field(metadata=param("embed", "heads", "head_dim", role="weight"))
+    wk: Float[Array, "D K H"] = eqx.field(metadata=param("embed", "kv_heads", "head_dim", role="weight"))
+    wv: Float[Array, "D K H"] = eqx.field(metadata=param("embed", "kv_heads", "head_dim", role="weight"))
+    wo: Float[Array, "N H D"] = eqx.field(metadata=param("heads", "head_dim", "embed", role="weight"))
+    sinks: Float[Array, " N"] | None = eqx.field(metadata=param("heads", role="sink"))
     rope: RopeConfig = eqx.field(static=True)
 
     def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):
@@ -208,9 +210,9 @@ class Attention(eqx.Module):
 class MLP(eqx.Module):
     """SwiGLU feed-forward ``w_down(silu(x w_gate) * (x w_up))`` (Shazeer 2020, arXiv:2002.05202)."""
 
-    w_gate: Float[Array, "D F"] = eqx.field(metadata={"axes": ("embed", "mlp")})
-    w_up: Float[Array, "D F"] = eqx.field(metadata={"axes": ("embed", "mlp")})
-    w_down: Float[Array, "F D"] = eqx.field(metadata={"axes": ("mlp", "embed")})
+    w_gate: Float[Array, "D F"] = eqx.field(metadata=param("embed", "mlp", role="weight"))
+    w_up: Float[Array, "D F"] = eqx.field(metadata=param("embed", "mlp", role="weight"))
+    w_down: Float[Array, "F D"] = eqx.field(metadata=param("mlp", "embed", role="weight"))
 
     def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):
         D, F = cfg.d_model, cfg.mlp_dim
@@ -259,7 +261,7 @@ class Llama(eqx.Module):
     embed: Embedding
     blocks: Block = eqx.field(metadata={"axes": ("layers",)})  # every leaf stacked over L
     final_norm: RMSNorm
-    head: Float[Array, "D V"] | None = eqx.field(metadata={"axes": ("embed", "vocab")})
+    head: Float[Array, "D V"] | None = eqx.field(metadata=param("embed", "vocab", role="weight"))
     config: ModelConfig = eqx.field(static=True)
 
     def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):

@@ -17,8 +17,11 @@ import pathlib
 import sys
 from typing import Any
 
+from lcx.reports.candidates import table
 from lcx.reports.config import PlanQuery
 from lcx.reports.maxtext import compare_with_maxtext, recipe_differences, recipe_of
+from lcx.reports.planner import no_candidates_reason, reasons
+from lcx.reports.timing import time_words
 
 
 def _model_arrays(model_cfg, param_dtype: str):
@@ -210,8 +213,6 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
             f"{k} {v / 2**30:,.2f} GiB" for k, v in e.comm.as_dict().items() if k not in ("ring_hops", "ring_hop_bytes")
         )
     )
-    from lcx.cost.report_time import time_words
-
     plan = given
     say(
         f"  compute {e.compute_time:,.2f} s, communication {e.comm_time:,.2f} s ({e.exposed_comm_time:,.2f} s exposed), "
@@ -243,7 +244,7 @@ def _search(job: _Job, given, arrays, say) -> dict[str, Any]:
     Raises:
       PlanError: no candidate (the message says which split fails and what would work).
     """
-    from lcx.cost import search, table
+    from lcx.cost import search
     from lcx.cost.local import StepSizes
     from lcx.cost.memory import activation_arrays
     from lcx.sharding import PlanError
@@ -255,8 +256,6 @@ def _search(job: _Job, given, arrays, say) -> dict[str, Any]:
     rec = search(m, hw, n, attention=attention, window=m.sliding_window, **step)
     if not rec.candidates:
         # an empty table and a blank recommendation say nothing: say which split failed
-        from lcx.cost.planner import no_candidates_reason
-
         raise PlanError(
             no_candidates_reason(
                 m,
@@ -272,7 +271,8 @@ def _search(job: _Job, given, arrays, say) -> dict[str, Any]:
     say(table(rec, per_group=job.rows != "all"))
     say("")
     say("== recommendation")
-    for r in rec.reasons:
+    why = reasons(rec)
+    for r in why:
         say("  " + r)
     say("")
     say("  " + compare_with_maxtext(rec, m, hw, n, S, B, attention=given.attention).replace("\n", "\n  "))
@@ -283,7 +283,7 @@ def _search(job: _Job, given, arrays, say) -> dict[str, Any]:
     return {
         "recommendation": None if rec.best is None else rec.best.as_dict(),
         "recommended_runnable_in_lcx": None if rec.best_runnable is None else rec.best_runnable.as_dict(),
-        "reasons": list(rec.reasons),
+        "reasons": list(why),
         "candidates": [c.as_dict() for c in rec.candidates],
     }
 

@@ -243,7 +243,7 @@ def causal_work_per_device(layout: str, seq_len: int, degree: int) -> np.ndarray
     Counts, for each context-parallel device, the number of visible (q, k) token pairs of its
     local queries against the whole sequence (q sees k iff ``pos_k <= pos_q``). Used to verify
     load balance: zigzag gives max/mean 1.00 (up to the diagonal), contiguous gives
-    ``(2P - 1) / P`` at large S (1.75 at P=4, 1.875 at P=8; the half-block count of :func:`lcx.cost.ledger.causal_imbalance`).
+    ``(2P - 1) / P`` at large S (1.75 at P=4, 1.875 at P=8; the half-block count of :func:`lcx.cost.balance.causal_imbalance`).
 
     Returns:
       int64 array ``[P]`` of pair counts.

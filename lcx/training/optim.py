@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TypedDict, Unpack
 
-import jax
 import optax
 
+from lcx.models.params import decay_mask
 from lcx.training.config import TrainConfig
 
 Optimizer = tuple[optax.GradientTransformation, optax.Schedule]
@@ -34,16 +34,29 @@ class OptimizerOptions(TypedDict, total=False):
 
 
 def make_optimizer(*, lr: float, steps: int, warmup_steps: int, **options: Unpack[OptimizerOptions]) -> Optimizer:
-    """AdamW (Loshchilov & Hutter 2019) with ``optax.warmup_cosine_decay_schedule``.
+    """AdamW (Loshchilov & Hutter 2019) with linear warmup and cosine decay.
 
-    Weight decay applies only to arrays of rank >= 2 (matrices, embeddings), not to norm scales.
+    The rate of optimizer step ``k = 1 .. n`` (``n = steps - schedule_start``, ``w = warmup_steps``)
+    is ``lr * k / w`` for ``k <= w``, then the cosine ``end + (lr - end) (1 + cos(pi (k - w) /
+    (n - w))) / 2`` down to ``end = lr * min_lr_ratio`` at step ``n`` (Loshchilov & Hutter 2017,
+    arXiv:1608.03983): ``optax.warmup_cosine_decay_schedule`` read one count ahead, so the first
+    step has rate ``lr / w``, not 0 (optax's schedule is 0 at count 0: a first step that moves
+    nothing; gpt-neox #1373, torchtitan PR #1261), the peak comes at step ``w`` and the last step
+    has exactly the final rate. With ``w = 0`` the cosine starts at step 1.
+
+    Weight decay applies by parameter role (:func:`lcx.models.params.decay_mask`): weights and
+    embeddings are decayed; norm gains, biases and attention sinks are not, whatever their rank.
     With ``schedule_start`` (a stage of a length-extension schedule, :mod:`lcx.training.schedule`)
     the warmup and cosine run over optimizer steps ``[schedule_start, steps)`` only: the
     schedule is shifted so that the stage's first step sees the start of its own warmup.
 
+    Returns:
+      ``(transformation, schedule)``: the schedule maps optax's step count (0 for the first
+      update) to the rate that update uses.
+
     Raises:
       ValueError: ``steps <= schedule_start`` or ``warmup_steps`` not in
-        ``[0, steps - schedule_start]``.
+        ``[0, steps - schedule_start]``; at the first update, a parameter without a role.
     """
     schedule_start = options.get("schedule_start", 0)
     if not 0 <= schedule_start < steps:
@@ -58,7 +71,8 @@ def make_optimizer(*, lr: float, steps: int, warmup_steps: int, **options: Unpac
         decay_steps=max(span, warmup_steps + 1),
         end_value=lr * options.get("min_lr_ratio", 0.1),
     )
-    schedule = base if schedule_start == 0 else (lambda count: base(count - schedule_start))
+    # optax's count is 0 at the first update: step k = count + 1 - schedule_start reads base(k)
+    schedule = lambda count: base(count + 1 - schedule_start)
     opt = optax.chain(
         optax.clip_by_global_norm(options.get("grad_clip", 1.0)),
         optax.adamw(
@@ -67,7 +81,7 @@ def make_optimizer(*, lr: float, steps: int, warmup_steps: int, **options: Unpac
             b2=options.get("b2", 0.95),
             eps=options.get("eps", 1e-8),
             weight_decay=options.get("weight_decay", 0.1),
-            mask=lambda params: jax.tree.map(lambda x: x.ndim >= 2, params),
+            mask=decay_mask,
         ),
     )
     return opt, schedule

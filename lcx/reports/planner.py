@@ -1,10 +1,12 @@
-"""The planner's report: why it chose what it chose, in sentences, and the candidates as a table.
+"""The planner's reasons in words: why it chose what it chose, or why nothing fits.
 
-Text only, from the values :mod:`lcx.cost.search` computes (:class:`~lcx.cost.search.Candidate`,
-:class:`~lcx.cost.search.Choice`); where a sentence depends on another (a hint that needs a
-policy lcx.train lacks is followed by its runnable counterpart) it reads a structured value
-(:class:`FitHint`), never the text of the sentence. The table is :mod:`lcx.cost.report_table`
-(:func:`table`, re-exported here).
+Text only, from the numbers :func:`lcx.cost.planner.search` returns (a
+:class:`~lcx.cost.search.Recommendation`: the candidates, the query, the
+:class:`~lcx.cost.search.Choice`) and the searches of :mod:`lcx.cost.planner` for what would fit;
+:func:`reasons` is the entry. Where a sentence depends on another (a hint that needs a policy
+lcx.train lacks is followed by its runnable counterpart) it reads a structured value
+(:class:`FitHint`), never the text of the sentence. The candidates' table is
+:mod:`lcx.reports.candidates`; the time model's words are :mod:`lcx.reports.timing`.
 """
 
 from __future__ import annotations
@@ -14,22 +16,28 @@ from collections.abc import Sequence
 
 from lcx.attention.strategies import get_strategy
 from lcx.cost.hardware import Hardware
-from lcx.cost.report_table import table as table
-from lcx.cost.report_time import time_words, versus_words
+from lcx.cost.planner import MAX_CHIP_FACTOR, NEAR_LIMIT, longest_fit, more_chips, near_limit, nearest_with_candidates
 from lcx.cost.search import (
     Candidate,
     Choice,
     Query,
     Recommendation,
-    candidate_plans,
     divisors,
-    fits,
     missing_in_lcx,
     strategy_meshes,
     train_overrides,
 )
+from lcx.reports.timing import time_words, versus_words
 from lcx.sharding import Plan, PlanError
 from lcx.sharding.plan import AttentionConfig
+
+
+def reasons(rec: Recommendation) -> tuple[str, ...]:
+    """Sentences explaining ``rec``: the choice and its runners-up (:func:`explain`), or, when
+    nothing fits, the smallest footprint and what would fit (:func:`nothing_fits`)."""
+    if rec.choice is None:
+        return tuple(nothing_fits(rec.query, rec.candidates))
+    return tuple(explain(rec.query, rec.candidates, rec.choice))
 
 
 def no_candidates_reason(
@@ -42,8 +50,9 @@ def no_candidates_reason(
     chips_key: str = "hardware.chips",
     attention: AttentionConfig | None = None,
 ) -> str:
-    """Why :func:`candidate_plans` is empty here, and the nearest chip counts and sequence lengths
-    at which it is not (for an error message; call it only when there is no candidate).
+    """Why :func:`~lcx.cost.search.candidate_plans` is empty here, and the nearest chip counts and
+    sequence lengths at which it is not (:func:`~lcx.cost.planner.nearest_with_candidates`), for an
+    error message; call it only when there is no candidate.
 
     The context degree P of a mesh is the device count over the data degree, which must divide
     the batch; the sequence must split into P (contiguous) or 2P (zigzag) chunks; A2A and USP
@@ -81,15 +90,9 @@ def no_candidates_reason(
             f"train.global_batch={global_batch}"
         )
 
-    def has(n: int, s: int) -> bool:
-        return bool(candidate_plans(cfg, n, s, global_batch, attention=attention))
-
-    below = next((c for c in range(chips - 1, 0, -1) if has(c * devices_per_chip, seq_len)), None)
-    above = next((c for c in range(chips + 1, 4 * chips + 2) if has(c * devices_per_chip, seq_len)), None)
-    near_chips = [c for c in (below, above) if c is not None]
-    unit = 2 * n_devices  # zigzag-balanced at every context degree of this device count
-    lo = seq_len // unit * unit
-    near_seq = [s for s in dict.fromkeys((lo, lo + unit)) if s > 0 and has(n_devices, s)]
+    near_chips, near_seq = nearest_with_candidates(
+        cfg, n_devices, seq_len, global_batch, devices_per_chip=devices_per_chip, attention=attention
+    )
     fixes = []
     if near_chips:
         fixes.append(f"{chips_key}=" + " or ".join(str(c) for c in near_chips))
@@ -107,11 +110,11 @@ def nothing_fits(q: Query, cands: Sequence[Candidate]) -> list[str]:
     """Sentences for a search where no candidate fits: the smallest footprint, and what would fit
     (for lcx.train's own policies too, when the first hint needs one it lacks)."""
     hw = q.hw
-    reasons: list[str] = []
+    out: list[str] = []
     smallest = min(cands, key=lambda c: c.est.memory.total) if cands else None
     if smallest is not None:
         hint = what_would_fit(q, what="any plan")
-        reasons.append(
+        out.append(
             f"nothing fits: the smallest footprint is {_gib(smallest.est.memory.total)} per device "
             f"({_where(smallest)}, {smallest.policy.label}; largest part: {_largest_part(smallest)}) against "
             f"{_gib(hw.hbm_bytes)} of {_limit_name(hw)}; " + hint.text
@@ -119,8 +122,8 @@ def nothing_fits(q: Query, cands: Sequence[Candidate]) -> list[str]:
         runnable = _runnable(q)
         if hint.needs_missing and runnable.policies:
             # a hint lcx.train cannot run needs its runnable counterpart next to it
-            reasons.append(what_would_fit(runnable, what="a plan lcx.train runs today").text)
-    return reasons
+            out.append(what_would_fit(runnable, what="a plan lcx.train runs today").text)
+    return out
 
 
 def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
@@ -129,10 +132,10 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
     the runners-up and what lcx.train needs to run it."""
     hw, seq_len = q.hw, q.step.seq_len
     best, at, p_min = choice.best, choice.at, choice.context_degree
-    reasons: list[str] = []
+    out: list[str] = []
     degrees = sorted({c.context_degree for c in cands})
     smaller = [P for P in degrees if P < p_min]
-    reasons.append(
+    out.append(
         f"smallest context degree that fits: {p_min}"
         + (
             f" (degrees {smaller} do not fit in {_gib(hw.hbm_bytes)} per device with any strategy or policy)"
@@ -143,7 +146,7 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
         )
     )
     e = best.est
-    reasons.append(
+    out.append(
         f"fastest at degree {p_min}: {best.plan.name} on {best.mesh_label}, params {best.param_sharding}, "
         f"{best.policy.label}: predicted {e.step_time:,.1f} s/step ({e.compute_time:,.1f} s compute, "
         f"{e.exposed_comm_time:,.2f} s exposed communication"
@@ -151,11 +154,10 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
         + f"), {_gib(e.memory.total)} per device; "
         + time_words(e, hw, seq_len=seq_len, strategy=best.plan.attention.strategy, kernel=best.plan.attention.kernel)
     )
-    near = _near_limit(best, hw)
-    if near:
-        roomy = next((c for c in at if not _near_limit(c, hw)), None)
-        reasons.append(
-            near
+    if near_limit(best, hw):
+        roomy = next((c for c in at if not near_limit(c, hw)), None)
+        out.append(
+            _near_limit_words(best, hw)
             + (
                 f"; the fastest plan at this degree with that margin: {_where(roomy)}, {roomy.policy.label}: "
                 f"{roomy.est.step_time:,.1f} s/step, {_gib(roomy.est.memory.total)} per device"
@@ -165,7 +167,7 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
             )
         )
     if e.overlap is not None:
-        reasons.append(
+        out.append(
             f"ring overlap {'holds' if e.overlap else 'FAILS'}: {e.ring_block:,} tokens per hop vs c_min = "
             f"{e.ring_min_block:,.0f} (F/B with the GQA factor"
             + (", causal zigzag: half the pairs per hop)" if best.plan.attention.layout == "zigzag" else ")")
@@ -175,13 +177,13 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
     imbalanced = strategy.imbalance_degree(p_min, strategy.all_to_all_degree(a, dict(best.plan.mesh))) > 1
     if a.layout == "contiguous" and imbalanced:
         lo = seq_len // (2 * p_min) * (2 * p_min)
-        reasons.append(
+        out.append(
             f"{seq_len:,} tokens is not a multiple of 2P = {2 * p_min}, so the zigzag layout is impossible and the "
             f"contiguous layout costs a causal imbalance of up to (2P-1)/P; use train.seq_len={lo:,} or "
             f"{lo + 2 * p_min:,} to balance the work"
         )
     if e.host_bytes:
-        reasons.append(
+        out.append(
             f"host offload moves {_gib(e.host_bytes)} per device per step: {e.host_time:,.2f} s over the host link"
             + (
                 f" ({e.exposed_host_time:,.2f} s not hidden behind compute)"
@@ -209,13 +211,13 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
         )
         ties += tie
         if i < 4:
-            reasons.append(
+            out.append(
                 f"  vs {c.plan.name}, params {c.param_sharding} ({c.policy.label}): "
                 f"{c.est.step_time:,.1f} s/step ({words}), {_gib(c.est.memory.total)}"
             )
     tm = hw.time_model
     if ties and tm is not None and tm.error_median is not None:  # a tie needs the median error
-        reasons.append(
+        out.append(
             f"  {ties} of the {len(runners_up)} runners-up{' (4 shown)' if len(runners_up) > 4 else ''} "
             f"{'is' if ties == 1 else 'are'} 'a tie': closer to the recommendation than the {hw.name} time "
             f"model's held-out median error ({100 * tm.error_median:.1f}%), an order the calibrated time cannot "
@@ -223,12 +225,12 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
         )
     rb = choice.best_runnable
     if best.runnable_in_lcx:
-        reasons.append(
+        out.append(
             f"lcx.train trains it with: {' '.join(train_overrides(best.policy))} (on the mesh and "
             f"parameter sharding above)"
         )
     if rb is not None and rb is not best:
-        reasons.append(
+        out.append(
             f"the recommendation needs {', '.join(missing_in_lcx(best.policy))}, which lcx.train lacks; the best "
             f"plan lcx.train runs today: {_where(rb)}, {rb.policy.label} (context degree {rb.context_degree}): "
             f"{rb.est.step_time:,.1f} s/step, {_gib(rb.est.memory.total)} per device, MFU "
@@ -249,12 +251,8 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
                 f"{sm.policy.label}; largest part: {_largest_part(sm)}) against {_gib(hw.hbm_bytes)} of {_limit_name(hw)}; "
                 + what_would_fit(_runnable(q), what="a plan lcx.train runs").text
             )
-        reasons.append(line)
-    return reasons
-
-
-MAX_CHIP_FACTOR = 16
-"""How far :func:`search` looks for more chips (x2, x4, ... x16) when nothing fits."""
+        out.append(line)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,48 +270,28 @@ class FitHint:
 
 
 def what_would_fit(q: Query, *, what: str) -> FitHint:
-    """The fewest more chips (doubling up to x :data:`MAX_CHIP_FACTOR`) and the longest sequence
-    (a multiple of ``2 n_devices``, bisected) at which one of ``q.policies`` fits. Each probe is one
-    pricing pass (milliseconds); at most ~30 of them."""
+    """What would fit, in words: the fewest more chips (:func:`~lcx.cost.planner.more_chips`,
+    doubling up to x :data:`~lcx.cost.planner.MAX_CHIP_FACTOR`) and the longest sequence
+    (:func:`~lcx.cost.planner.longest_fit`) at which one of ``q.policies`` fits."""
     hw, n_devices, seq_len = q.hw, q.n_devices, q.step.seq_len
     chips = n_devices // hw.devices_per_chip
     parts = []
     needs = False
-    # simulated CPU devices share one host's RAM: more of them leave the sum where it is
-    k = 2 if hw.name != "cpu" else MAX_CHIP_FACTOR + 1
-    while k <= MAX_CHIP_FACTOR:
-        # on k times the devices the length must split over them: round up to a multiple of 2 n k
-        unit_k = 2 * n_devices * k
-        s_k = -(-seq_len // unit_k) * unit_k if seq_len % (n_devices * k) else seq_len
-        c = fits(q.at(n_devices=n_devices * k, seq_len=s_k))
-        if c is not None:
-            parts.append(
-                f"{k}x the chips (hardware.chips={chips * k}"
-                + (f", train.seq_len={s_k:,}" if s_k != seq_len else "")
-                + f": {_where(c)}, {c.policy.label}, {c.est.step_time:,.1f} s/step, "
-                f"{_gib(c.est.memory.total)} per device" + (f"; it needs {_lacks(c)}" if _lacks(c) else "") + ")"
-            )
-            needs = needs or bool(_lacks(c))
-            break
-        k *= 2
-    unit = 2 * n_devices  # zigzag-balanced at every context degree of this device count
-    lo, hi = 0, (seq_len - 1) // unit  # lo: fits (0 = none known); hi: largest multiple below seq_len
-    best_lo = fits(q.at(seq_len=unit)) if hi >= 1 else None
-    if best_lo is not None:
-        lo = 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            c = fits(q.at(seq_len=mid * unit))
-            if c is not None:
-                lo, best_lo = mid, c
-            else:
-                hi = mid - 1
-    if lo and best_lo is not None:  # lo > 0: best_lo is the candidate that fits at lo * unit
+    more = more_chips(q)
+    if more is not None:
+        k, s_k, c = more
         parts.append(
-            f"train.seq_len <= {lo * unit:,} on {chips} chips"
-            + (f" (it needs {_lacks(best_lo)})" if _lacks(best_lo) else "")
+            f"{k}x the chips (hardware.chips={chips * k}"
+            + (f", train.seq_len={s_k:,}" if s_k != seq_len else "")
+            + f": {_where(c)}, {c.policy.label}, {c.est.step_time:,.1f} s/step, "
+            f"{_gib(c.est.memory.total)} per device" + (f"; it needs {_lacks(c)}" if _lacks(c) else "") + ")"
         )
-        needs = needs or bool(_lacks(best_lo))
+        needs = needs or bool(_lacks(c))
+    shorter = longest_fit(q)
+    if shorter is not None:
+        s_max, c = shorter
+        parts.append(f"train.seq_len <= {s_max:,} on {chips} chips" + (f" (it needs {_lacks(c)})" if _lacks(c) else ""))
+        needs = needs or bool(_lacks(c))
     if not parts:
         if hw.name == "cpu":
             return FitHint(
@@ -327,16 +305,10 @@ def what_would_fit(q: Query, *, what: str) -> FitHint:
     return FitHint(f"{what} fits with " + " or with ".join(parts), needs)
 
 
-NEAR_LIMIT = 0.05
-"""A fitting plan whose total is within this fraction of the memory limit gets a warning: the
-ledger is 0.92-1.06 of XLA's compiled footprint and counts neither heap packing loss nor
-collective buffers (docs/cost_ledger.md: "treat fits with a margin of a few GiB")."""
-
-
-def _near_limit(c: Candidate, hw: Hardware) -> str:
-    """A warning sentence when ``c`` fits within :data:`NEAR_LIMIT` of the limit; empty otherwise."""
-    if hw.hbm_bytes is None or c.est.memory.total < (1 - NEAR_LIMIT) * hw.hbm_bytes:
-        return ""
+def _near_limit_words(c: Candidate, hw: Hardware) -> str:
+    """The warning sentence for ``c``, which fits within :data:`~lcx.cost.planner.NEAR_LIMIT` of
+    the limit (:func:`~lcx.cost.planner.near_limit`)."""
+    assert hw.hbm_bytes is not None  # near_limit is False without a limit
     return (
         f"warning: {_gib(c.est.memory.total)} per device is within {_gib(hw.hbm_bytes - c.est.memory.total)} of "
         f"the {_gib(hw.hbm_bytes)} of {_limit_name(hw)} (less than a {100 * NEAR_LIMIT:.0f}% margin); the ledger does not count "
@@ -379,7 +351,3 @@ def _largest_part(c: Candidate) -> str:
 
 def _gib(n: float | None) -> str:
     return "unlimited" if n is None else f"{n / 2**30:,.2f} GiB"
-
-
-def recommended_degree(rec: Recommendation) -> int | None:
-    return None if rec.best is None else rec.best.context_degree

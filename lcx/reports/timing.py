@@ -1,11 +1,17 @@
 """The time model's predictions in words, as ``lcx.plan`` prints them: a step's calibrated time
 beside the roofline with the preset's held-out error band (:func:`time_words`), and an
 alternative plan's gap to the recommendation, a tie or an extrapolation (:func:`versus_words`).
+
+Text only, from an :class:`~lcx.cost.ledger.Estimate` and the preset's
+:class:`~lcx.cost.timing.TimeModel` (:mod:`lcx.cost.timing` holds the arithmetic); where a case
+lies outside the model's :class:`~lcx.cost.timing.CalibratedRange` is :func:`outside`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from lcx.cost.timing import CalibratedRange
 
 
 def time_words(e: Any, hw: Any, *, seq_len: int, strategy: str, kernel: str | None) -> str:
@@ -29,10 +35,30 @@ def time_words(e: Any, hw: Any, *, seq_len: int, strategy: str, kernel: str | No
     return out
 
 
+def outside(r: CalibratedRange, *, seq_len: int, tokens_per_device: float, strategy: str, kernel: str) -> list[str]:
+    """What of a case lies outside the calibrated range ``r``, in words (empty: inside)."""
+    out = []
+    lo, hi = r.seq_len
+    if not lo <= seq_len <= hi:
+        out.append(f"seq_len {seq_len:,} outside {lo:,}..{hi:,}")
+    lo, hi = r.tokens_per_device
+    if not lo <= tokens_per_device <= hi:
+        out.append(f"{tokens_per_device:,.0f} tokens per device outside {lo:,}..{hi:,}")
+    if r.strategies and strategy not in r.strategies:
+        out.append(f"strategy {strategy} not among the measured {', '.join(r.strategies)}")
+    if r.kernels and kernel not in r.kernels:
+        out.append(f"kernel {kernel} not among the measured {', '.join(r.kernels)}")
+    return out
+
+
 def _outside(tm: Any, e: Any, *, seq_len: int, strategy: str, kernel: str | None) -> list[str]:
     """What of estimate ``e``'s case lies outside ``tm``'s calibrated range, in words."""
-    return tm.calibrated.outside(
-        seq_len=seq_len, tokens_per_device=e.tokens_per_step / e.n_devices, strategy=strategy, kernel=kernel or "xla"
+    return outside(
+        tm.calibrated,
+        seq_len=seq_len,
+        tokens_per_device=e.tokens_per_step / e.n_devices,
+        strategy=strategy,
+        kernel=kernel or "xla",
     )
 
 

@@ -1,11 +1,9 @@
 """The planner's candidates as a text table: one row per (strategy, mesh, parameter sharding).
 
-Text only, from the values :mod:`lcx.cost.search` computes (:class:`~lcx.cost.search.Candidate`,
-:class:`~lcx.cost.search.Recommendation`), as :mod:`lcx.cost.report` is. The table is its own
-concern (report.py says why in sentences; this file lays the numbers out in columns) and shares
-no helper with the sentences, so it lives here and keeps each file under the project's ~400-line
-limit. :func:`table` is re-exported by :mod:`lcx.cost.report`, :mod:`lcx.cost.planner` and
-:mod:`lcx.cost`, where callers import it.
+Text only, from the numbers :func:`lcx.cost.planner.search` returns (a
+:class:`~lcx.cost.search.Recommendation` of :class:`~lcx.cost.search.Candidate`), as
+:mod:`lcx.reports.planner`'s sentences are. The table lays the numbers out in columns and shares
+no helper with the sentences.
 """
 
 from __future__ import annotations
