@@ -180,6 +180,36 @@ def _all_finite(xs):
     return [jnp.all(jnp.isfinite(x)) for x in xs]
 
 
+def nonfinite_report(
+    state: TrainState, loss: float, grad_norm: float, *, checkpoint_dir: Any = None, saved_step: int | None = None
+) -> str:
+    """The diagnostic of a non-finite step: which scalars (``loss``, nats/token, and the global
+    gradient norm), which tensors of ``state`` (:func:`nonfinite_leaves`), what was kept.
+
+    Args:
+      state: the state after the step (``state.step`` is the step).
+      loss, grad_norm: the step's scalars, one of them non-finite.
+      checkpoint_dir: the run's ``checkpoint.dir`` (None: checkpointing off).
+      saved_step: the newest checkpoint on disk there (None: none).
+    """
+    step = state.step
+    bad = nonfinite_leaves(state.arrays())
+    what = "loss" if not math.isfinite(loss) else "gradient norm"
+    msg = f"non-finite {what} at step {step} (loss={loss}, grad_norm={grad_norm}); "
+    if bad:
+        msg += f"non-finite tensors after the update: {', '.join(bad[:8])}"
+        msg += f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+    else:
+        msg += "parameters and optimizer state are still finite (the forward pass overflowed)"
+    if checkpoint_dir is not None:
+        msg += (
+            f". Step {step} was not checkpointed; the last checkpoint is step {saved_step} in {checkpoint_dir}"
+            if saved_step is not None
+            else f". Nothing was checkpointed in {checkpoint_dir}"
+        )
+    return msg + ". Lower train.lr, lengthen train.warmup_steps or check the data"
+
+
 def key_to_json(key: jax.Array) -> dict[str, Any]:
     """A typed PRNG key as JSON: its implementation name and raw ``uint32`` key data."""
     data = np.asarray(jax.random.key_data(key))
@@ -207,4 +237,5 @@ __all__ = [
     "key_from_json",
     "key_to_json",
     "nonfinite_leaves",
+    "nonfinite_report",
 ]

@@ -1,6 +1,6 @@
 """Phases 3 and 4 of :func:`lcx.training.loop.train`: the step loop with its hooks, then the
 result (:func:`run_steps`). Each step (:func:`train_step`) runs the compiled step, prefetches the
-next batch while the devices work, refuses a non-finite loss (:func:`nonfinite_report`) and
+next batch while the devices work, refuses a non-finite loss (:func:`lcx.training.state.nonfinite_report`) and
 hands a :class:`~lcx.training.hooks.StepInfo` to the hooks.
 """
 
@@ -19,7 +19,7 @@ from lcx.training.checkpoint import Checkpoints, Restored
 from lcx.training.hooks import CheckpointHook, StepInfo, make_hooks
 from lcx.training.preflight import Run
 from lcx.training.signals import StopSignals
-from lcx.training.state import TrainResult, TrainState, nonfinite_leaves
+from lcx.training.state import TrainResult, TrainState, nonfinite_report
 from lcx.training.step import put_batch
 
 log = logging.getLogger("lcx.training.loop")
@@ -127,9 +127,9 @@ def train_step(
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         # A non-finite gradient poisons the update even when the loss is still finite; both
         # scalars are on the host already, so this check costs nothing per step.
-        raise FloatingPointError(
-            nonfinite_report(state, loss, grad_norm, ckpts, ckpt_hook.saved_step if ckpt_hook is not None else None)
-        )
+        saved = ckpt_hook.saved_step if ckpt_hook is not None else None
+        where = ckpts.directory if ckpts is not None else None
+        raise FloatingPointError(nonfinite_report(state, loss, grad_norm, checkpoint_dir=where, saved_step=saved))
     record = {
         "step": step,
         "loss": loss,
@@ -144,26 +144,4 @@ def train_step(
     return state, next_batch, StepInfo(state=state, last=last, loss=loss, record=record, val_loss=val_loss)
 
 
-def nonfinite_report(
-    state: TrainState, loss: float, grad_norm: float, ckpts: Checkpoints | None, saved_step: int | None
-) -> str:
-    """The diagnostic of a non-finite step: which scalars, which tensors, what was kept."""
-    step = state.step
-    bad = nonfinite_leaves(state.arrays())
-    what = "loss" if not math.isfinite(loss) else "gradient norm"
-    msg = f"non-finite {what} at step {step} (loss={loss}, grad_norm={grad_norm}); "
-    if bad:
-        msg += f"non-finite tensors after the update: {', '.join(bad[:8])}"
-        msg += f" and {len(bad) - 8} more" if len(bad) > 8 else ""
-    else:
-        msg += "parameters and optimizer state are still finite (the forward pass overflowed)"
-    if ckpts is not None:
-        msg += (
-            f". Step {step} was not checkpointed; the last checkpoint is step {saved_step} in {ckpts.directory}"
-            if saved_step is not None
-            else f". Nothing was checkpointed in {ckpts.directory}"
-        )
-    return msg + ". Lower train.lr, lengthen train.warmup_steps or check the data"
-
-
-__all__ = ["nonfinite_report", "run_steps", "train_step"]
+__all__ = ["run_steps", "train_step"]
