@@ -188,7 +188,8 @@ def nonfinite_report(
 
     Args:
       state: the state after the step (``state.step`` is the step).
-      loss, grad_norm: the step's scalars, one of them non-finite.
+      loss: the step's loss, nats/token.
+      grad_norm: the step's global gradient norm (one of the two is non-finite).
       checkpoint_dir: the run's ``checkpoint.dir`` (None: checkpointing off).
       saved_step: the newest checkpoint on disk there (None: none).
     """
