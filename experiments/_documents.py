@@ -32,12 +32,13 @@ def rows_of(data: str, seq_len: int, n: int) -> list[tuple[np.ndarray, np.ndarra
     """(positions, segment_ids) of the first ``n`` training rows of ``data`` (original order)."""
     import _common as C
 
+    from lcx.config.run import data_config
     from lcx.data.sources import SOURCES
     from lcx.data.stream import BatchSpec
 
     cfg = C.compose(None, [f"data={data}"])
     spec = BatchSpec(seq_len=seq_len, global_batch=1, layout="contiguous", context_degree=1, seed=0, val_global_batch=1)
-    stream = iter(SOURCES[data](cfg.data, spec).train)
+    stream = iter(SOURCES[data](data_config(cfg.data), spec).train)
     out = []
     for _ in range(n):
         b = next(stream)

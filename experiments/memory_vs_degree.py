@@ -46,23 +46,22 @@ def compiled_memory(cfg, devices, diagnostics: bool = False):
     import jax
     import ledger_vs_compiled as lvc
     import numpy as np
-    from omegaconf import OmegaConf
 
     from lcx import cost
-    from lcx.models import ModelConfig, init_model, model_shardings
+    from lcx.config import run_config
+    from lcx.models import init_model, model_shardings
     from lcx.sharding import bind
-    from lcx.sharding.config import plan_from_config
     from lcx.training.optim import optimizer_from_config
     from lcx.training.step import BATCH_KEYS, make_steps
 
-    model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
-    S, B = int(cfg.train.seq_len), int(cfg.train.global_batch)
-    plan = plan_from_config(cfg.plan, hardware=cfg.hardware)
+    config = run_config(cfg)
+    model_cfg, plan = config.model, config.plan
+    S, B = config.train.seq_len, config.train.global_batch
     plan.validate(len(devices), dims=model_cfg.dims(), seq_len=S, global_batch=B)
     mp = bind(plan, devices)
     abstract = eqx.filter_eval_shape(init_model, model_cfg, key=jax.random.key(0))
     params = eqx.filter(abstract, lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    opt, _ = optimizer_from_config(cfg.train)
+    opt, _ = optimizer_from_config(config.train)
     steps = make_steps(abstract, opt, mp, model_shardings(abstract, mp))
     opt_state = jax.eval_shape(opt.init, params)
     b = {k: jax.ShapeDtypeStruct((B, S), np.float32 if k == "loss_mask" else np.int32) for k in BATCH_KEYS}

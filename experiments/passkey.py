@@ -102,17 +102,17 @@ def evaluate(run_dir: pathlib.Path, per_depth: int) -> tuple[list[dict], dict]:
     jax.config.update("jax_num_cpu_devices", int(cfg["hardware"]["cpu_devices"]))
     import equinox as eqx
     import numpy as np
-    from omegaconf import OmegaConf
 
     from lcx.data.passkey import PasskeyEval
     from lcx.sharding import bind
-    from lcx.sharding.config import plan_from_config
+    from lcx.sharding.config import plan_from_dict
     from lcx.sharding.layout import undo_layout
     from lcx.training.resume import load_model
     from lcx.training.step import put_batch
 
     devices = jax.devices()[: int(cfg["hardware"]["cpu_devices"])]
-    plan = plan_from_config(OmegaConf.create(cfg["plan"]), hardware=cfg["hardware"])
+    h = cfg["hardware"]
+    plan = plan_from_dict(cfg["plan"], default_block=h["attention_block"], default_kernel=h["attention_kernel"])
     mp = bind(plan, devices)
     model, meta = load_model(info["checkpoint_dir"], mp)
     S, B, d = int(cfg["train"]["seq_len"]), int(cfg["train"]["global_batch"]), cfg["data"]

@@ -129,13 +129,13 @@ def predict(cfg: dict, hw) -> tuple[float, float]:
     from lcx.cost import estimate
     from lcx.cost.local import StepSizes
     from lcx.models import ModelConfig
-    from lcx.sharding.config import plan_from_config
-    from lcx.training.memcheck import memory_policy
-    from lcx.training.memory import MemoryOptions
+    from lcx.sharding.config import plan_from_dict
+    from lcx.training.memory import MemoryOptions, memory_policy
 
-    plan = plan_from_config(cfg["plan"], hardware=cfg["hardware"])
+    h = cfg["hardware"]
+    plan = plan_from_dict(cfg["plan"], default_block=h["attention_block"], default_kernel=h["attention_kernel"])
     m = ModelConfig.from_dict(cfg["model"])
-    policy = memory_policy(m, MemoryOptions.from_config(cfg.get("memory")))
+    policy = memory_policy(m, MemoryOptions(**(cfg.get("memory") or {})))
     step = StepSizes.of_model(m, int(cfg["train"]["seq_len"]), int(cfg["train"]["global_batch"])).args()
     n = int(cfg["hardware"]["cpu_devices"])
     e = estimate(m, plan, hw, n, policy=policy, window=m.sliding_window, **step)

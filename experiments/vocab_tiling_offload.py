@@ -125,26 +125,29 @@ def lower_train(cfg, devices=None):
     inputs (nothing runs). Returns ``(lowered, model config, plan, MemoryOptions)``."""
     import equinox as eqx
     import numpy as np
-    from omegaconf import OmegaConf
 
-    from lcx.models import ModelConfig, init_model, model_shardings
+    from lcx.config import run_config
+    from lcx.models import init_model, model_shardings
     from lcx.sharding import bind
-    from lcx.sharding.config import plan_from_config
-    from lcx.training.memory import MemoryOptions
+    from lcx.training.memory import check_tiling
     from lcx.training.optim import optimizer_from_config
     from lcx.training.step import BATCH_KEYS, make_steps
 
     devices = list(jax.devices() if devices is None else devices)
-    S, B = int(cfg.train.seq_len), int(cfg.train.global_batch)
-    plan = plan_from_config(cfg.plan, hardware=cfg.hardware)
-    model_cfg = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
+    config = run_config(cfg)
+    S, B, plan, model_cfg, mem = (
+        config.train.seq_len,
+        config.train.global_batch,
+        config.plan,
+        config.model,
+        config.memory,
+    )
     plan.validate(len(devices), dims=model_cfg.dims(), seq_len=S, global_batch=B)
-    mem = MemoryOptions.from_config(cfg.get("memory"))
-    mem.check_tiling(S // plan.context_degree(len(devices)))
+    check_tiling(mem, S // plan.context_degree(len(devices)))
     mp = bind(plan, devices)
     abstract = eqx.filter_eval_shape(init_model, model_cfg, key=jax.random.key(0))
     params = eqx.filter(abstract, lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    opt, _ = optimizer_from_config(cfg.train)
+    opt, _ = optimizer_from_config(config.train)
     steps = make_steps(abstract, opt, mp, model_shardings(abstract, mp), mem)
     opt_state = jax.eval_shape(opt.init, params)
     batch = {k: jax.ShapeDtypeStruct((B, S), np.float32 if k == "loss_mask" else np.int32) for k in BATCH_KEYS}

@@ -1,7 +1,8 @@
 """What the Hydra entry points share (``lcx.train``, ``lcx.plan``, ``lcx.eval``, ``lcx.extend``).
 
-Each entry point is a shim: one function with the body, a ``@hydra.main`` ``main(cfg)`` that runs
-it under :func:`explain_errors`, and ``if __name__ == "__main__": launch(tool, main)``.
+Each entry point is a shim: one function with the body, which turns the composed config into its
+typed value once (:mod:`lcx.config`) and passes on the sections, a ``@hydra.main`` ``main(cfg)``
+that runs it under :func:`explain_errors`, and ``if __name__ == "__main__": launch(tool, main)``.
 :func:`launch` registers the structured configs (:func:`lcx.config.register`, an explicit call,
 not an import side effect), refuses misspelt command-line keys, then hands over to Hydra.
 """
@@ -11,9 +12,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig
+if TYPE_CHECKING:
+    from lcx.training.config import DistributedConfig, HardwareConfig
 
 CONFIG_PATH = "pkg://lcx.conf"
 """Where Hydra finds the YAML tree: the package ``lcx.conf``, installed from the repository's
@@ -72,7 +74,7 @@ def pin_cpu() -> None:
         jax.config.update("jax_platforms", "cpu")
 
 
-def configure_devices(cfg: DictConfig) -> list:
+def configure_devices(hardware: HardwareConfig, distributed: DistributedConfig | None = None) -> list:
     """Set up devices before the JAX backend starts and return the devices to build the mesh on.
 
     On ``hardware=cpu``, each process gets ``hardware.cpu_devices`` simulated CPU devices. With
@@ -86,25 +88,25 @@ def configure_devices(cfg: DictConfig) -> list:
     """
     import jax
 
-    n = cfg.hardware.cpu_devices
+    n = hardware.cpu_devices
     if n:
         try:
             if not os.environ.get("JAX_PLATFORMS"):
                 jax.config.update("jax_platforms", "cpu")  # no accelerator probe on the CPU preset
-            jax.config.update("jax_num_cpu_devices", int(n))
+            jax.config.update("jax_num_cpu_devices", n)
         except RuntimeError:
             pass  # backend already initialised (second job of a multirun): checked below
-    dist = cfg.get("distributed")  # lcx.eval's config has none: one process
+    dist = distributed  # lcx.eval's config has none: one process
     if dist is not None and dist.auto:
         jax.distributed.initialize()
     elif dist is not None and dist.coordinator_address:
         jax.distributed.initialize(
-            coordinator_address=str(dist.coordinator_address),
-            num_processes=int(dist.num_processes),
-            process_id=int(dist.process_id),
+            coordinator_address=dist.coordinator_address,
+            num_processes=dist.num_processes,
+            process_id=dist.process_id,
         )
     devices = jax.devices()
-    name = str(cfg.hardware.name)
+    name = hardware.name
     if name != "cpu" and jax.default_backend() == "cpu":
         raise ValueError(
             f"hardware={name} but JAX found no accelerator backend (only cpu: {len(devices)} device(s)); "
@@ -113,19 +115,19 @@ def configure_devices(cfg: DictConfig) -> list:
     if jax.process_count() > 1:
         return devices
     if n:
-        if len(devices) < int(n):
+        if len(devices) < n:
             raise ValueError(
                 f"hardware.cpu_devices={n} but JAX has only {len(devices)} devices (the count is fixed by "
                 "the first job of a multirun); run the largest count first or in its own process"
             )
-        return devices[: int(n)]
+        return devices[:n]
     return devices
 
 
-def start_devices(cfg: DictConfig) -> list:
+def start_devices(hardware: HardwareConfig, distributed: DistributedConfig | None = None) -> list:
     """Set the hardware preset's XLA/libtpu flags (they must be set before the backend starts),
     then :func:`configure_devices`."""
     from lcx.cost import apply_hardware_flags
 
-    apply_hardware_flags(cfg.hardware)
-    return configure_devices(cfg)
+    apply_hardware_flags(hardware)
+    return configure_devices(hardware, distributed)

@@ -24,19 +24,12 @@ def evaluate(cfg: DictConfig) -> float:
     Raises:
       ValueError: no ``checkpoint.dir``, or a key unknown or mistyped; and :func:`run_eval`'s errors.
     """
-    from lcx.config.schema import EvalCheckpointSchema, EvalSchema, HardwareSchema, check_section
+    from lcx.config import eval_query
 
-    if not cfg.get("checkpoint") or not cfg.checkpoint.get("dir"):
-        raise ValueError(
-            "lcx.eval needs a checkpoint to evaluate: python -m lcx.eval checkpoint.dir=DIR "
-            "(the checkpoint.dir of a python -m lcx.train run)"
-        )
-    check_section(cfg.eval, EvalSchema, "eval", tool="lcx.eval")
-    check_section(cfg.checkpoint, EvalCheckpointSchema, "checkpoint", tool="lcx.eval")
-    check_section(cfg.hardware, HardwareSchema, "hardware", tool="lcx.eval")
-    devices = cli.start_devices(cfg)
+    query = eval_query(cfg)  # every key known and typed, once
+    devices = cli.start_devices(query.hardware)
     out = cli.output_dir()
-    rep = run_eval(cfg, out, devices)
+    rep = run_eval(query, out, devices)
     for r in rep["results"]:
         print(
             f"length {r['seq_len']:>7}  depth {r['depth']:.2f}  exact match {r['exact_match']:.2f}  "

@@ -24,17 +24,17 @@ def extend(cfg: DictConfig) -> float | None:
     Raises:
       ValueError / PlanError: a key unknown or mistyped, or a stage a real run refuses.
     """
-    from lcx.config.schema import check_train_config
+    from lcx.config import schedule_config
 
-    check_train_config(cfg, tool="lcx.extend")
-    devices = cli.start_devices(cfg)
+    schedule = schedule_config(cfg)  # the base run and its stages, typed once
+    devices = cli.start_devices(schedule.run.hardware, schedule.run.distributed)
     from lcx.reports.train import stage_lines
     from lcx.training.schedule import run_schedule
 
-    stages = run_schedule(cfg, cli.output_dir(), devices)
-    for line in stage_lines(stages):
+    results = run_schedule(schedule, cli.output_dir(), devices)
+    for line in stage_lines(results):
         print(line, file=sys.stderr)
-    return stages[-1].val_loss
+    return results[-1].val_loss
 
 
 @hydra.main(version_base="1.3", config_path=cli.CONFIG_PATH, config_name="config")

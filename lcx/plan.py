@@ -22,7 +22,9 @@ def plan(cfg: DictConfig) -> None:
     # the planner never needs an accelerator; jax read the environment when lcx imported it, so
     # the platform is pinned here (before the backend starts), not in the environment
     cli.pin_cpu()
-    run(cfg, cli.output_dir())
+    from lcx.config import plan_query
+
+    run(plan_query(cfg), cli.output_dir())
 
 
 @hydra.main(version_base="1.3", config_path=cli.CONFIG_PATH, config_name="plan_config")

@@ -31,27 +31,22 @@ def train(cfg: DictConfig) -> float | None:
     Raises:
       ValueError / PlanError: a key unknown or mistyped, or what a real run refuses before compiling.
     """
-    from lcx.config import boolean
-    from lcx.config.schema import check_train_config
+    from lcx.config import run_config
 
-    check_train_config(cfg)  # every key known and typed, before any device or compile
-    if boolean(
-        cfg.train.dry_run,
-        "train.dry_run",
-        "validate the plan and check memory for the configured hardware, without devices",
-    ):
+    config = run_config(cfg)  # every key known and typed, once, before any device or compile
+    if config.train.dry_run:
         cli.pin_cpu()  # never probe or start an accelerator for a dry run
         from lcx.training.preflight import dry_run
 
-        dry_run(cfg, cli.output_dir())
+        dry_run(config, cli.output_dir())
         return None
-    devices = cli.start_devices(cfg)
+    devices = cli.start_devices(config.hardware, config.distributed)
     # imported once the devices are configured: the training package imports jax's numerics
     from lcx.reports.train import done_message
     from lcx.training.loop import train as train_loop
 
-    out = train_loop(cfg, cli.output_dir(), devices)
-    print(done_message(out, int(cfg.train.steps)), file=sys.stderr)
+    out = train_loop(config, cli.output_dir(), devices)
+    print(done_message(out, config.train.steps), file=sys.stderr)
     return out.val_loss
 
 

@@ -21,13 +21,14 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 
+from lcx.config import run_config
+from lcx.config.run import checkpoint_config
 from lcx.sharding import bind
 from lcx.sharding.config import preset
 from lcx.training.checkpoint import CORRUPT_DIR, Checkpoints
 from lcx.training.resume import (
     CheckpointMismatchError,
     check_compatible,
-    checkpoint_config,
     load_model,
     train_state_target,
 )
@@ -333,7 +334,7 @@ def test_incompatible_model_is_refused_naming_the_field(tmp_path, reference, dev
     shutil.copytree(reference["ckpt"], ckpt)
     cfg = _config(*ARGS, "model.d_model=64", f"checkpoint.dir={ckpt}")
     with pytest.raises(CheckpointMismatchError, match=r"model\.d_model=128 but this run has model\.d_model=64"):
-        train(cfg, tmp_path / "run", devices)
+        train(run_config(cfg), tmp_path / "run", devices)
     assert _complete(ckpt) == [12, STEPS]  # nothing set aside: a refusal is not corruption
     meta = Checkpoints(ckpt, read_only=True).read_meta(STEPS)
     check_compatible(meta, dict(meta["config"]["model"], remat="full"), where="x")  # remat may change
@@ -348,7 +349,7 @@ def test_nonfinite_loss_stops_with_diagnostic_and_no_poisoned_checkpoint(tmp_pat
         *ARGS, "train.steps=4", "train.lr=1e30", "train.warmup_steps=0", "checkpoint.every=1", f"checkpoint.dir={ckpt}"
     )
     with jax.numpy_dtype_promotion("standard"), pytest.raises(FloatingPointError) as e:
-        train(cfg, tmp_path / "run", devices)
+        train(run_config(cfg), tmp_path / "run", devices)
     msg = str(e.value)
     print(msg)
     # lr=1e30: step 1 is fine, step 2's gradient overflows (its loss may still be finite)

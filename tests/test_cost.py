@@ -360,6 +360,7 @@ def test_planner_smallest_degree_with_batch():
 def test_plan_entry_point(tmp_path):
     from hydra import compose, initialize_config_dir
 
+    from lcx.config import plan_query
     from lcx.plan import run
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -367,10 +368,10 @@ def test_plan_entry_point(tmp_path):
             "plan_config",
             overrides=["model=llama3_70b", "hardware=tpu_v5p", "hardware.chips=64", "train.seq_len=131072"],
         )
-        report = run(c, tmp_path)
+        report = run(plan_query(c), tmp_path)
         assert (tmp_path / "plan.json").exists() and report["n_devices"] == 64
         c = compose("plan_config", overrides=["experiment=longctx_14m_tpu7"])
-        report = run(c, tmp_path)
+        report = run(plan_query(c), tmp_path)
         assert report["given"]["estimate"]["fits"] and report["seq_len"] == 14_680_064
     # 70B KV per token
     cfg = preset("llama3_70b")
@@ -396,6 +397,7 @@ def test_plan_entry_point(tmp_path):
 def test_plan_entry_point_refuses_impossible_values(tmp_path, override, match):
     from hydra import compose, initialize_config_dir
 
+    from lcx.config import plan_query
     from lcx.plan import run
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -404,7 +406,7 @@ def test_plan_entry_point_refuses_impossible_values(tmp_path, override, match):
             overrides=["model=llama3_70b", "hardware=tpu_v5p", "hardware.chips=64", "train.seq_len=131072", override],
         )
     with pytest.raises(ValueError, match=match):
-        run(c, tmp_path)
+        run(plan_query(c), tmp_path)
     assert not (tmp_path / "plan.json").exists()  # refused before anything is priced or written
 
 
@@ -431,13 +433,14 @@ def test_plan_entry_point_says_why_no_candidate_exists(tmp_path, overrides, matc
     # it printed an empty table and a blank recommendation, exited 0 and wrote recommendation: null
     from hydra import compose, initialize_config_dir
 
+    from lcx.config import plan_query
     from lcx.plan import run
     from lcx.sharding import PlanError
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         c = compose("plan_config", overrides=overrides)
     with pytest.raises(PlanError, match=match):
-        run(c, tmp_path)
+        run(plan_query(c), tmp_path)
     assert not (tmp_path / "plan.json").exists()
 
 
@@ -446,19 +449,20 @@ def test_plan_on_cpu_judges_fit_against_the_shared_host_ram(tmp_path, capsys, mo
     from hydra import compose, initialize_config_dir
 
     import lcx.cost
+    from lcx.config import plan_query
     from lcx.plan import run
 
     monkeypatch.setattr(lcx.cost, "host_memory_available", lambda: (16 * GiB, "test"))
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         c = compose("plan_config", overrides=["model=llama3_1_8b", "train.seq_len=65536"])
-    report = run(c, tmp_path)
+    report = run(plan_query(c), tmp_path)
     out = capsys.readouterr().out
     assert "memory: 16.00 GiB of host RAM available (test), shared by the 8 simulated devices: 2.00 GiB each" in out
     assert report["recommendation"] is None and not report["given"]["estimate"]["fits"]
     assert "against 2.00 GiB of host RAM per simulated device" in out and "x the chips" not in out
     # the tiny default fits, and its header counts its parameters in a unit that shows them
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        report = run(compose("plan_config"), tmp_path)
+        report = run(plan_query(compose("plan_config")), tmp_path)
     assert report["recommendation"] is not None
     assert "lcx.plan: tiny (443K parameters)" in capsys.readouterr().out
 
@@ -529,11 +533,12 @@ def test_plan_default_run_prices_its_given_plan(tmp_path, capsys):
     # `python -m lcx.plan` with no override: one sequence and the default plan agree
     from hydra import compose, initialize_config_dir
 
+    from lcx.config import plan_query
     from lcx.plan import run
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         c = compose("plan_config")
-    report = run(c, tmp_path)
+    report = run(plan_query(c), tmp_path)
     assert "error" not in report["given"] and report["given"]["estimate"]["fits"]
     assert "does not apply" not in capsys.readouterr().out
 

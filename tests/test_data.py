@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from lcx.config.run import data_config
 from lcx.data import (
     BATCH_KEYS,
     Batches,
@@ -385,7 +386,7 @@ def test_make_data_text_config(tmp_path):
     cfg = OmegaConf.load(os.path.join(CONF, "text.yaml"))
     cfg.paths = [str(tmp_path / "*.txt")]
     cfg.val_fraction = 0.1
-    train, val, tok = make_data(cfg, seq_len=16, global_batch=4, layout="zigzag", context_degree=2, seed=3)
+    train, val, tok = make_data(data_config(cfg), seq_len=16, global_batch=4, layout="zigzag", context_degree=2, seed=3)
     assert tok.vocab_size == 256 and len(val) >= 1
     b = next(train)
     assert {k: (v.shape, v.dtype) for k, v in b.items()} == {
@@ -402,25 +403,25 @@ def test_make_data_text_config(tmp_path):
 def test_make_data_errors():
     text = OmegaConf.load(os.path.join(CONF, "text.yaml"))
     with pytest.raises(ValueError, match=r"data.paths"):
-        make_data(text, seq_len=16, global_batch=2)
+        make_data(data_config(text), seq_len=16, global_batch=2)
     stdlib = OmegaConf.load(os.path.join(CONF, "stdlib.yaml"))
     with pytest.raises(ValueError, match="unknown data.name"):
-        make_data({"name": "wiki"}, seq_len=16, global_batch=2)
+        make_data(data_config({"name": "wiki"}), seq_len=16, global_batch=2)
     with pytest.raises(ValueError, match=">= 2 tokens"):  # before the corpus is even read
-        make_data(stdlib, seq_len=1, global_batch=2)
+        make_data(data_config(stdlib), seq_len=1, global_batch=2)
     with pytest.raises(ValueError, match="not divisible"):
-        make_data(stdlib, seq_len=30, global_batch=2, layout="zigzag", context_degree=4)
+        make_data(data_config(stdlib), seq_len=30, global_batch=2, layout="zigzag", context_degree=4)
 
 
 def test_make_data_stdlib_default():
     cfg = OmegaConf.load(os.path.join(CONF, "stdlib.yaml"))
-    train, val, tok = make_data(cfg, seq_len=64, global_batch=2, layout="zigzag", context_degree=2)
+    train, val, tok = make_data(data_config(cfg), seq_len=64, global_batch=2, layout="zigzag", context_degree=2)
     n = sum(1 for d in stdlib_corpus() if d)  # a few __init__.py files are empty: skipped
     assert train.packer.num_docs + val.packer.num_docs == n
     assert val.packer.num_docs == round(0.02 * n)
     assert train.num_tokens + val.num_tokens == stdlib_corpus().num_bytes
     assert val.unigram_entropy() > 2.0
-    data = make_data(cfg, seq_len=64, global_batch=2)
+    data = make_data(data_config(cfg), seq_len=64, global_batch=2)
     assert data.unigram_entropy() == data.val.unigram_entropy()
     firsts = list(data.val_batches(3))
     assert len(firsts) == 3 and len(list(data.val_batches())) == len(data.val)
@@ -439,5 +440,5 @@ def test_hydra_data_group_override_syntax(tmp_path):
         assert cfg.data.name == "text" and list(cfg.data.paths) == ["a.txt", "docs/*.md"]
         paths = f"data.paths=[{tmp_path}/a.txt,'{tmp_path}/docs/*.md']"
         cfg = compose("config", overrides=["data=text", paths])
-        train, val, _ = make_data(cfg.data, seq_len=16, global_batch=2)
+        train, val, _ = make_data(data_config(cfg.data), seq_len=16, global_batch=2)
         assert train.packer.num_docs == val.packer.num_docs == 1

@@ -33,10 +33,11 @@ def no_devices(monkeypatch):
 
 
 def _dry_run(cfg, tmp_path):
+    from lcx.config import run_config
     from lcx.training.preflight import dry_run
 
     out = io.StringIO()
-    report = dry_run(cfg, tmp_path, file=out)
+    report = dry_run(run_config(cfg), tmp_path, file=out)
     return report, out.getvalue()
 
 
@@ -106,6 +107,7 @@ def test_tiling_that_does_not_divide_the_local_sequence_names_the_nearest(tmp_pa
 
 
 def test_untiled_logits_are_refused_with_a_tiling_hydra_accepts(tmp_path, no_devices):
+    from lcx.config import run_config
     from lcx.training.preflight import resolve
 
     cfg = _config("experiment=longctx_14m_tpu7", "memory.vocab_tiling=1")
@@ -119,7 +121,7 @@ def test_untiled_logits_are_refused_with_a_tiling_hydra_accepts(tmp_path, no_dev
     n = int(str(e.value).split("memory.vocab_tiling=")[1].split(":")[0])
     assert 114_688 % n == 0
     # the advice is an override the config accepts, and with it the check passes
-    resolve(_config("experiment=longctx_14m_tpu7", f"memory.vocab_tiling={n}"), 128, local_devices=128)
+    resolve(run_config(_config("experiment=longctx_14m_tpu7", f"memory.vocab_tiling={n}")), 128, local_devices=128)
 
 
 def test_state_advice_offers_only_offloads_that_lower_the_estimate(tmp_path, no_devices):
@@ -138,22 +140,17 @@ def test_state_advice_offers_only_offloads_that_lower_the_estimate(tmp_path, no_
         r"of the optimizer \(memory.offload_optimizer=true: ",
     ) as e:
         _dry_run(cfg, tmp_path)
-    from lcx.training.memcheck import memory_check
-    from lcx.training.preflight import resolve
+    from lcx.config import run_config
+    from lcx.training.memory import memory_check
 
-    ctx = resolve(cfg, 1, run_memory_check=False)
-    base = memory_check(cfg, ctx.model_cfg, ctx.plan, 1, memory=ctx.memory)
+    config = run_config(cfg)
+    t = config.train
+    kw = dict(seq_len=t.seq_len, global_batch=t.global_batch, hardware=config.hardware, memory=config.memory)
+    base = memory_check(config.model, config.plan, 1, **kw)
     for key in ("offload_optimizer", "offload_params"):
         import dataclasses
 
-        c = memory_check(
-            cfg,
-            ctx.model_cfg,
-            ctx.plan,
-            1,
-            memory=ctx.memory,
-            policy=dataclasses.replace(base.policy, **{key: True}),
-        )
+        c = memory_check(config.model, config.plan, 1, **kw, policy=dataclasses.replace(base.policy, **{key: True}))
         assert (f"memory.{key}=true" in str(e.value)) == (c.need < base.need), key
 
 

@@ -15,6 +15,7 @@ import pytest
 from _compile_cache import compile_cache
 from hydra import compose, initialize_config_module
 
+from lcx.config import run_config
 from lcx.sharding import PlanError
 from lcx.training.retrieval import grid, write_heatmap
 
@@ -48,13 +49,16 @@ def checkpoint(tmp_path_factory, devices):
             ],
         )
     with jax.numpy_dtype_promotion("standard"):  # optax's Adam: float ** int32 step
-        train(cfg, root / "run", devices)
+        train(run_config(cfg), root / "run", devices)
     return root / "ckpt"
 
 
 def _eval_config(*overrides):
+    """The typed value ``lcx.eval`` builds from its composed config."""
+    from lcx.config import eval_query
+
     with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
-        return compose(config_name="eval_config", overrides=list(overrides))
+        return eval_query(compose(config_name="eval_config", overrides=list(overrides)))
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import yaml
 from _multirun import multirun, one_step_job
 
 from lcx.data import BATCH_KEYS, ByteTokenizer, make_data
@@ -139,8 +140,11 @@ def test_passkey_eval_and_make_data_dispatch():
     last = ev[1]
     assert last["loss_mask"][2:].sum() == 0 and last["loss_mask"][:2].sum() == 10  # padding rows carry no loss
     assert [e.depth for e in ev.examples] == [0.0] * 3 + [1.0] * 3
+    from lcx.config.run import data_config
+
+    passkey = yaml.safe_load((ROOT / "conf" / "data" / "passkey.yaml").read_text())
     d = make_data(
-        {"name": "passkey", "digits": 5, "eval_depths": [0.5], "eval_per_depth": 2},
+        data_config({**passkey, "digits": 5, "eval_depths": [0.5], "eval_per_depth": 2}),
         seq_len=256,
         global_batch=2,
         layout="zigzag",

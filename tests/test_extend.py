@@ -15,12 +15,13 @@ from _compile_cache import compile_cache
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf, open_dict
 
+from lcx.config import run_config, schedule_config, stages
 from lcx.sharding import PlanError
 from lcx.training.checkpoint import Checkpoints
 from lcx.training.optim import make_optimizer
-from lcx.training.preflight import setup
+from lcx.training.preflight import check
 from lcx.training.resume import CheckpointMismatchError, check_compatible
-from lcx.training.schedule import run_schedule, stage_config, stages_from_config
+from lcx.training.schedule import run_schedule, stage_config, stages_from_list
 
 YARN = {"rope_scaling_type": "yarn", "rope_scaling_factor": 2.0, "rope_original_max_len": 128}
 STAGES = [
@@ -43,6 +44,11 @@ def _config(*overrides, stages=None):
         with open_dict(cfg):
             cfg.schedule = {"stages": stages}
     return cfg
+
+
+def _extend(cfg, run_dir, devices):
+    """What ``python -m lcx.extend`` runs: the base run and its stages, typed once."""
+    return run_schedule(schedule_config(cfg), run_dir, devices)
 
 
 def _metrics(d):
@@ -71,7 +77,7 @@ def test_two_stage_schedule_hands_over_through_the_checkpoint(tmp_path, devices,
     )
     # optax's Adam bias correction computes `float ** int32 step`, which strict promotion refuses
     with caplog.at_level(logging.WARNING, logger="lcx.training.resume"), jax.numpy_dtype_promotion("standard"):
-        out = run_schedule(cfg, tmp_path / "run", devices)
+        out = _extend(cfg, tmp_path / "run", devices)
     assert [(s.first_step, s.last_step, s.start_step) for s in out] == [(1, 2, 0), (3, 4, 2)]
     assert all(s.final_loss is not None and np.isfinite(s.final_loss) for s in out)
     assert "model.rope_scaling_type: None -> 'yarn'" in caplog.text  # the change is logged, not refused
@@ -98,7 +104,7 @@ def test_two_stage_schedule_hands_over_through_the_checkpoint(tmp_path, devices,
     assert s4["data"]["seq_len"] == 256  # the stream continued at the new length
     assert json.loads((tmp_path / "run" / "schedule.json").read_text())[1]["model"] == YARN
 
-    again = run_schedule(cfg, tmp_path / "run2", devices)  # finished: both stages skipped
+    again = _extend(cfg, tmp_path / "run2", devices)  # finished: both stages skipped
     assert [s.skipped for s in again] == [True, True]
     assert not (tmp_path / "run2" / "stage0_short").exists()
 
@@ -107,31 +113,31 @@ def test_every_stage_plan_is_validated_before_training(tmp_path, devices):
     bad = [STAGES[0], {**STAGES[1], "seq_len": 260}]  # zigzag over 4 context devices needs S % 8 == 0
     cfg = _config("plan=allgather", "train.global_batch=2", f"checkpoint.dir={tmp_path / 'ckpt'}", stages=bad)
     with pytest.raises(PlanError, match=r"schedule stage 1 \('long', seq_len=260\)"):
-        run_schedule(cfg, tmp_path / "run", devices)
+        _extend(cfg, tmp_path / "run", devices)
     assert not (tmp_path / "run" / "stage0_short").exists()  # nothing trained
     # a warmup longer than its stage: refused before stage 0 trains, naming the stage's own key
     long_warmup = [STAGES[0], {**STAGES[1], "warmup_steps": STAGES[1]["steps"] + 5}]
     cfg = _config(f"checkpoint.dir={tmp_path / 'ckpt'}", stages=long_warmup)
     with pytest.raises(ValueError, match=r"schedule stage 1 .*set schedule\.stages\.1\.warmup_steps to at most"):
-        run_schedule(cfg, tmp_path / "run", devices)
+        _extend(cfg, tmp_path / "run", devices)
     assert not (tmp_path / "run" / "stage0_short").exists()
     with pytest.raises(ValueError, match="checkpoint.dir"):
-        run_schedule(_config(stages=STAGES), tmp_path / "run", devices)
+        _extend(_config(stages=STAGES), tmp_path / "run", devices)
     with pytest.raises(ValueError, match="unknown keys \\['sequence_length'\\]"):
-        stages_from_config({"stages": [{"sequence_length": 8, "seq_len": 8, "steps": 1, "lr": 1.0}]})
+        stages_from_list([{"sequence_length": 8, "seq_len": 8, "steps": 1, "lr": 1.0}])
     with pytest.raises(ValueError, match="schedule.stages"):
-        stages_from_config(None)
+        stages(_config())
 
 
 def test_shipped_experiment_composes_and_validates(devices):
     cfg = _config("experiment=length_extension")
-    stages = stages_from_config(cfg.schedule)
-    assert [s.seq_len for s in stages] == [1024, 4096]
-    for i in range(len(stages)):
-        c = stage_config(cfg, stages, i)
-        ctx = setup(c, devices)
-        assert ctx.model_cfg.rope_scaling_type == (None if i == 0 else "yarn")
-        assert int(c.train.steps) == sum(s.steps for s in stages[: i + 1])
+    run, schedule = run_config(cfg, tool="lcx.extend"), stages(cfg)
+    assert [s.seq_len for s in schedule] == [1024, 4096]
+    for i in range(len(schedule)):
+        c = stage_config(run, schedule, i)
+        check(c, devices)
+        assert c.model.rope_scaling_type == (None if i == 0 else "yarn")
+        assert c.train.steps == sum(s.steps for s in schedule[: i + 1])
     assert OmegaConf.select(cfg, "checkpoint.dir") == "checkpoints/length_extension"
 
 
@@ -176,7 +182,7 @@ def test_generated_passkey_stream_continues_across_a_length_change(tmp_path, dev
         stages=stages,
     )
     with jax.numpy_dtype_promotion("standard"):
-        out = run_schedule(cfg, tmp_path / "run", devices)
+        out = _extend(cfg, tmp_path / "run", devices)
     assert [(s.first_step, s.last_step) for s in out] == [(1, 1), (2, 2)]
     data = _meta(ckpt, 2)["data"]
     assert (data["seq_len"], data["row"]) == (512, 4 + 2)  # 4 rows of stage one, then 2 of stage two
@@ -184,13 +190,13 @@ def test_generated_passkey_stream_continues_across_a_length_change(tmp_path, dev
 
 def test_passkey_experiment_composes_and_every_stage_validates(devices):
     """experiment=passkey (experiments/passkey.py): the 256 -> 512 -> 1024 curriculum under the
-    ring plan; setup() builds and validates each stage's plan, data and model."""
+    ring plan; check() validates each stage's plan, model and memory on the devices."""
     from hydra import compose, initialize_config_module
 
     with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=["experiment=passkey", "checkpoint.dir=unused"])
-    stages = stages_from_config(cfg.schedule)
-    assert [(s.seq_len, s.global_batch) for s in stages] == [(256, 32), (512, 16), (1024, 8)]
-    for i in range(len(stages)):
-        ctx = setup(stage_config(cfg, stages, i), devices)
-        assert ctx.plan.plan.attention.strategy == "ring" and ctx.plan.context_degree == 4
+    run, schedule = run_config(cfg, tool="lcx.extend"), stages(cfg)
+    assert [(s.seq_len, s.global_batch) for s in schedule] == [(256, 32), (512, 16), (1024, 8)]
+    for i in range(len(schedule)):
+        mp = check(stage_config(run, schedule, i), devices)
+        assert mp.plan.attention.strategy == "ring" and mp.context_degree == 4

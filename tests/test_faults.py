@@ -18,6 +18,8 @@ import sys
 import pytest
 import yaml
 
+from lcx.config import run_config
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # the smallest real run: one layer, generated data, 256 tokens, no evaluation
 FAST = [
@@ -299,7 +301,7 @@ def test_training_stops_at_the_step_after_a_failed_save(tmp_path, small_disk, de
             CheckpointSaveError, match=r"checkpoint of step 2 .*No space left on device"
         ),
     ):
-        train(c, tmp_path / "run", devices)
+        train(run_config(c), tmp_path / "run", devices)
     assert _steps(tmp_path / "run") == [1, 2, 3]  # raised during step 3, the step after the save
     r = Checkpoints(ck, read_only=True)
     assert r.steps() == [1] and _tmp_dirs(ck) == []  # the good step 1 is kept, nothing partial

@@ -12,6 +12,7 @@ import pathlib
 import numpy as np
 import pytest
 
+from lcx.config import run_config
 from lcx.data.stream import lay_out
 from lcx.sharding.layout import (
     LAYOUTS,
@@ -115,11 +116,9 @@ def test_batch_layout_is_per_row_and_undo_restores_the_original_order():
 
 
 def test_the_training_stream_resumes_exactly_in_the_balanced_layout():
-    from omegaconf import OmegaConf
+    from lcx.data import StdlibData, make_data
 
-    from lcx.data import make_data
-
-    cfg = OmegaConf.create({"name": "stdlib", "tokenizer": "byte", "val_fraction": 0.02, "split_seed": 0})
+    cfg = StdlibData(name="stdlib", tokenizer="byte", val_fraction=0.02, split_seed=0)
     kw = dict(seq_len=4096, global_batch=2, layout="balanced", context_degree=4, seed=0, layout_block=512)
     a = make_data(cfg, **kw).train
     next(a)
@@ -158,7 +157,7 @@ def test_training_losses_equal_zigzag_for_the_same_data_order(tmp_path, devices)
             f"plan.attention.layout={layout}",
         )
         with jax.numpy_dtype_promotion("standard"):
-            losses[layout] = train(cfg, tmp_path / layout, devices).losses
+            losses[layout] = train(run_config(cfg), tmp_path / layout, devices).losses
     np.testing.assert_allclose(losses["balanced"], losses["zigzag"], rtol=1e-5, atol=0)
 
 
@@ -184,14 +183,15 @@ def test_the_ledger_prices_the_measured_packed_imbalance_of_each_layout():
 def test_the_planner_searches_the_balanced_layout_for_packed_rows(tmp_path, capsys):
     from hydra import compose, initialize_config_dir
 
+    from lcx.config import plan_query
     from lcx.plan import run
 
     conf = pathlib.Path(__file__).resolve().parent.parent / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         packed = compose("plan_config", overrides=["planner.packed_documents=true", "train.seq_len=65536"])
         single = compose("plan_config", overrides=["train.seq_len=65536"])
-    rec = run(packed, tmp_path / "p")["recommendation"]
+    rec = run(plan_query(packed), tmp_path / "p")["recommendation"]
     assert "(balanced)" in rec["plan"]["name"], rec["plan"]["name"]
-    one = run(single, tmp_path / "s")["recommendation"]
+    one = run(plan_query(single), tmp_path / "s")["recommendation"]
     assert "(balanced)" not in one["plan"]["name"]
     capsys.readouterr()

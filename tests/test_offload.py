@@ -10,6 +10,8 @@ import pytest
 from _compile_cache import compile_cache
 from hydra import compose, initialize_config_module
 
+from lcx.config import run_config
+
 # real training runs (one with Llama 3's vocabulary): the floor stack (-m 'not slow') skips them
 pytestmark = pytest.mark.slow
 
@@ -27,7 +29,7 @@ def _train(run_dir, *overrides, seq_len=256):
     cfg = _config(f"train.seq_len={seq_len}", "train.eval_every=0", "train.warmup_steps=1", *overrides)
     # optax's Adam bias correction computes `float ** int32 step`, which strict promotion refuses
     with jax.numpy_dtype_promotion("standard"):
-        return train(cfg, run_dir, jax.devices())
+        return train(run_config(cfg), run_dir, jax.devices())
 
 
 def _memory_kinds(tree):

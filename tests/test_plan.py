@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from lcx.config import run_config
+from lcx.config.plan import plan_from_config
 from lcx.sharding import AttentionConfig, Plan, PlanError, bind, layout_permutation
-from lcx.sharding.config import plan_from_config, preset, preset_names
+from lcx.sharding.config import preset, preset_names
 from lcx.sharding.layout import apply_layout, causal_work_per_device, inverse_permutation, undo_layout
 
 RING = Plan(
@@ -99,7 +101,7 @@ def test_key_appended_with_plus_is_an_error(override):
     with initialize_config_module(config_module="lcx.conf", version_base=None):
         cfg = compose(config_name="config", overrides=["plan=ring", override])
     with pytest.raises(PlanError, match=override.split(".")[-1].split("=")[0]):
-        plan_from_config(cfg.plan, hardware=cfg.hardware)
+        run_config(cfg)  # what the entry points call
 
 
 def test_specs_and_named_shardings(devices):
@@ -289,9 +291,9 @@ def test_attention_kernel_defaults_per_hardware(hardware, kernel):
     assert p.attention.kernel == kernel
     e = plan_from_config(explicit.plan, default_kernel=explicit.hardware.attention_kernel)
     assert e.attention.kernel == "xla"
-    # what the entry points call: both defaults from the hardware node
-    assert plan_from_config(cfg.plan, hardware=cfg.hardware).attention.kernel == kernel
-    assert plan_from_config(explicit.plan, hardware=explicit.hardware).attention.kernel == "xla"
+    # what the entry points call: both defaults from the hardware preset
+    assert run_config(cfg).plan.attention.kernel == kernel
+    assert run_config(explicit).plan.attention.kernel == "xla"
 
 
 # ---------------------------------------------------------------------------------------- the planner
@@ -381,7 +383,7 @@ def test_train_overrides_are_what_hydra_and_lcx_train_accept():
 
     from lcx import cost
     from lcx.cost.planner import train_overrides
-    from lcx.training.memcheck import memory_policy
+    from lcx.training.memory import memory_policy
     from lcx.training.preflight import resolve
 
     pols = [
@@ -400,8 +402,9 @@ def test_train_overrides_are_what_hydra_and_lcx_train_accept():
         ov = train_overrides(pol)
         with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
             cfg = compose(config_name="config", overrides=["experiment=longctx_14m_tpu7", *ov])
-        ctx = resolve(cfg, 128, run_memory_check=False)
-        got = memory_policy(ctx.model_cfg, ctx.memory)
+        config = run_config(cfg)
+        resolve(config, 128, check_memory=False)
+        got = memory_policy(config.model, config.memory)
         # full with the block input offloaded is custom with everything else recomputed
         want = (
             pol
@@ -444,6 +447,7 @@ def test_planner_hints_need_nothing_lcx_train_lacks():
 
     from hydra import compose, initialize_config_dir
 
+    from lcx.config import plan_query
     from lcx.plan import run
 
     conf = pathlib.Path(__file__).resolve().parent.parent / "conf"
@@ -452,7 +456,7 @@ def test_planner_hints_need_nothing_lcx_train_lacks():
             "plan_config",
             overrides=["hardware=tpu_v5p", "model=llama3_70b", "hardware.chips=8", "train.seq_len=1048576"],
         )
-    rec = run(c)
+    rec = run(plan_query(c))
     assert rec["recommendation"] is None
     hint = next(r for r in rec["reasons"] if r.startswith("nothing fits"))
     assert "x the chips (hardware.chips=" in hint and "lacks" not in hint
@@ -468,12 +472,13 @@ def test_maxtext_comparison_prices_the_recipe_itself(experiment, tmp_path, capsy
 
     from hydra import compose, initialize_config_dir
 
+    from lcx.config import plan_query
     from lcx.plan import run
 
     conf = pathlib.Path(__file__).resolve().parent.parent / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         c = compose("plan_config", overrides=[f"experiment={experiment}"])
-    report = run(c, tmp_path)
+    report = run(plan_query(c), tmp_path)
     out = capsys.readouterr().out
     given = report["given"]["estimate"]
     line = next(x for x in out.splitlines() if "The ledger on that same run" in x)
@@ -510,12 +515,13 @@ def test_the_published_step_is_compared_only_with_the_recipe_it_measured(overrid
 
     from hydra import compose, initialize_config_dir
 
+    from lcx.config import plan_query
     from lcx.plan import run
 
     conf = pathlib.Path(__file__).resolve().parent.parent / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         c = compose("plan_config", overrides=["experiment=longctx_4m_v5p", *([override] if override else [])])
-    run(c, tmp_path)
+    run(plan_query(c), tmp_path)
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.strip().startswith("published"))
     if differs is None:

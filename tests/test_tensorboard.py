@@ -12,6 +12,7 @@ import pytest
 from _compile_cache import compile_cache
 from hydra import compose, initialize_config_module
 
+from lcx.config import run_config
 from lcx.training.hooks import tensorboard_tag
 
 # real training runs: the floor stack (-m 'not slow') skips them
@@ -43,7 +44,7 @@ def _train(cfg, run_dir, devices):
 
     # optax's Adam bias correction computes `float ** int32 step` (see test_training.py)
     with jax.numpy_dtype_promotion("standard"):
-        return train(cfg, run_dir, devices)
+        return train(run_config(cfg), run_dir, devices)
 
 
 SMALL = ("model=tiny", "model.n_layers=1", "train.seq_len=256", "train.global_batch=2", "train.warmup_steps=1")

@@ -14,6 +14,7 @@ import pytest
 from _compile_cache import compile_cache
 from hydra import compose, initialize_config_module
 
+from lcx.config import run_config
 from lcx.models import ModelConfig, init_model, model_shardings
 from lcx.sharding import bind
 from lcx.sharding.config import preset
@@ -63,7 +64,7 @@ def test_loss_is_global_sum_over_global_count():
 def _batch(B, S, layout, degree, seed=0):
     from lcx.data import make_data
 
-    cfg = _config().data
+    cfg = run_config(_config()).data
     data = make_data(cfg, seq_len=S, global_batch=B, layout=layout, context_degree=degree, seed=seed)
     return next(data.train)
 
@@ -119,7 +120,7 @@ def test_loss_falls_on_real_corpus(tmp_path, devices):
     # optax's Adam bias correction computes `float ** int32 step`, which strict promotion refuses;
     # lcx's own code is checked under strict promotion everywhere else.
     with jax.numpy_dtype_promotion("standard"):
-        out = train(cfg, tmp_path, devices)
+        out = train(run_config(cfg), tmp_path, devices)
     losses = out.losses
     assert np.mean(losses[-3:]) < losses[0] - 1.0, losses
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -154,10 +155,10 @@ def test_invalid_plan_exits_fast_without_compiling(tmp_path):
     ],
 )
 def test_settings_that_are_not_whole_numbers_are_refused(override, match, devices):
-    from lcx.training.preflight import setup
+    from lcx.training.preflight import check
 
     with pytest.raises(ValueError, match=match):
-        setup(_config(override), devices)
+        check(run_config(_config(override)), devices)
 
 
 @pytest.mark.slow
@@ -176,7 +177,7 @@ def test_all_strategies_train_to_the_same_losses(tmp_path, devices):
             "train.eval_every=0",
         )
         with jax.numpy_dtype_promotion("standard"):
-            runs[plan] = train(cfg, tmp_path / plan, devices).losses
+            runs[plan] = train(run_config(cfg), tmp_path / plan, devices).losses
     for plan, losses in runs.items():
         np.testing.assert_allclose(losses, runs["allgather"], rtol=0, atol=1e-4, err_msg=plan)
     assert runs["allgather"][-1] < runs["allgather"][0]
@@ -185,7 +186,7 @@ def test_all_strategies_train_to_the_same_losses(tmp_path, devices):
 def test_a_step_that_cannot_fit_is_refused_before_compiling(devices, monkeypatch):
     """model=llama3_70b compiled for minutes on this CPU machine, then ran out of memory."""
     import lcx.cost
-    from lcx.training.preflight import setup
+    from lcx.training.preflight import check
 
     with pytest.raises(
         ValueError,
@@ -195,35 +196,35 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(devices, monkeypatch
         r"they are sharded\), so model=llama3_70b cannot fit on this machine: use a "
         r"smaller model \(e.g. model=tiny\). train.check_memory=false skips this check",
     ):
-        setup(_config("model=llama3_70b"), devices)
-    setup(_config("model=llama3_70b", "train.check_memory=false"), devices)  # the escape hatch
+        check(run_config(_config("model=llama3_70b")), devices)
+    check(run_config(_config("model=llama3_70b", "train.check_memory=false")), devices)  # the escape hatch
     # an accelerator preset: each device's estimate against its HBM
     with pytest.raises(ValueError, match=r"GiB of HBM per device, but hardware.hbm_bytes is 95.00 GiB"):
-        setup(_config("model=llama3_70b", "hardware=tpu_v5p"), devices)
+        check(run_config(_config("model=llama3_70b", "hardware=tpu_v5p")), devices)
     # the default run needs ~54 MiB per device (56 MiB compiled): it fits in 1 GiB, not in 256 MiB
-    setup(_config(), devices)
+    check(run_config(_config()), devices)
     monkeypatch.setattr(lcx.cost, "host_memory_available", lambda: (1 << 30, "test"))
-    setup(_config(), devices)
+    check(run_config(_config()), devices)
     monkeypatch.setattr(lcx.cost, "host_memory_available", lambda: (256 << 20, "test"))
     with pytest.raises(
         ValueError,
         match=r"model=tiny does not fit: .* but this machine has 0.25 GiB available \(test\); "
         r"the largest part is saved activations.*remat.*",
     ) as e:
-        setup(_config(), devices)
+        check(run_config(_config()), devices)
     # on cpu the devices share the RAM: no advice that leaves the sum over devices where it is, no
     # model=tiny for the tiny model, and Hydra's own form of each override printed
     msg = str(e.value)
     assert "plan.mesh.context" not in msg and "or more devices" not in msg and "model=tiny)" not in msg, msg
     assert "more simulated devices or more context parallelism do not help here" in msg
     assert "+plan.params.embed=[data,context], or plan=ring_cp" in msg and "the step cannot fit on this machine" in msg
-    setup(_config("+plan.params.embed=[data,context]", "model.remat=full", "train.seq_len=512"), devices)
+    check(run_config(_config("+plan.params.embed=[data,context]", "model.remat=full", "train.seq_len=512")), devices)
     # a string is not a boolean: train.check_memory=no reached the check as the truthy "no"
     for v in ("'no'", "'off'", "0"):
         with pytest.raises(
             ValueError, match=rf"train.check_memory={v}: must be true or false .*train.check_memory=false"
         ):
-            setup(_config(f"train.check_memory={v.strip(chr(39))}"), devices)
+            check(run_config(_config(f"train.check_memory={v.strip(chr(39))}")), devices)
 
 
 def test_one_train_step_updates_the_parameters(devices, tmp_path):
@@ -232,8 +233,8 @@ def test_one_train_step_updates_the_parameters(devices, tmp_path):
     token and moves the parameters; its state saves and restores bit for bit."""
     from lcx.training.checkpoint import Checkpoints
     from lcx.training.optim import make_optimizer
-    from lcx.training.state import TrainState, abstract_train_state
-    from lcx.training.step import init_opt_state, make_steps
+    from lcx.training.state import TrainState, abstract_train_state, init_opt_state
+    from lcx.training.step import make_steps
 
     mp = bind(preset("dp").with_mesh(data=1), devices[:1])
     model = init_model(SMALL, key=jax.random.key(0))
@@ -257,7 +258,7 @@ def test_one_train_step_updates_the_parameters(devices, tmp_path):
         c.save(state.replace(step=2), {"loss": float(m["loss"])})
         assert c.steps() == [2]  # keep=1 pruned step 1
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-        target = abstract_train_state(abstract, psh, opt, mp.replicated(), opt_shardings=steps.opt_shardings)
+        target = abstract_train_state(abstract, psh, opt, steps.opt_shardings)
         r = c.restore_latest(target)
     finally:
         c.close()

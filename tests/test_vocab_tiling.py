@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 
+from lcx.config import run_config
 from lcx.models import ModelConfig, init_model, model_shardings
 from lcx.sharding import bind
 from lcx.sharding.config import preset
@@ -142,7 +143,7 @@ def test_no_whole_logits_buffer_in_the_compiled_step(devices, tiles):
 
 
 def test_tiling_that_does_not_divide_the_local_sequence_is_refused(devices):
-    from lcx.training.preflight import setup
+    from lcx.training.preflight import check
 
     # 4096 tokens over context 4: 1024 local tokens; 48 does not divide 1024, 32 and 64 do
     cfg = _config("memory.vocab_tiling=48")
@@ -151,7 +152,7 @@ def test_tiling_that_does_not_divide_the_local_sequence_is_refused(devices):
         match=r"memory.vocab_tiling=48 does not divide the local sequence of 1,024 tokens"
         r".*nearest valid N is 32.*valid neighbours: 32, 64",
     ):
-        setup(cfg, devices)
+        check(run_config(cfg), devices)
 
 
 @pytest.mark.parametrize(
@@ -164,7 +165,7 @@ def test_tiling_that_does_not_divide_the_local_sequence_is_refused(devices):
     ],
 )
 def test_bad_memory_options_are_refused(devices, override, match):
-    from lcx.training.preflight import setup
+    from lcx.training.preflight import check
 
     with pytest.raises(ValueError, match=match):
-        setup(_config(override), devices)
+        check(run_config(_config(override)), devices)

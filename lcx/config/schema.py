@@ -1,19 +1,18 @@
-"""The one check of every config section the entry points read against its typed schema.
+"""The one check of every config section an entry point reads against its typed class.
 
-``plan`` has its own schema (:mod:`lcx.sharding.config`); ``model`` is checked by
-:meth:`lcx.models.ModelConfig.from_dict`. Everything else an entry point reads has a schema in
-:mod:`lcx.config.sections` (re-exported here): the top-level ``train``, ``checkpoint``,
-``memory``, ``eval`` and ``distributed`` sections and the ``hardware`` and ``data`` groups (one
-schema per data config: stdlib, text and passkey have different keys).
+The typed frozen dataclasses (:data:`lcx.config.sections.SECTIONS`, the data configs of
+:mod:`lcx.data.config`) are the schema: :func:`typed` checks a composed section against one and
+builds it. ``plan`` has its own Hydra schema (:mod:`lcx.config.plan`); ``model`` is checked by
+:meth:`lcx.models.ModelConfig.from_dict`.
 
 :func:`check_section` refuses, before anything compiles:
 
-- a key not in the schema, also one appended with ``+`` (``+train.stpes=1``), naming the nearest
+- a key not in the class, also one appended with ``+`` (``+train.stpes=1``), naming the nearest
   valid key (difflib) and listing the valid ones;
 - a value of the wrong type (``train.steps=1.5``, ``checkpoint.async_save=no``), naming the key,
   the value and the fix; ``key=no``/``off`` arrive from Hydra as strings and are refused, never
   read as true;
-- (``complete=True``) a key the schema has that the section lacks.
+- (``complete=True``) a key the class has that the section lacks.
 
 A misspelt key *without* ``+`` is already refused by Hydra (the composed config is a struct);
 :func:`check_overrides` runs on the command line first so that message names the nearest key too.
@@ -24,60 +23,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import pathlib
 import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from lcx.config import sections
-
-# the schemas, re-exported (``X as X``: an explicit re-export)
-from lcx.config.sections import (
-    DATA_SCHEMAS as DATA_SCHEMAS,
-)
-from lcx.config.sections import (
-    SECTIONS as SECTIONS,
-)
-from lcx.config.sections import (
-    CheckpointSchema as CheckpointSchema,
-)
-from lcx.config.sections import (
-    DistributedSchema as DistributedSchema,
-)
-from lcx.config.sections import (
-    EvalCheckpointSchema as EvalCheckpointSchema,
-)
-from lcx.config.sections import (
-    EvalSchema as EvalSchema,
-)
-from lcx.config.sections import (
-    HardwareSchema as HardwareSchema,
-)
-from lcx.config.sections import (
-    MemorySchema as MemorySchema,
-)
-from lcx.config.sections import (
-    PasskeyDataSchema as PasskeyDataSchema,
-)
-from lcx.config.sections import (
-    PlannerSchema as PlannerSchema,
-)
-from lcx.config.sections import (
-    StdlibDataSchema as StdlibDataSchema,
-)
-from lcx.config.sections import (
-    TextDataSchema as TextDataSchema,
-)
-from lcx.config.sections import (
-    TrainSchema as TrainSchema,
-)
-from lcx.config.sections import (
-    make_schema as make_schema,
-)
-from lcx.config.sections import (
-    register_schemas as register_schemas,
-)
+from lcx.config.sections import DATA_CONFIGS, SECTIONS
+from lcx.reports.config import EvalCheckpointConfig
 
 REQUIRED = dataclasses.MISSING
 
@@ -139,6 +93,10 @@ def _check_value(key: str, value: Any, tp: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{key}={value!r}: must be a number")
         return float(value)
+    if tp is pathlib.Path:
+        if not isinstance(value, (str, pathlib.Path)):
+            raise ValueError(f"{key}={value!r}: must be a path")
+        return value if value == "???" else pathlib.Path(value)
     if tp is str:
         if not isinstance(value, str):
             raise ValueError(f"{key}={value!r}: must be a string")
@@ -159,7 +117,7 @@ def check_section(node: Any, schema: type, section: str, *, complete: bool = Tru
 
     Args:
       node: the section (DictConfig or mapping); None counts as empty.
-      schema: a dataclass of this module.
+      schema: its typed dataclass.
       section: its dotted name, for messages (``train``, ``data``).
       complete: every field of ``schema`` without a default must be present.
       tool: the entry point, for messages.
@@ -191,45 +149,38 @@ def check_section(node: Any, schema: type, section: str, *, complete: bool = Tru
     return out
 
 
-def data_schema(node: Any) -> type:
-    """The schema of a ``data`` section, by its ``name``.
+C = TypeVar("C")
+
+
+def typed(
+    node: Any,
+    cls: type[C],
+    section: str,
+    *,
+    tool: str = "lcx",
+    resolve: Mapping[str, Callable[[Any], Any]] | None = None,
+) -> C:
+    """The section ``node`` as its typed value: :func:`check_section` (complete), then ``cls``
+    built from it.
+
+    Args:
+      node: the section (DictConfig or mapping); None counts as empty.
+      cls: its typed frozen dataclass (the schema).
+      section: its dotted name, for messages.
+      tool: the entry point, for messages.
+      resolve: a function per key applied to its checked value (a path made absolute, say).
 
     Raises:
-      ValueError: an unknown ``data.name`` (names the valid ones).
+      ValueError: as :func:`check_section`; a mandatory value (``???``) left unset, naming the
+        key; whatever ``cls`` refuses (its ``__post_init__``).
     """
-    name = (_plain(node) or {}).get("name")
-    if name not in DATA_SCHEMAS:
-        raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
-    return DATA_SCHEMAS[name]
-
-
-TRAIN_SECTIONS = ("train", "checkpoint", "distributed", "hardware")
-"""What :func:`check_train_config` checks completely (``memory`` is
-:meth:`lcx.training.memory.MemoryOptions.from_config`'s, ``data`` by its name, ``plan`` and
-``model`` by their own readers)."""
-
-
-def check_train_config(cfg: Any, tool: str = "lcx.train") -> dict[str, dict]:
-    """Check the sections of an ``lcx.train`` config; return them as typed plain dicts.
-
-    Raises:
-      ValueError: as :func:`check_section`; or the config is an analysis-only experiment (its
-        top-level ``analysis_script`` names the script that reads it), which would otherwise
-        train the default run.
-    """
-    script = cfg.get("analysis_script")
-    if script is not None:
-        raise ValueError(
-            f"this experiment config trains nothing: it configures {script}, so {tool} would only "
-            f"train the default run; run `python {script}` instead"
-        )
-    out = {s: check_section(cfg.get(s), SECTIONS[s], s, tool=tool) for s in TRAIN_SECTIONS}
-    if cfg.get("memory") is not None:
-        check_section(cfg.get("memory"), MemorySchema, "memory", complete=False, tool=tool)
-    data = cfg.get("data")
-    if data is not None:
-        out["data"] = check_section(data, data_schema(data), "data", tool=tool)
-    return out
+    d = check_section(node, cls, section, tool=tool)
+    for k, v in d.items():
+        if v == "???":
+            raise ValueError(f"{section}.{k} is required by {tool} and unset: add {section}.{k}=<value>")
+    for k, f in (resolve or {}).items():
+        d[k] = f(d[k])
+    return cls(**d)
 
 
 # -- the command line -----------------------------------------------------------------------------
@@ -296,14 +247,13 @@ def check_overrides(argv: Sequence[str], tool: str = "lcx") -> None:
             continue
         section, leaf = parts[0], parts[1]
         if section == "data":
-            valid = sorted({f.name for s in DATA_SCHEMAS.values() for f in dataclasses.fields(s)})
+            valid = sorted({f.name for s in DATA_CONFIGS.values() for f in dataclasses.fields(s)})
         elif section == "checkpoint" and tool == "lcx.eval":
-            valid = [f.name for f in dataclasses.fields(EvalCheckpointSchema)]
+            valid = [f.name for f in dataclasses.fields(EvalCheckpointConfig)]
         else:
             valid = [f.name for f in dataclasses.fields(SECTIONS[section])]
         if leaf not in valid:
             raise ValueError(unknown_key_message(section, leaf, valid, tool))
 
 
-__all__ = ["check_overrides", "check_section", "check_train_config", "data_schema", "nearest", "unknown_key_message"]
-__all__ += sections.__all__  # the schemas, re-exported
+__all__ = ["check_overrides", "check_section", "nearest", "typed", "unknown_key_message"]

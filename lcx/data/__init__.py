@@ -2,6 +2,7 @@
 one batch-stream interface (:mod:`lcx.data.stream`) and a registry of sources
 (:mod:`lcx.data.sources`)."""
 
+from lcx.data.config import DATA_CONFIGS, DataConfig, PasskeyData, StdlibData, TextData
 from lcx.data.corpora import STDLIB_SKIP_DIRS, STDLIB_SNAPSHOT, Corpus, stdlib_corpus, text_corpus
 from lcx.data.packing import BATCH_KEYS, Packer, pack_documents, unigram_entropy
 from lcx.data.pipeline import Batches, EvalBatches, corpus_data, load_corpus, split_documents
@@ -17,6 +18,8 @@ __all__ = [
     "BatchStream",
     "ByteTokenizer",
     "Corpus",
+    "DATA_CONFIGS",
+    "DataConfig",
     "corpus_data",
     "Data",
     "EvalBatches",
@@ -26,12 +29,15 @@ __all__ = [
     "make_data",
     "pack_documents",
     "Packer",
+    "PasskeyData",
     "Rows",
     "SOURCES",
     "split_documents",
     "stdlib_corpus",
     "STDLIB_SKIP_DIRS",
     "STDLIB_SNAPSHOT",
+    "StdlibData",
+    "TextData",
     "text_corpus",
     "Tokenizer",
     "TOKENIZERS",

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from lcx.data.config import PasskeyData
 from lcx.data.packing import BATCH_KEYS
 from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows
 from lcx.data.tokenizers import ByteTokenizer
@@ -346,40 +347,31 @@ class PasskeyEval(Rows, Sequence[Batch]):
         return float(np.log(10.0))
 
 
-def passkey_data(cfg_data: Any, spec: BatchSpec) -> Data:
+def passkey_data(data: PasskeyData, spec: BatchSpec) -> Data:
     """The ``data=passkey`` source (:data:`lcx.data.sources.SOURCES`): generated training rows
-    and a fixed evaluation set.
-
-    Config keys (``conf/data/passkey.yaml``): ``digits``, ``min_depth``, ``max_depth``, ``recall_loss``, ``filler``, ``loss_on``,
-    ``eval_depths``, ``eval_per_depth``, ``split_seed``, ``tokenizer`` (must be ``byte``).
+    and a fixed evaluation set, as :class:`lcx.data.config.PasskeyData` configures them.
 
     Raises:
       ValueError: a tokenizer other than ``byte``, or any error of :class:`PasskeyBatches`.
     """
-
-    def get(key: str, default: Any) -> Any:
-        return cfg_data.get(key, default) if hasattr(cfg_data, "get") else default
-
-    if str(get("tokenizer", "byte")) != "byte":
+    if data.tokenizer != "byte":
         raise ValueError("data=passkey is byte-level text; keep data.tokenizer=byte")
-    digits, filler = int(get("digits", 5)), str(get("filler", "sentences"))
     train = PasskeyBatches(
         **spec.rows(),
         seed=spec.seed,
-        digits=digits,
-        min_depth=float(get("min_depth", 0.0)),
-        max_depth=float(get("max_depth", 1.0)),
-        recall_loss=bool(get("recall_loss", False)),
-        filler=filler,
-        loss_on=str(get("loss_on", "answer")),
+        digits=data.digits,
+        min_depth=data.min_depth,
+        max_depth=data.max_depth,
+        recall_loss=data.recall_loss,
+        filler=data.filler,
+        loss_on=data.loss_on,
     )
-    depths = get("eval_depths", None)
     val = PasskeyEval(
         **spec.rows(val=True),
-        digits=digits,
-        depths=[float(d) for d in depths] if depths is not None else tuple(np.linspace(0, 1, 11)),
-        per_depth=int(get("eval_per_depth", 8)),
-        seed=int(get("split_seed", 0)),
-        filler=filler,
+        digits=data.digits,
+        depths=[float(d) for d in data.eval_depths],
+        per_depth=data.eval_per_depth,
+        seed=data.split_seed,
+        filler=data.filler,
     )
     return Data(train, val, ByteTokenizer())

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from lcx.data.config import StdlibData, TextData
 from lcx.data.corpora import Corpus, stdlib_corpus, text_corpus
 from lcx.data.packing import BATCH_KEYS, EpochIndex, Packer, check_packing_args, unigram_entropy
 from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows
@@ -305,23 +306,6 @@ def split_documents(num_docs: int, val_fraction: float, seed: int = 0) -> tuple[
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
-def data_value(cfg: Any, key: str, default: Any = None) -> Any:
-    """``cfg[key]`` of a ``data`` config node, ``default`` when absent or None.
-
-    Raises:
-      ValueError: the key is mandatory (``???``) and unset; names it and an example.
-    """
-    try:
-        value = cfg.get(key, default)
-    except Exception as e:  # omegaconf MissingMandatoryValue for `???`
-        if type(e).__name__ == "MissingMandatoryValue":
-            raise ValueError(
-                f"data.{key} is required for data={data_value(cfg, 'name', '?')}, e.g. data.paths=[a.txt,'docs/*.md']"
-            ) from None
-        raise
-    return default if value is None else value
-
-
 def _abs_paths(paths: Sequence[str]) -> list[str]:
     """Resolve relative paths against the launch directory when Hydra changed the cwd."""
     try:
@@ -335,35 +319,29 @@ def _abs_paths(paths: Sequence[str]) -> list[str]:
     return [str(p) for p in paths]
 
 
-def load_corpus(cfg_data: Any) -> Corpus:
-    """The corpus a data config names: ``name: stdlib`` or ``name: text`` (with ``paths``).
+def load_corpus(data: StdlibData | TextData) -> Corpus:
+    """The corpus a data config names: ``data=stdlib`` or ``data=text`` (its ``paths``).
 
     Raises:
-      ValueError, FileNotFoundError: unknown name, missing paths, and every error of
-        :func:`stdlib_corpus` / :func:`text_corpus`.
+      ValueError, FileNotFoundError: no paths, and every error of :func:`stdlib_corpus` /
+        :func:`text_corpus`.
     """
-    name = data_value(cfg_data, "name", "stdlib")
-    if name == "stdlib":
+    if isinstance(data, StdlibData):
         return stdlib_corpus()
-    if name == "text":
-        paths = data_value(cfg_data, "paths")
-        if not paths:
-            raise ValueError("data=text needs data.paths, e.g. data.paths=[a.txt,'docs/*.md']")
-        if isinstance(paths, str):
-            paths = [paths]
-        return text_corpus(_abs_paths(list(paths)), text_field=str(data_value(cfg_data, "text_field", "text")))
-    raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
+    paths = [data.paths] if isinstance(data.paths, str) else list(data.paths)
+    if not paths:
+        raise ValueError("data=text needs data.paths, e.g. data.paths=[a.txt,'docs/*.md']")
+    return text_corpus(_abs_paths(paths), text_field=data.text_field)
 
 
-def corpus_data(cfg_data: Any, spec: BatchSpec) -> Data:
+def corpus_data(data: StdlibData | TextData, spec: BatchSpec) -> Data:
     """The ``data=stdlib`` / ``data=text`` source: the corpus tokenized, split by document into
     training :class:`Batches` and an evaluation :class:`EvalBatches` pass.
 
     Args:
-      cfg_data: the ``data`` config node: ``name``, ``paths`` (text only: files or globs),
-        ``text_field`` (JSON-lines field), ``tokenizer`` (``byte``), ``val_fraction`` (fraction
-        of documents held out, in (0, 1)), ``split_seed`` (seed of the split, independent of
-        ``spec.seed``).
+      data: the ``data`` config: ``paths`` (text only: files or globs), ``text_field``
+        (JSON-lines field), ``tokenizer`` (``byte``), ``val_fraction`` (fraction of documents
+        held out, in (0, 1)), ``split_seed`` (seed of the split, independent of ``spec.seed``).
       spec: sizes, layout and seed of the batches.
 
     Raises:
@@ -372,13 +350,11 @@ def corpus_data(cfg_data: Any, spec: BatchSpec) -> Data:
     """
     _check_common(spec.seq_len, spec.global_batch, spec.layout, spec.context_degree)
     _check_common(spec.seq_len, spec.val_global_batch, spec.layout, spec.context_degree)
-    tokenizer = get_tokenizer(str(data_value(cfg_data, "tokenizer", "byte")))
-    corpus = load_corpus(cfg_data)
+    tokenizer = get_tokenizer(data.tokenizer)
+    corpus = load_corpus(data)
     docs = [tokenizer.encode(d) for d in corpus.documents]
     docs = [d for d in docs if d.size]
-    train_idx, val_idx = split_documents(
-        len(docs), float(data_value(cfg_data, "val_fraction", 0.02)), int(data_value(cfg_data, "split_seed", 0))
-    )
+    train_idx, val_idx = split_documents(len(docs), data.val_fraction, data.split_seed)
     train = Batches([docs[i] for i in train_idx], **spec.rows(), seed=spec.seed)
     val = EvalBatches([docs[i] for i in val_idx], **spec.rows(val=True))
     return Data(train, val, tokenizer)

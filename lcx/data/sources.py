@@ -1,8 +1,8 @@
 """The registry of data sources and the trainer's single entry, :func:`make_data`.
 
-A source is a function ``build(cfg_data, spec: BatchSpec) -> Data`` (:mod:`lcx.data.stream`); a new one is a module plus one line
-in :data:`SOURCES` (and its ``conf/data/<name>.yaml`` with a schema in
-:data:`lcx.config.schema.DATA_SCHEMAS`).
+A source is a function ``build(data, spec: BatchSpec) -> Data`` (:mod:`lcx.data.stream`) of its
+typed config (:mod:`lcx.data.config`); a new one is a module plus one line in :data:`SOURCES`,
+its config class in :data:`lcx.data.config.DATA_CONFIGS` and its ``conf/data/<name>.yaml``.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lcx.data.config import DataConfig
 from lcx.data.passkey import passkey_data
-from lcx.data.pipeline import corpus_data, data_value
+from lcx.data.pipeline import corpus_data
 from lcx.data.stream import BatchSpec, Data
 from lcx.sharding.layout import BALANCED_BLOCK
 
@@ -23,7 +24,7 @@ SOURCES: dict[str, Callable[[Any, BatchSpec], Data]] = {
 
 
 def make_data(
-    cfg_data: Any,
+    data: DataConfig,
     *,
     seq_len: int,
     global_batch: int,
@@ -38,8 +39,8 @@ def make_data(
     Every check runs here, before anything compiles.
 
     Args:
-      cfg_data: the ``data`` config node (OmegaConf or a mapping); ``name`` picks the source in
-        :data:`SOURCES` (``stdlib`` | ``text`` | ``passkey``), the other keys are the source's
+      data: the typed ``data`` config (:mod:`lcx.data.config`); its ``name`` picks the source in
+        :data:`SOURCES` (``stdlib`` | ``text`` | ``passkey``), the other fields are the source's
         (:func:`lcx.data.pipeline.corpus_data`, :func:`lcx.data.passkey.passkey_data`).
       seq_len: S, tokens per row.
       global_batch: B, rows per training batch.
@@ -53,17 +54,11 @@ def make_data(
       :class:`lcx.data.stream.Data` ``(train, val, tokenizer)``.
 
     Raises:
-      ValueError, FileNotFoundError: an unknown ``data.name`` (names the known ones), an unknown
-        or mistyped key, and every error of the source (bad sizes or layout, missing paths, ...).
+      ValueError, FileNotFoundError: an unknown ``data.name`` (names the known ones), and every
+        error of the source (bad sizes or layout, missing paths, ...).
     """
-    from lcx.config.schema import DATA_SCHEMAS, check_section
-
-    # every key a real key of this data config, with the right type (``+data.val_fractoin=0.5``
-    # is refused, naming data.val_fraction); lcx.train has checked the section complete already
-    name = data_value(cfg_data, "name", "stdlib")
-    if name not in DATA_SCHEMAS or name not in SOURCES:
-        raise ValueError(f"unknown data.name {name!r}; use data=stdlib, data=text or data=passkey")
-    check_section(cfg_data, DATA_SCHEMAS[name], "data", complete=False, tool="lcx")
+    if data.name not in SOURCES:
+        raise ValueError(f"unknown data.name {data.name!r}; use data={', data='.join(SOURCES)}")
     spec = BatchSpec(
         seq_len=int(seq_len),
         global_batch=int(global_batch),
@@ -73,7 +68,7 @@ def make_data(
         val_global_batch=int(global_batch if val_global_batch is None else val_global_batch),
         layout_block=int(layout_block),
     )
-    return SOURCES[name](cfg_data, spec)
+    return SOURCES[data.name](data, spec)
 
 
 __all__ = ["SOURCES", "make_data"]

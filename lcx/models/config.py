@@ -276,13 +276,13 @@ def _load_presets() -> dict[str, ModelConfig]:
     """
     from importlib.resources import files
 
-    from omegaconf import OmegaConf
+    from lcx.sharding.config import read_yaml
 
     out = {}
     for path in sorted((files("lcx.conf") / "model").iterdir(), key=lambda p: p.name):
         if not path.name.endswith(".yaml"):
             continue
-        d = OmegaConf.to_container(OmegaConf.create(path.read_text()), resolve=True)
+        d = read_yaml(path.read_text())
         if not isinstance(d, dict):
             raise ValueError(f"conf/model/{path.name}: must be a mapping of ModelConfig fields, got {d!r}")
         out[path.name.removesuffix(".yaml")] = ModelConfig.from_dict({str(k): v for k, v in d.items()})

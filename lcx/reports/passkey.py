@@ -11,60 +11,50 @@ from __future__ import annotations
 import json
 import pathlib
 
-from omegaconf import DictConfig, OmegaConf
+from lcx.reports.config import EvalQuery
 
 
-def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
-    """Evaluate ``cfg.checkpoint.dir`` as configured; write ``eval.json`` and the heatmap.
+def run_eval(query: EvalQuery, out_dir: str | pathlib.Path, devices) -> dict:
+    """Evaluate the checkpoint ``query.checkpoint`` names as ``query.eval`` says; write
+    ``eval.json`` and the heatmap.
 
     Raises:
       FileNotFoundError: no checkpoint there. ValueError / PlanError: a length the task or the
-        plan cannot serve, or an unknown ``eval.task``.
+        plan cannot serve.
     """
-    from lcx.config.schema import EvalCheckpointSchema, EvalSchema, check_section
     from lcx.sharding import bind
-    from lcx.sharding.config import plan_from_config
+    from lcx.sharding.config import plan_from_dict
     from lcx.training.checkpoint import Checkpoints
-    from lcx.training.resume import load_model, resolve_dir
+    from lcx.training.resume import load_model
     from lcx.training.retrieval import grid, passkey_grid, write_heatmap
 
-    check_section(cfg.eval, EvalSchema, "eval", tool="lcx.eval")
-    check_section(cfg.checkpoint, EvalCheckpointSchema, "checkpoint", tool="lcx.eval")
-    if cfg.eval.task != "passkey":
-        raise ValueError(f"eval.task={cfg.eval.task!r} is unknown; lcx.eval has 'passkey'")
-    ckpt = resolve_dir(cfg.checkpoint.dir)
-    if ckpt is None:
-        raise ValueError(
-            "checkpoint.dir is not set: lcx.eval reads a training run's checkpoints (checkpoint.dir=<run>/ckpt)"
-        )
+    ckpt, e, hw = query.checkpoint.dir, query.eval, query.hardware
     c = Checkpoints(ckpt, read_only=True)
     try:
         steps = c.steps()
         if not steps:
             raise FileNotFoundError(f"no checkpoint in {ckpt}")
-        step = int(cfg.checkpoint.step) if cfg.checkpoint.step is not None else steps[-1]
+        step = query.checkpoint.step if query.checkpoint.step is not None else steps[-1]
         run = c.read_meta(step)["config"]
     finally:
         c.close()
-    plan_node = OmegaConf.create(run["plan"])
-    assert isinstance(plan_node, DictConfig), "a checkpoint stores its plan as a mapping"
-    plan = plan_from_config(plan_node, hardware=cfg.hardware)
+    # a checkpoint stores its plan as a mapping; null blocks and kernel: this hardware's
+    plan = plan_from_dict(run["plan"], default_block=hw.attention_block, default_kernel=hw.attention_kernel)
     mp = bind(plan, devices)
     model, meta = load_model(ckpt, mp, step=step)
     S = int(run["train"]["seq_len"])
-    e = cfg.eval
-    lengths = [int(x) for x in e.lengths] if e.lengths is not None else [S // 2, S, 2 * S]
-    digits = int(e.digits if e.digits is not None else (run.get("data") or {}).get("digits", 5))
-    batch = int(e.global_batch if e.global_batch is not None else run["train"]["global_batch"])
+    lengths = list(e.lengths) if e.lengths is not None else [S // 2, S, 2 * S]
+    digits = e.digits if e.digits is not None else int((run.get("data") or {}).get("digits", 5))
+    batch = e.global_batch if e.global_batch is not None else int(run["train"]["global_batch"])
     results = passkey_grid(
         model,
         mp,
         lengths=lengths,
         depths=list(e.depths),
-        per_depth=int(e.per_depth),
+        per_depth=e.per_depth,
         global_batch=batch,
         digits=digits,
-        seed=int(e.seed),
+        seed=e.seed,
         vocab_tiling=int((run.get("memory") or {}).get("vocab_tiling", 1)),
     )
     out_dir = pathlib.Path(out_dir)
@@ -79,9 +69,9 @@ def run_eval(cfg: DictConfig, out_dir: str | pathlib.Path, devices) -> dict:
         "train_seq_len": S,
         "lengths": lengths,
         "depths": [float(d) for d in e.depths],
-        "per_depth": int(e.per_depth),
+        "per_depth": e.per_depth,
         "digits": digits,
-        "seed": int(e.seed),
+        "seed": e.seed,
         "exact_match_by_length": {str(s): float(v[:, j].mean()) for j, s in enumerate(lens)},
         "results": results,
     }

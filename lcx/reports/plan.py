@@ -15,20 +15,13 @@ import dataclasses
 import json
 import pathlib
 import sys
-from typing import Any, cast
-
-from omegaconf import DictConfig, OmegaConf
+from typing import Any
 
 from lcx.reports.candidates import table
+from lcx.reports.config import PlanQuery
 from lcx.reports.maxtext import compare_with_maxtext, recipe_differences, recipe_of
 from lcx.reports.planner import no_candidates_reason, reasons
 from lcx.reports.timing import time_words
-
-
-def _as_dict(node: Any) -> dict[str, Any]:
-    """A mapping config node as a plain dict, interpolations resolved (against its root): the
-    container of a DictConfig is a dict, though OmegaConf's stub says any container."""
-    return cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
 
 
 def _model_arrays(model_cfg, param_dtype: str):
@@ -104,36 +97,18 @@ class _Job:
     packed: bool = False
 
 
-def _job(cfg: DictConfig) -> _Job:
-    """The checked settings of ``cfg`` (errors as :func:`run`'s, in the order a reader meets them)."""
-    from lcx.config import positive_int
-    from lcx.config.schema import HardwareSchema, MemorySchema, PlannerSchema, TrainSchema, check_section
+def _job(q: PlanQuery) -> _Job:
+    """The checked settings of ``q`` (errors as :func:`run`'s, in the order a reader meets them)."""
     from lcx.cost import ActivationPolicy, hardware_from_config, host_memory_available
-    from lcx.models import ModelConfig
 
-    # lcx.plan reads train.seq_len/global_batch (an experiment may set more train.* keys, which
-    # lcx.train reads): every key must still be a real one, with the right type
-    check_section(cfg.train, TrainSchema, "train", complete=False, tool="lcx.plan")
-    check_section(cfg.get("memory"), MemorySchema, "memory", complete=False, tool="lcx.plan")
-    check_section(cfg.get("planner"), PlannerSchema, "planner", tool="lcx.plan")
-    check_section(cfg.hardware, HardwareSchema, "hardware", tool="lcx.plan")
-    model_cfg = ModelConfig.from_dict(_as_dict(cfg.model))
-    hwn = cfg.hardware
-    chips = hwn.get("chips")
-    devices_per_chip = positive_int(hwn.get("devices_per_chip") or 1, "hardware.devices_per_chip")
+    model_cfg, hwc = q.model, q.hardware
+    devices_per_chip = hwc.devices_per_chip
+    chips = hwc.chips if hwc.chips is not None else hwc.cpu_devices
     if chips is None:
-        chips = hwn.get("cpu_devices")
-        if chips is None:
-            raise ValueError(f"hardware={hwn.get('name')}: set hardware.chips (chips in the slice) for the planner")
-        chips = positive_int(chips, "hardware.cpu_devices")
-    else:
-        chips = positive_int(chips, "hardware.chips")
+        raise ValueError(f"hardware={hwc.name}: set hardware.chips (chips in the slice) for the planner")
     n = chips * devices_per_chip
-    rows = cfg.planner.rows
-    if rows not in ("best", "all"):
-        raise ValueError(f"planner.rows={rows!r}: use best (the best policy per strategy and degree) or all")
-    probe = cfg.planner.probe_cpu
-    hw = hardware_from_config(hwn, n, probe=probe, probe_time_model=probe)
+    probe = q.planner.probe_cpu
+    hw = hardware_from_config(hwc, n, probe=probe, probe_time_model=probe)
     host_ram = None
     if hw.name == "cpu" and hw.hbm_bytes is None:
         # the simulated devices share this machine's RAM (what lcx.train's memory check compares
@@ -141,39 +116,37 @@ def _job(cfg: DictConfig) -> _Job:
         host_ram = host_memory_available()
         if host_ram is not None:
             hw = dataclasses.replace(hw, hbm_bytes=host_ram[0] / n)
-    S = positive_int(cfg.train.seq_len, "train.seq_len", "tokens per sequence")
-    B = positive_int(cfg.train.global_batch, "train.global_batch", "sequences per step")
-    mem = _as_dict(cfg.get("memory") or {})
+    S, B, mem = q.seq_len, q.global_batch, q.memory
     # the model's own remat policy and placements, unless the memory section prices another
-    placed = {k: mem[k] for k in ("remat", "decoder_layer_input", "context", "qkv") if mem.get(k) is not None}
+    placed = {k: getattr(mem, k) for k in ("remat", "decoder_layer_input", "context", "qkv")}
     policy = ActivationPolicy.from_model(
         model_cfg,
-        **placed,
-        offload_optimizer=bool(mem.get("offload_optimizer", False)),
-        offload_params=bool(mem.get("offload_params", False)),
-        vocab_tiling=int(mem.get("vocab_tiling", 1)),
+        **{k: v for k, v in placed.items() if v is not None},
+        offload_optimizer=mem.offload_optimizer,
+        offload_params=mem.offload_params,
+        vocab_tiling=mem.vocab_tiling,
     )
     return _Job(
         model=model_cfg,
         hw=hw,
         chips=chips,
-        chips_key="hardware.chips" if hwn.get("chips") is not None else "hardware.cpu_devices",
+        chips_key="hardware.chips" if hwc.chips is not None else "hardware.cpu_devices",
         devices_per_chip=devices_per_chip,
         n=n,
         S=S,
         B=B,
         policy=policy,
-        rows=rows,
-        placeholder=hwn.get("peak_flops_per_device") is None and not probe,  # cpu without the probe
+        rows=q.planner.rows,
+        placeholder=hwc.peak_flops_per_device is None and not probe,  # cpu without the probe
         host_ram=host_ram,
-        packed=bool(cfg.planner.get("packed_documents", False)),
+        packed=q.planner.packed_documents,
     )
 
 
 def _header(job: _Job, kv: int) -> list[str]:
     """The opening lines: model, devices, tokens per step, peak FLOP/s, memory per device and the
     KV bytes per token (``kv``)."""
-    from lcx.training.memcheck import format_count
+    from lcx.training.memory import format_count
 
     m, hw, n, S, B, host_ram = job.model, job.hw, job.n, job.S, job.B, job.host_ram
     lines = [
@@ -210,7 +183,7 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
     from lcx.cost.memory import activation_arrays
     from lcx.sharding import PlanError
     from lcx.sharding.describe import describe
-    from lcx.training.memory import MemoryOptions
+    from lcx.training.memory import MemoryOptions, check_tiling
 
     m, hw, n, S, B, policy = job.model, job.hw, job.n, job.S, job.B, job.policy
     report: dict[str, Any] = {"plan": given.to_config(), "policy": dataclasses.asdict(policy)}
@@ -218,7 +191,7 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
         given.validate(n, dims=m.dims(), seq_len=S, global_batch=B)
         # the tile count lcx.train would refuse (it must divide the local sequence) is not priced
         P = given.context_degree(n)
-        MemoryOptions(vocab_tiling=policy.vocab_tiling).check_tiling(S // P, seq_len=S, context_degree=P)
+        check_tiling(MemoryOptions(vocab_tiling=policy.vocab_tiling), S // P, seq_len=S, context_degree=P)
         say(f"== describe(): the given plan (plan={given.name}); parameters from {source}")
         say(describe(given, n, [*arrays, *activation_arrays(m, S, B, m.dtype)]))
         step = StepSizes.of_model(m, S, B, packed_documents=job.packed).args()
@@ -315,8 +288,8 @@ def _search(job: _Job, given, arrays, say) -> dict[str, Any]:
     }
 
 
-def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
-    """Price the configured plan, search all plans, print, and write ``plan.json``.
+def run(q: PlanQuery, out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
+    """Price the plan ``q`` gives, search all plans, print, and write ``plan.json``.
 
     Returns:
       The JSON-able report (also written to ``out_dir/plan.json`` when ``out_dir`` is given).
@@ -329,33 +302,32 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         and what would work).
     """
     from lcx.cost.memory import kv_cache_bytes_per_token
-    from lcx.sharding.config import plan_from_config
 
-    job = _job(cfg)
+    job = _job(q)
     m, hw, n = job.model, job.hw, job.n
     kv = kv_cache_bytes_per_token(m.n_layers, m.n_kv_heads, m.head_dim, 2)
     lines = [*_header(job, kv), ""]
     say = lines.append
 
-    given = plan_from_config(cfg.plan, hardware=cfg.hardware)
+    given = q.plan
     _check_kernel(given.attention)
     arrays, source = _model_arrays(m, m.param_dtype)
     given_report, e = _given(job, given, arrays, source, say)
-    pub = cfg.get("published")
-    recipe = recipe_of(hw.name, float(pub.step_time_s)) if pub and e is not None else None
+    pub = q.published
+    recipe = recipe_of(hw.name, pub.step_time_s) if pub and e is not None else None
     differs = recipe_differences(recipe, given, job.policy, n, job.S, job.B) if recipe else []
-    if differs:
+    if differs and pub is not None:
         # an override changed the experiment's recipe: its published step is not this run's
-        say(f"  published: {float(pub.step_time_s):,.2f} s/step, but this run is not that one ({'; '.join(differs)})")
+        say(f"  published: {pub.step_time_s:,.2f} s/step, but this run is not that one ({'; '.join(differs)})")
     elif pub and e is not None:
         # the published step is the experiment's own recipe, the given plan and policy priced above
         say(
-            f"  published (MaxText tpu-recipes, this plan and policy): {float(pub.step_time_s):,.2f} s/step, MFU "
-            f"{100 * float(pub.mfu):.2f}%; the ledger's MFU of that step time: "
-            f"{100 * e.flops.total / (float(pub.step_time_s) * hw.peak_flops_per_device * n):.2f}%; measured / "
-            f"roofline = {float(pub.step_time_s) / e.roofline_step_time:.2f}"
+            f"  published (MaxText tpu-recipes, this plan and policy): {pub.step_time_s:,.2f} s/step, MFU "
+            f"{100 * pub.mfu:.2f}%; the ledger's MFU of that step time: "
+            f"{100 * e.flops.total / (pub.step_time_s * hw.peak_flops_per_device * n):.2f}%; measured / "
+            f"roofline = {pub.step_time_s / e.roofline_step_time:.2f}"
             + (
-                f"; the calibrated {e.step_time:,.1f} s is {100 * (e.step_time / float(pub.step_time_s) - 1):+.1f}% "
+                f"; the calibrated {e.step_time:,.1f} s is {100 * (e.step_time / pub.step_time_s - 1):+.1f}% "
                 "from the published step"
                 if e.calibrated
                 else ""
@@ -373,7 +345,7 @@ def run(cfg: DictConfig, out_dir: str | pathlib.Path | None = None) -> dict[str,
         "kv_bytes_per_token": kv,
         "given": given_report,
     }
-    if cfg.planner.search:
+    if q.planner.search:
         report.update(_search(job, given, arrays, say))
     print("\n".join(lines))
     if out_dir is not None:

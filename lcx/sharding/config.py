@@ -1,110 +1,82 @@
-"""Hydra round trip for plans: the structured schema of the ``plan=`` group and preset loading.
+"""Plans from plain values: :func:`plan_from_dict` (a ``plan`` mapping, as a preset file, a
+checkpoint or :meth:`lcx.sharding.Plan.to_config` holds it) and the named presets of
+``conf/plan/`` (:func:`preset`), the single source of their values.
 
-The YAML files in ``conf/plan/`` are the single source of the named presets; code reads them
-with :func:`preset` and YAML overrides are checked against :class:`PlanSchema`, so a misspelt key
-(``plan.atention.strategy``) is an error, not a silently ignored setting.
+The Hydra side (the ``plan=`` group's structured schema, and a composed ``plan`` node checked
+against it) is :mod:`lcx.config.plan`; this module reads no Hydra or OmegaConf.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.resources
 import pathlib
-from typing import Any, Optional, cast
+import re
+from collections.abc import Mapping
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+import yaml
 
 from lcx.sharding.plan import AttentionConfig, Plan, PlanError
 
 # the YAML tree is the data package lcx.conf (the top-level conf/ of a checkout, or the installed copy)
 PRESET_DIR = pathlib.Path(str(importlib.resources.files("lcx.conf") / "plan"))
 
-
-@dataclasses.dataclass
-class AttentionSchema:
-    strategy: str = "allgather"
-    kernel: Optional[str] = None  # None: the hardware preset's attention_kernel (xla if none)
-    layout: str = "zigzag"
-    ulysses_axis: str = "ulysses"
-    ring_axis: str = "ring"
-    allow_kv_replication: bool = True
-    block_q: Optional[int] = None  # None: the hardware preset's attention_block (512 if none)
-    block_kv: Optional[int] = None
-    block_q_dkv: Optional[int] = None  # None: the same as block_q (NOT the hardware default)
-    block_kv_dkv: Optional[int] = None  # None: the same as block_kv
+PLAN_KEYS = ("name", "mesh", "params", "activations", "attention")
+"""The keys of a ``plan`` mapping."""
 
 
-@dataclasses.dataclass
-class PlanSchema:
-    """Schema of the Hydra ``plan`` node. ``params``/``activations`` map a logical axis to a mesh
-    axis name, a list of mesh axis names, or null."""
-
-    name: str = "custom"
-    mesh: dict[str, int] = dataclasses.field(default_factory=dict)
-    params: dict[str, Any] = dataclasses.field(default_factory=dict)
-    activations: dict[str, Any] = dataclasses.field(default_factory=dict)
-    attention: AttentionSchema = dataclasses.field(default_factory=AttentionSchema)
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats (``1e-5`` is a float, as Hydra reads it)."""
 
 
-assert [f.name for f in dataclasses.fields(AttentionSchema)] == [f.name for f in dataclasses.fields(AttentionConfig)]
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
 
 
-def register_schema() -> None:
-    """Register :class:`PlanSchema` as ``plan/schema`` in Hydra's ConfigStore. Every preset in
-    ``conf/plan/`` starts from it (``defaults: [schema, _self_]``), so at composition time
-    every key exists (``plan.attention.block_q=256`` needs no ``+``) and a misspelt or mistyped
-    key is an error. Called by :func:`lcx.config.register`, not on import."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(group="plan", name="schema", node=PlanSchema)
+def read_yaml(text: str) -> Any:
+    """A YAML document of ``conf/`` as plain values, numbers read as Hydra reads them."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
-def plan_from_config(
-    node: DictConfig | dict[str, Any], *, default_block: int = 512, default_kernel: str = "xla", hardware: Any = None
-) -> Plan:
-    """Build a :class:`Plan` from a Hydra/OmegaConf ``plan`` node or a plain dict.
+def plan_from_dict(d: Mapping[str, Any], *, default_block: int = 512, default_kernel: str = "xla") -> Plan:
+    """Build a :class:`Plan` from a plain ``plan`` mapping (a preset's ``defaults`` key ignored).
 
-    ``plan.attention.block_q`` / ``block_kv`` left null take ``default_block`` tokens: the
-    hardware preset's ``attention_block`` (1024 on TPU v5p, 2048 on TPU 7 as in MaxText's
-    long-context recipes, 512 on CPU). ``plan.attention.kernel`` left null takes
-    ``default_kernel``: the hardware preset's ``attention_kernel`` (``splash`` on TPUs, ``xla``
-    on CPU), so ``plan=ring hardware=tpu7`` runs and prices the splash kernel. Pass the
-    ``hardware`` config node to take both defaults from it (what every entry point does).
-    ``plan.attention.block_q_dkv`` / ``block_kv_dkv`` (the backward pass's blocks) stay null
-    when null: the backward then uses the forward's blocks, whatever they resolved to.
+    ``attention.block_q`` / ``block_kv`` left null (or absent) take ``default_block`` tokens, and
+    ``attention.kernel`` ``default_kernel``: the hardware preset's ``attention_block`` and
+    ``attention_kernel`` where an entry point passes them (:func:`lcx.config.plan.plan_from_config`).
+    ``block_q_dkv`` / ``block_kv_dkv`` stay null when null: the backward then uses the forward's
+    blocks, whatever they resolved to.
 
     Raises:
-      PlanError: a key not in :class:`PlanSchema` (misspelt), a value of the wrong type, or any
-        check of :class:`Plan` itself.
+      PlanError: a key that is not a plan's (names the valid ones), or any check of :class:`Plan`.
     """
-    if hardware is not None:
-        default_block = int(hardware.get("attention_block") or default_block)
-        default_kernel = str(hardware.get("attention_kernel") or default_kernel)
-    if isinstance(node, DictConfig):
-        # plain values: a composed node keeps PlanSchema as its type, and merging a typed node
-        # would accept a key Hydra appended (``+plan.foo=1``) instead of refusing it; a
-        # DictConfig converts to a dict (OmegaConf's return type covers every node kind)
-        node = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
-    if "defaults" in node:  # a preset file read directly
-        node = {k: v for k, v in node.items() if k != "defaults"}
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(PlanSchema), node)
-    except OmegaConfBaseException as e:
-        raise PlanError(f"invalid plan config: {e.msg if hasattr(e, 'msg') else e}".strip()) from None
-    # merged into PlanSchema, so a dict with its keys (OmegaConf types the result loosely)
-    d = cast(dict[str, Any], OmegaConf.to_container(merged, resolve=True))
+    d = {k: v for k, v in d.items() if k != "defaults"}
+    bad = sorted(set(d) - set(PLAN_KEYS))
+    if bad:
+        raise PlanError(f"invalid plan config: unknown key(s) {bad}; a plan has {', '.join(PLAN_KEYS)}")
+    att = dict(d.get("attention") or {})
+    known = set(AttentionConfig.__dataclass_fields__)
+    bad = sorted(set(att) - known)
+    if bad:
+        raise PlanError(f"invalid plan config: unknown plan.attention key(s) {bad}; known: {sorted(known)}")
     for b in ("block_q", "block_kv"):
-        if d["attention"][b] is None:
-            d["attention"][b] = int(default_block)
-    if d["attention"]["kernel"] is None:
-        d["attention"]["kernel"] = str(default_kernel)
+        if att.get(b) is None:
+            att[b] = int(default_block)
+    if att.get("kernel") is None:
+        att["kernel"] = str(default_kernel)
     return Plan(
-        mesh=tuple(d["mesh"].items()),
-        params=tuple(d["params"].items()),
-        activations=tuple(d["activations"].items()),
-        attention=AttentionConfig(**d["attention"]),
-        name=d["name"],
+        mesh=tuple((d.get("mesh") or {}).items()),
+        params=tuple((d.get("params") or {}).items()),
+        activations=tuple((d.get("activations") or {}).items()),
+        attention=AttentionConfig(**att),
+        name=str(d.get("name", "custom")),
     )
 
 
@@ -118,10 +90,12 @@ def preset(name: str, **attention: Any) -> Plan:
     path = PRESET_DIR / f"{name}.yaml"
     if not path.exists():
         raise PlanError(f"no plan preset {name!r}; available: {preset_names()}")
-    node = OmegaConf.load(path)
-    if not isinstance(node, DictConfig):
-        raise PlanError(f"plan preset {path} holds a YAML list; a plan preset is a mapping (mesh, params, ...)")
-    p = plan_from_config(node)
+    node = read_yaml(path.read_text())
+    if not isinstance(node, dict):
+        raise PlanError(
+            f"plan preset {path} holds {type(node).__name__}; a plan preset is a mapping (mesh, params, ...)"
+        )
+    p = plan_from_dict(node)
     return p.with_attention(**attention) if attention else p
 
 

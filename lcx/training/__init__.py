@@ -2,6 +2,7 @@
 offload, the state (:class:`TrainState`), the loop and its hooks, checkpoints, the preflight
 checks, run metadata."""
 
+from lcx.training.config import MemoryOptions
 from lcx.training.hooks import Hooks, StepInfo
 from lcx.training.loss import (
     VocabTiles,
@@ -10,7 +11,6 @@ from lcx.training.loss import (
     vocab_tiled_loss_sum_and_count,
     vocab_tiled_predictions,
 )
-from lcx.training.memory import MemoryOptions
 from lcx.training.optim import make_optimizer
 from lcx.training.state import TrainResult, TrainState
 from lcx.training.step import Steps, loss_function, make_steps, put_batch

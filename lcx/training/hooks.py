@@ -18,10 +18,14 @@ import pathlib
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
+from tqdm.auto import tqdm
+
 from lcx.training.checkpoint import Checkpoints, CheckpointSaveError
-from lcx.training.resume import CheckpointConfig
+from lcx.training.config import CheckpointConfig
+from lcx.training.preflight import Run
+from lcx.training.rundir import multirun_job
 from lcx.training.signals import StopSignals, exit_after_save
-from lcx.training.state import TrainState
+from lcx.training.state import TrainState, finite_or_none
 from lcx.training.step import put_batch
 
 log = logging.getLogger(__name__)
@@ -247,6 +251,53 @@ class CheckpointHook:
             exit_after_save(self.stop.signum, self.ckpts, step)
 
 
+def make_hooks(
+    run: Run,
+    run_dir: pathlib.Path,
+    stack: contextlib.ExitStack,
+    ckpts: Checkpoints | None,
+    stop: StopSignals,
+    start: int,
+    *,
+    resumed: bool,
+) -> tuple[Hooks, CheckpointHook | None]:
+    """The hooks of a run, in the order they run after a step: evaluation (every
+    ``train.eval_every``), the ``metrics.jsonl`` line (every ``train.log_every`` and at each
+    evaluation) and, with ``train.tensorboard``, the same record as TensorBoard scalars in
+    ``run_dir/tensorboard``, the progress bar, checkpoints (saved before exiting once ``stop``,
+    the SIGTERM/SIGINT watcher, has seen a signal). What they open is closed by ``stack``."""
+    t = run.config.train
+    hooks = Hooks()
+    if t.eval_every > 0:
+        hooks.add_hook(EvalHook(run.steps, run.data, t.eval_batches), every=t.eval_every)
+    add_logging_hooks(hooks, run_dir, stack, every=t.log_every, start=start, tensorboard=t.tensorboard)
+    bar = stack.enter_context(tqdm(total=t.steps, initial=start, desc=f"train[{run.mp.plan.name}]", unit="step"))
+    hooks.add_hook(ProgressHook(bar))
+    if ckpts is None:
+        return hooks, None
+    ckpt_hook = CheckpointHook(
+        ckpts,
+        run.config.checkpoint,
+        stop,
+        lambda loss, val: checkpoint_meta(run, loss, val),
+        saved_step=start if resumed else None,
+    )
+    hooks.add_hook(ckpt_hook)
+    return hooks, ckpt_hook
+
+
+def checkpoint_meta(run: Run, loss: float | None, val: float | None) -> dict[str, Any]:
+    """The run's part of a checkpoint's ``meta`` (the state adds step, data position, RNG)."""
+    return {
+        "loss": finite_or_none(loss),
+        "val_loss": finite_or_none(val),
+        "plan": repr(run.mp.plan),
+        "mesh": {k: int(v) for k, v in run.mp.mesh.shape.items()},
+        "config": run.config.resolved,
+        "sweep": multirun_job(),  # which job of which sweep wrote it (None: not a multirun)
+    }
+
+
 __all__ = [
     "CheckpointHook",
     "EvalHook",
@@ -256,7 +307,9 @@ __all__ = [
     "StepInfo",
     "TensorBoardHook",
     "add_logging_hooks",
+    "checkpoint_meta",
     "evaluate",
+    "make_hooks",
     "open_tensorboard",
     "tensorboard_tag",
 ]

@@ -7,6 +7,7 @@ from typing import TypedDict, Unpack
 import optax
 
 from lcx.models.params import decay_mask
+from lcx.training.config import TrainConfig
 
 Optimizer = tuple[optax.GradientTransformation, optax.Schedule]
 """An optax transformation and its learning-rate schedule (for logging the rate)."""
@@ -86,21 +87,18 @@ def make_optimizer(*, lr: float, steps: int, warmup_steps: int, **options: Unpac
     return opt, schedule
 
 
-def optimizer_from_config(t) -> Optimizer:
-    """:func:`make_optimizer` from the ``train`` config node (OmegaConf node or plain dict, e.g.
-    the resolved config stored in a checkpoint). ``warmup_steps: null`` means 10% of the steps
-    (of the stage's steps with ``schedule_start``, which is optional and 0 by default)."""
-    steps = int(t["steps"])
-    start = int(t.get("schedule_start") or 0)
-    warmup = t.get("warmup_steps")
+def optimizer_from_config(t: TrainConfig) -> Optimizer:
+    """:func:`make_optimizer` from the ``train`` section: its rate, steps and AdamW settings;
+    the warmup is :attr:`TrainConfig.warmup` (``warmup_steps: null``: 10% of the steps of this
+    run, or of the stage's with ``schedule_start``)."""
     return make_optimizer(
-        lr=float(t["lr"]),
-        steps=steps,
-        schedule_start=start,
-        warmup_steps=int(warmup) if warmup is not None else max(1, (steps - start) // 10),
-        min_lr_ratio=float(t["min_lr_ratio"]),
-        weight_decay=float(t["weight_decay"]),
-        b1=float(t["b1"]),
-        b2=float(t["b2"]),
-        grad_clip=float(t["grad_clip"]),
+        lr=t.lr,
+        steps=t.steps,
+        schedule_start=t.start,
+        warmup_steps=t.warmup,
+        min_lr_ratio=t.min_lr_ratio,
+        weight_decay=t.weight_decay,
+        b1=t.b1,
+        b2=t.b2,
+        grad_clip=float("inf") if t.grad_clip is None else t.grad_clip,  # null: no clipping
     )

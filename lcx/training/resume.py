@@ -1,9 +1,10 @@
-"""Whether and what a run resumes: the ``checkpoint:`` section, the checks that refuse a
-checkpoint another run or another model wrote, and reading a checkpoint's model back.
+"""Whether and what a run resumes: phase 2 of :func:`lcx.training.loop.train`
+(:func:`restore`: the newest readable checkpoint's state, or a fresh one), the checks that refuse
+a checkpoint another run or another model wrote, and reading a checkpoint's model back.
 
 :mod:`lcx.training.checkpoint` saves and restores a :class:`~lcx.training.state.TrainState`;
 this module decides what it may restore into (:func:`check_resumable`) and builds the restore
-target from a run's config (:func:`train_state_target`, :func:`load_model`).
+target from a run's stored config (:func:`train_state_target`, :func:`load_model`).
 """
 
 from __future__ import annotations
@@ -11,91 +12,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import pathlib
 from collections.abc import Mapping
 from typing import Any
 
 import equinox as eqx
 import jax
 
-from lcx.training.checkpoint import Checkpoints
-from lcx.training.rundir import resolve_dir
-from lcx.training.state import TrainState, abstract_train_state
-from lcx.training.step import is_arraylike
+from lcx.training.checkpoint import Checkpoints, Restored
+from lcx.training.config import TrainConfig
+from lcx.training.preflight import Run
+from lcx.training.rundir import multirun_job
+from lcx.training.state import TrainState, abstract_train_state, init_train_state
+from lcx.training.step import is_arraylike, opt_state_shardings
 
 log = logging.getLogger(__name__)
 
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint cannot serve this run: it was written for a different model configuration."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointConfig:
-    """The ``checkpoint:`` section of the training config.
-
-    Attributes:
-      dir: absolute checkpoint directory, or None (checkpointing off).
-      every: steps between periodic saves; 0 saves only at the end and on SIGTERM/SIGINT.
-      keep: number of most recent checkpoints kept (older ones are deleted), ``>= 1``.
-      async_save: write in a background thread while training continues.
-      allow_config_change: resume from a checkpoint whose training config differs
-        (:func:`config_changes`); off: such a resume is refused.
-      on_save_error: ``stop``: a failed save stops training (:class:`CheckpointSaveError`);
-        ``retry``: the loop logs it and saves the next step's state instead (a second failure in
-        a row stops).
-    """
-
-    dir: pathlib.Path | None
-    every: int
-    keep: int
-    async_save: bool
-    allow_config_change: bool
-    on_save_error: str
-
-    def __post_init__(self):
-        if self.on_save_error not in ("stop", "retry"):
-            raise ValueError(
-                f"checkpoint.on_save_error={self.on_save_error!r}: use stop (a failed save stops "
-                "training) or retry (save the next step instead, once)"
-            )
-        if self.every < 0:
-            raise ValueError(f"checkpoint.every must be >= 0 (0: only at the end), got {self.every}")
-        if self.keep < 1:
-            raise ValueError(f"checkpoint.keep must be >= 1, got {self.keep}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.dir is not None
-
-    def due(self, step: int) -> bool:
-        """Whether ``step`` (1-based count of completed steps) is a periodic save step."""
-        return self.every > 0 and step % self.every == 0
-
-
-def checkpoint_config(node: Any) -> CheckpointConfig:
-    """:class:`CheckpointConfig` from the ``checkpoint`` section of an ``lcx.train`` config,
-    checked against :class:`lcx.config.schema.CheckpointSchema` (every key, typed; the values
-    are ``conf/config.yaml``'s, there are no defaults in code). None: checkpointing off.
-
-    Raises:
-      ValueError: an unknown, missing or mistyped key; ``every < 0`` or ``keep < 1``.
-    """
-    from lcx.config.schema import CheckpointSchema, check_section
-
-    if node is None:
-        return CheckpointConfig(
-            dir=None, every=0, keep=1, async_save=False, allow_config_change=False, on_save_error="stop"
-        )
-    c = check_section(node, CheckpointSchema, "checkpoint", tool="lcx.train")
-    return CheckpointConfig(
-        dir=resolve_dir(c["dir"], per_job=True),
-        every=c["every"],
-        keep=c["keep"],
-        async_save=c["async_save"],
-        allow_config_change=c["allow_config_change"],
-        on_save_error=c["on_save_error"],
-    )
 
 
 def train_state_target(config: Mapping[str, Any], mp: Any) -> tuple[TrainState, Any]:
@@ -111,10 +45,13 @@ def train_state_target(config: Mapping[str, Any], mp: Any) -> tuple[TrainState, 
     from lcx.training.optim import optimizer_from_config
 
     model_cfg = ModelConfig.from_dict(dict(config["model"]))
-    optimizer, _ = optimizer_from_config(config["train"])
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    optimizer, _ = optimizer_from_config(TrainConfig(**{k: v for k, v in config["train"].items() if k in fields}))
     abstract = eqx.filter_eval_shape(init_model, model_cfg, key=jax.random.key(0))
     abstract_params, static = eqx.partition(abstract, is_arraylike)
-    target = abstract_train_state(abstract_params, model_shardings(abstract, mp), optimizer, mp.replicated())
+    shardings = model_shardings(abstract, mp)
+    opt_shardings = opt_state_shardings(optimizer, abstract_params, shardings, mp.replicated())
+    target = abstract_train_state(abstract_params, shardings, optimizer, opt_shardings)
     return target, static
 
 
@@ -267,16 +204,55 @@ def check_resumable(
     )
 
 
+def restore(run: Run) -> tuple[Checkpoints | None, TrainState, Restored | None]:
+    """Phase 2: with ``checkpoint.dir``, open the checkpoints there and restore the newest
+    readable one's :class:`TrainState` (checked resumable, the data stream moved to its
+    position); else, or where there is none, a fresh state at step 0.
+
+    The training RNG stream is ``fold_in(key, 1)``. The step draws no randomness today (no
+    dropout); the key is carried through checkpoints so that a stochastic step would resume
+    exactly too.
+
+    Returns:
+      ``(checkpoints, state, restored)``: the open :class:`Checkpoints` (None: checkpointing
+      off; the caller closes it), the state to train from, what was restored (None: fresh).
+
+    Raises:
+      CheckpointMismatchError / CheckpointConfigChangedError: :func:`check_resumable`'s.
+      NoUsableCheckpointError: checkpoints exist but none can be read.
+    """
+    c, steps, data, key = run.config.checkpoint, run.steps, run.data.train, run.key
+
+    def resumable(meta: Mapping[str, Any], where: str) -> None:
+        check_resumable(meta, run.config.resolved, where=where, allow=c.allow_config_change, job=multirun_job())
+
+    def target() -> TrainState:
+        return abstract_train_state(run.abstract_params, steps.param_shardings, run.optimizer, steps.opt_shardings)
+
+    def fresh() -> TrainState:
+        rng = jax.random.fold_in(key, 1)
+        return init_train_state(run.config.model, key, run.optimizer, steps, rng=rng, data=data.state())
+
+    if c.dir is None:
+        return None, fresh(), None
+    ckpts = Checkpoints(c.dir, keep=c.keep, async_save=c.async_save)
+    restored = ckpts.restore_latest(target, check=resumable)
+    if restored is None:
+        return ckpts, fresh(), None
+    data.resume(restored.meta["data"])
+    log.info("resumed from %s at step %d", ckpts.directory / str(restored.step), restored.step)
+    return ckpts, restored.state.replace(data=data.state()), restored
+
+
 __all__ = [
     "STAGE_KEYS",
     "TRAIN_KEYS_FREE",
-    "CheckpointConfig",
     "CheckpointConfigChangedError",
     "CheckpointMismatchError",
     "check_compatible",
     "check_resumable",
-    "checkpoint_config",
     "config_changes",
     "load_model",
+    "restore",
     "train_state_target",
 ]

@@ -63,7 +63,8 @@ def passkey_grid(
       ValueError / PlanError: a length shorter than the task needs, or one the plan refuses, or
         a ``vocab_tiling`` that does not divide a length's local sequence.
     """
-    from lcx.training.memory import MemoryOptions
+    from lcx.training.config import MemoryOptions
+    from lcx.training.memory import check_tiling
 
     tiling = MemoryOptions(vocab_tiling=vocab_tiling)
     layout, degree = mp.plan.attention.layout, mp.context_degree
@@ -84,7 +85,7 @@ def passkey_grid(
         if S < min_seq_len(digits):
             raise ValueError(f"eval length {S} is shorter than the passkey task needs ({min_seq_len(digits)} tokens)")
         mp.plan.validate(mp.n_devices, dims=model.config.dims(), seq_len=S, global_batch=global_batch)
-        tiling.check_tiling(S // degree, seq_len=S, context_degree=degree)
+        check_tiling(tiling, S // degree, seq_len=S, context_degree=degree)
         ev = PasskeyEval(
             seq_len=S,
             global_batch=global_batch,

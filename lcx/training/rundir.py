@@ -9,7 +9,10 @@ import logging
 import os
 import pathlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lcx.training.preflight import Run
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +150,32 @@ def write_run_info(run_dir: pathlib.Path, info: dict[str, Any]) -> None:
     (run_dir / "run_info.json").write_text(json.dumps(info, indent=2, default=str))
 
 
+def record_run(run: Run, run_dir: pathlib.Path, start: int, *, resumed: bool) -> None:
+    """Claim ``run_dir`` for ``run``, write its ``run_info.json`` (:func:`lcx.training.runinfo.run_info`
+    with the run's config, plan, mesh and peak) and drop ``metrics.jsonl`` lines of steps after
+    ``start`` (a crashed attempt's, redone now).
+
+    Raises:
+      RunDirInUseError: ``run_dir`` holds another run's metrics.
+    """
+    from lcx.training.runinfo import run_info
+
+    c = run.config.checkpoint
+    claim_run_dir(run_dir, ckpt_dir=c.dir, reuse=run.config.train.reuse_run_dir)
+    info = run_info(run.devices)
+    info["config"] = run.config.resolved
+    info["plan"] = repr(run.mp.plan)
+    info["mesh"] = dict(run.mp.mesh.shape)
+    info["peak_flops_per_device"] = run.hw.peak_flops_per_device
+    info["model_flops_per_step"] = run.flops.total
+    info["checkpoint_dir"] = str(c.dir) if c.enabled else None
+    info["resumed_from_step"] = start if resumed else None
+    write_run_info(run_dir, info)
+    truncate_metrics(run_dir / "metrics.jsonl", start)
+
+
 __all__ = [
+    "record_run",
     "RunDirInUseError",
     "claim_run_dir",
     "keep_aside",

@@ -12,12 +12,24 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import subprocess
 import sys
 from importlib import metadata
-from typing import cast
+from typing import Any, cast
 
-PACKAGES = ("jax", "jaxlib", "equinox", "optax", "orbax-checkpoint", "hydra-core", "omegaconf", "numpy")
+
+@functools.cache
+def packages() -> tuple[str, ...]:
+    """The distributions lcx requires (its installed metadata, extras left out): the versions
+    ``run_info.json`` records. Empty where lcx is not installed."""
+    try:
+        reqs = metadata.requires("lcx") or []
+    except metadata.PackageNotFoundError:  # pragma: no cover - lcx runs installed
+        return ()
+    return tuple(re.split(r"[\s;<>=!~\[]", r, maxsplit=1)[0] for r in reqs if "extra ==" not in r)
+
+
 # Environment variables that change what XLA/JAX compute or how many devices exist.
 ENV_VARS = (
     "XLA_FLAGS",
@@ -79,13 +91,12 @@ def _hydra() -> dict | None:
     """The Hydra job's overrides, run mode and job number, when Hydra runs this process."""
     try:
         from hydra.core.hydra_config import HydraConfig
-        from omegaconf import DictConfig
 
         if not HydraConfig.initialized():
             return None
         hc = HydraConfig.get()
-        # a DictConfig typed as Hydra's schema: .get reads job.num, unset (???) outside a multirun
-        job = cast(DictConfig, hc.job)
+        # a config node typed as Hydra's schema: .get reads job.num, unset (???) outside a multirun
+        job = cast(Any, hc.job)
         return {
             "overrides": list(hc.overrides.task),
             "mode": str(hc.mode.name) if hc.mode is not None else None,
@@ -117,7 +128,7 @@ def run_info(devices) -> dict:
 
     Returns:
       JSON-able dict: ``lcx`` (version), ``git_commit``, ``git_dirty``, ``git_branch``,
-      ``python``, ``platform``, ``packages`` (versions of :data:`PACKAGES`), ``xla_flags``,
+      ``python``, ``platform``, ``packages`` (versions of :func:`packages`), ``xla_flags``,
       ``jax_platforms``, ``environment`` (:data:`ENV_VARS` that are set), ``jax_config``
       (:data:`JAX_OPTIONS`), ``backend`` and ``backend_version``, ``device_kind``,
       ``device_count`` (devices in the mesh), ``devices_visible`` (all devices JAX has),
@@ -141,7 +152,7 @@ def run_info(devices) -> dict:
         "git_branch": git["branch"],
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "packages": {p: _version(p) for p in PACKAGES},
+        "packages": {p: _version(p) for p in packages()},
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "jax_platforms": os.environ.get("JAX_PLATFORMS", ""),
         "environment": {k: os.environ[k] for k in ENV_VARS if k in os.environ},

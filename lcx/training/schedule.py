@@ -19,7 +19,7 @@ Semantics:
   fields set on top of the base ``model`` config for that stage (not cumulative), typically the
   RoPE fields. The learning rate warms up and decays (cosine) over the stage's own steps
   (``train.schedule_start``); optimizer moments carry over.
-- Every stage's plan is validated (:func:`lcx.training.preflight.setup`: mesh vs devices, sequence
+- Every stage's plan is validated (:func:`lcx.training.preflight.check`: mesh vs devices, sequence
   length vs context degree and layout, heads vs Ulysses degree, batch) before the first stage
   trains, and again when the stage starts.
 - Checkpoints accept RoPE changes across stages (:func:`lcx.training.resume.check_compatible`);
@@ -31,7 +31,6 @@ Semantics:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import logging
@@ -39,7 +38,8 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from lcx.models.config import ModelConfig
+from lcx.training.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -77,20 +77,32 @@ class Stage:
             raise ValueError(f"schedule stage {self.name!r}: lr must be positive, got {self.lr!r}")
 
 
-def stages_from_config(node: Any) -> list[Stage]:
-    """The stages of the ``schedule`` config node (``{"stages": [...]}``).
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """What ``python -m lcx.extend`` runs: the base run and its stages (:func:`stage_config`
+    makes each stage's run from them).
+
+    Attributes:
+      run: the base run (``train.*`` and ``model.*`` as configured; each stage sets its own).
+      stages: the stages, in order.
+    """
+
+    run: RunConfig
+    stages: tuple[Stage, ...]
+
+
+def stages_from_list(raw: Any) -> list[Stage]:
+    """The stages of ``schedule.stages`` (plain values: a list of mappings).
 
     Raises:
       ValueError: no stages, stages that are not a list of mappings, an unknown stage key, or a
         bad value (names the stage and key).
     """
-    if node is None or not node.get("stages"):
+    if not raw:
         raise ValueError(
             "no schedule: set schedule.stages (a list of {seq_len, steps, lr, model: {...}}), e.g. "
             "python -m lcx.extend experiment=length_extension"
         )
-    raw = node["stages"]
-    raw = OmegaConf.to_container(raw, resolve=True) if OmegaConf.is_config(raw) else raw
     if not isinstance(raw, Sequence) or isinstance(raw, str):
         raise ValueError(f"schedule.stages must be a list of stages ({{seq_len, steps, lr, ...}}), got {raw!r}")
     out = []
@@ -118,27 +130,27 @@ def _int_or_none(v: Any) -> int | None:
     return None if v is None else int(v)
 
 
-def stage_config(cfg: DictConfig, stages: Sequence[Stage], i: int) -> DictConfig:
-    """The full training config of stage ``i``: ``cfg`` with the stage's train and model values.
+def stage_config(run: RunConfig, stages: Sequence[Stage], i: int) -> RunConfig:
+    """The training run of stage ``i``: ``run`` with the stage's train and model values.
 
-    ``train.steps`` is the stage's end (cumulative) and ``train.schedule_start`` its start; the
-    ``schedule`` node itself is dropped (a stage is an ordinary training run).
+    ``train.steps`` is the stage's end (cumulative) and ``train.schedule_start`` its start.
+
+    Raises:
+      ValueError: a stage's model field unknown or invalid (:meth:`ModelConfig.from_dict`).
     """
     start = sum(s.steps for s in stages[:i])
     st = stages[i]
-    c = copy.deepcopy(cfg)
-    with open_dict(c):
-        c.pop("schedule", None)
-        c.train.seq_len = st.seq_len
-        c.train.steps = start + st.steps
-        c.train.schedule_start = start
-        c.train.lr = st.lr
-        c.train.warmup_steps = st.warmup_steps
-        if st.global_batch is not None:
-            c.train.global_batch = st.global_batch
-        for k, v in st.model.items():
-            c.model[k] = v
-    return c
+    train = dataclasses.replace(
+        run.train,
+        seq_len=st.seq_len,
+        steps=start + st.steps,
+        schedule_start=start,
+        lr=st.lr,
+        warmup_steps=st.warmup_steps,
+        global_batch=run.train.global_batch if st.global_batch is None else st.global_batch,
+    )
+    model = ModelConfig.from_dict({**run.model.to_dict(), **st.model}) if st.model else run.model
+    return run.replace(train=train, model=model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,8 +181,9 @@ class StageResult:
     start_step: int | None = None
 
 
-def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> list[StageResult]:
-    """Run every stage of ``cfg.schedule`` in order (module docstring).
+def run_schedule(schedule: Schedule, run_dir: str | pathlib.Path, devices=None) -> list[StageResult]:
+    """Run every stage of ``schedule`` in order, each a :func:`stage_config` of its base run
+    (module docstring).
 
     Writes ``stage{i}_{name}/`` (each stage's ``metrics.jsonl`` and ``run_info.json``) and
     ``schedule.json`` (the :class:`StageResult` of every stage run or skipped so far) in ``run_dir``.
@@ -179,23 +192,21 @@ def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> 
       One :class:`StageResult` per stage.
 
     Raises:
-      ValueError: no ``checkpoint.dir`` (stages hand over through it) or a bad schedule.
+      ValueError: no ``checkpoint.dir`` (stages hand over through it).
       PlanError / ValueError: some stage's plan, model, sequence length or optimizer schedule
         (e.g. a warmup longer than the stage) is invalid; raised before the first stage trains.
       Whatever :func:`lcx.training.loop.train` raises.
     """
     from lcx.training.checkpoint import Checkpoints
     from lcx.training.loop import train
-    from lcx.training.resume import checkpoint_config
 
+    run, stages = schedule.run, schedule.stages
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    stages = stages_from_config(cfg.get("schedule"))
-    ckpt = checkpoint_config(cfg.get("checkpoint"))
+    ckpt = run.checkpoint
     if ckpt.dir is None:
         raise ValueError("a schedule needs checkpoint.dir: each stage resumes from the previous stage's checkpoint")
-    configs = [stage_config(cfg, stages, i) for i in range(len(stages))]
-    check_stages(stages, configs, devices)
+    configs = check_stages(run, stages, devices)
     done = 0
     if ckpt.dir.exists():
         c = Checkpoints(ckpt.dir, read_only=True)
@@ -206,7 +217,7 @@ def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> 
 
     results: list[StageResult] = []
     for i, (st, c) in enumerate(zip(stages, configs, strict=True)):
-        first, last = int(c.train.schedule_start) + 1, int(c.train.steps)
+        first, last = c.train.start + 1, c.train.steps
         sub = run_dir / f"stage{i}_{st.name}"
         result = StageResult(st.name, first, last, st.seq_len, dict(st.model), str(sub), skipped=done >= last)
         what = f"stage {i} ({st.name})"
@@ -225,18 +236,22 @@ def run_schedule(cfg: DictConfig, run_dir: str | pathlib.Path, devices=None) -> 
     return results
 
 
-def check_stages(stages: Sequence[Stage], configs: Sequence[DictConfig], devices=None) -> None:
-    """Fail fast: every stage's warmup, plan and optimizer, before any stage trains.
+def check_stages(run: RunConfig, stages: Sequence[Stage], devices=None) -> list[RunConfig]:
+    """Fail fast: every stage's warmup, model, plan and optimizer, before any stage trains.
+
+    Returns:
+      The :func:`stage_config` of each stage.
 
     Raises:
-      PlanError / ValueError: what :func:`lcx.training.preflight.setup` or the optimizer refuses,
-        prefixed with the stage (index, name, sequence length); a warmup outside ``[0, steps]``
-        names the stage's own ``schedule.stages.<i>.warmup_steps``.
+      PlanError / ValueError: what :func:`stage_config`, :func:`lcx.training.preflight.check` or
+        the optimizer refuses, prefixed with the stage (index, name, sequence length); a warmup
+        outside ``[0, steps]`` names the stage's own ``schedule.stages.<i>.warmup_steps``.
     """
     from lcx.training.optim import optimizer_from_config
-    from lcx.training.preflight import setup
+    from lcx.training.preflight import check
 
-    for i, (st, c) in enumerate(zip(stages, configs, strict=True)):
+    configs = []
+    for i, st in enumerate(stages):
         where = f"schedule stage {i} ({st.name!r}, seq_len={st.seq_len})"
         if st.warmup_steps is not None and not 0 <= st.warmup_steps <= st.steps:
             # the stage's value, not train.warmup_steps, is the one to change
@@ -245,10 +260,13 @@ def check_stages(stages: Sequence[Stage], configs: Sequence[DictConfig], devices
                 f"set schedule.stages.{i}.warmup_steps to at most {st.steps} or null (10% of them)"
             )
         try:
-            setup(c, devices)
+            c = stage_config(run, stages, i)
+            check(c, devices)
             optimizer_from_config(c.train)
         except ValueError as e:
             raise type(e)(f"{where}: {e}") from None
+        configs.append(c)
+    return configs
 
 
-__all__ = ["Stage", "StageResult", "check_stages", "run_schedule", "stage_config", "stages_from_config"]
+__all__ = ["Schedule", "Stage", "StageResult", "check_stages", "run_schedule", "stage_config", "stages_from_list"]

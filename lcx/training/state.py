@@ -21,8 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lcx.training.step import init_opt_state, opt_state_shardings
-
 
 class TrainState(eqx.Module):
     """Everything that evolves during training.
@@ -110,12 +108,7 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
 
 
 def abstract_train_state(
-    abstract_params: Any,
-    param_shardings: Any,
-    optimizer: optax.GradientTransformation,
-    replicated: jax.sharding.Sharding,
-    *,
-    opt_shardings: Any = None,
+    abstract_params: Any, param_shardings: Any, optimizer: optax.GradientTransformation, opt_shardings: Any
 ) -> TrainState:
     """Restore target: a :class:`TrainState` of ``ShapeDtypeStruct`` for a model under a plan.
 
@@ -124,16 +117,12 @@ def abstract_train_state(
         ``ShapeDtypeStruct`` (None where the model has no array).
       param_shardings: matching pytree of ``NamedSharding`` (:func:`lcx.models.model_shardings`).
       optimizer: the optax transformation whose state was saved.
-      replicated: the plan's replicated sharding (``MeshPlan.replicated()``), for optax's
-        scalar ``count``.
-      opt_shardings: the optimizer state's shardings (default: each state like its parameter,
-        :func:`lcx.training.step.opt_state_shardings`); ``Steps.opt_shardings`` places it where
-        the run keeps it (``pinned_host`` with ``memory.offload_optimizer``). A checkpoint
-        written from either memory kind restores into either.
+      opt_shardings: the optimizer state's shardings: ``Steps.opt_shardings`` places it where the
+        run keeps it (``pinned_host`` with ``memory.offload_optimizer``), or
+        :func:`lcx.training.step.opt_state_shardings` (each state like its parameter). A
+        checkpoint written from either memory kind restores into either.
     """
     abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
-    if opt_shardings is None:
-        opt_shardings = opt_state_shardings(optimizer, abstract_params, param_shardings, replicated)
     return TrainState(
         params=abstract_like(abstract_params, param_shardings), opt_state=abstract_like(abstract_opt, opt_shardings)
     )
@@ -167,6 +156,11 @@ def init_train_state(
     return TrainState(params=params, opt_state=opt_state, step=0, rng=rng, data=data)
 
 
+def init_opt_state(optimizer: optax.GradientTransformation, params: Any, opt_shardings: Any) -> Any:
+    """Optimizer state created directly in its sharded layout (never materialised whole)."""
+    return jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
+
+
 def nonfinite_leaves(tree: Any) -> list[str]:
     """Paths (``jax.tree_util.keystr``) of the floating-point leaves of ``tree`` that hold a NaN
     or an infinity; empty if all are finite. One small reduction per leaf, run on the devices."""
@@ -184,6 +178,37 @@ def nonfinite_leaves(tree: Any) -> list[str]:
 @jax.jit
 def _all_finite(xs):
     return [jnp.all(jnp.isfinite(x)) for x in xs]
+
+
+def nonfinite_report(
+    state: TrainState, loss: float, grad_norm: float, *, checkpoint_dir: Any = None, saved_step: int | None = None
+) -> str:
+    """The diagnostic of a non-finite step: which scalars (``loss``, nats/token, and the global
+    gradient norm), which tensors of ``state`` (:func:`nonfinite_leaves`), what was kept.
+
+    Args:
+      state: the state after the step (``state.step`` is the step).
+      loss: the step's loss, nats/token.
+      grad_norm: the step's global gradient norm (one of the two is non-finite).
+      checkpoint_dir: the run's ``checkpoint.dir`` (None: checkpointing off).
+      saved_step: the newest checkpoint on disk there (None: none).
+    """
+    step = state.step
+    bad = nonfinite_leaves(state.arrays())
+    what = "loss" if not math.isfinite(loss) else "gradient norm"
+    msg = f"non-finite {what} at step {step} (loss={loss}, grad_norm={grad_norm}); "
+    if bad:
+        msg += f"non-finite tensors after the update: {', '.join(bad[:8])}"
+        msg += f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+    else:
+        msg += "parameters and optimizer state are still finite (the forward pass overflowed)"
+    if checkpoint_dir is not None:
+        msg += (
+            f". Step {step} was not checkpointed; the last checkpoint is step {saved_step} in {checkpoint_dir}"
+            if saved_step is not None
+            else f". Nothing was checkpointed in {checkpoint_dir}"
+        )
+    return msg + ". Lower train.lr, lengthen train.warmup_steps or check the data"
 
 
 def key_to_json(key: jax.Array) -> dict[str, Any]:
@@ -208,8 +233,10 @@ __all__ = [
     "abstract_like",
     "abstract_train_state",
     "finite_or_none",
+    "init_opt_state",
     "init_train_state",
     "key_from_json",
     "key_to_json",
     "nonfinite_leaves",
+    "nonfinite_report",
 ]

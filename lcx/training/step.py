@@ -20,10 +20,22 @@ import optax
 
 from lcx.data.packing import BATCH_KEYS as BATCH_KEYS  # the five arrays of a batch, defined once
 from lcx.sharding import MeshPlan
+from lcx.training.config import MemoryOptions
 from lcx.training.loss import VocabTiles, loss_sum_and_count, vocab_tiled_loss_sum_and_count
-from lcx.training.memory import DEVICE, HOST, MemoryOptions, with_memory_kind
 
 BATCH_AXES = ("batch", "seq")
+HOST = "pinned_host"
+"""The JAX memory kind of offloaded parameters / optimizer state between steps."""
+DEVICE = "device"
+
+
+def with_memory_kind(shardings: Any, kind: str) -> Any:
+    """A pytree of ``jax.sharding.Sharding`` with every leaf moved to memory ``kind``
+    (:data:`HOST` or :data:`DEVICE`); the partitioning is unchanged (JAX's "Memories and host
+    offloading" guide; MaxText's ``optimizer_memory_host_offload``)."""
+    return jax.tree.map(
+        lambda s: s.with_memory_kind(kind), shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +50,7 @@ class Steps:
       param_shardings, opt_shardings: where parameters and optimizer state live between steps
         (the plan's NamedShardings, in ``pinned_host`` memory when offloaded).
       batch_sharding: the batch's NamedSharding.
-      memory: the :class:`~lcx.training.memory.MemoryOptions` the steps were built with.
+      memory: the :class:`~lcx.training.config.MemoryOptions` the steps were built with.
     """
 
     train: jax.stages.Wrapped  # jitted: lowered and compiled ahead by the loop
@@ -174,11 +186,6 @@ def opt_state_shardings(
         transform_non_params=lambda _: replicated,
         is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
     )
-
-
-def init_opt_state(optimizer: optax.GradientTransformation, params, opt_shardings):
-    """Optimizer state created directly in its sharded layout (never materialised whole)."""
-    return jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
 
 
 def put_batch(batch: Mapping[str, np.ndarray], sharding: jax.sharding.NamedSharding) -> dict[str, jax.Array]:

@@ -1,13 +1,11 @@
 """The advice of ``train.check_memory``: the fixes it names when a run does not fit, each priced
 before it is offered and printed as an override Hydra accepts.
 
-:func:`memory_fixes` is what :func:`lcx.training.memcheck.check_memory` appends to its refusal
+:func:`memory_fixes` is what :func:`lcx.training.memory.fit_step` appends to its refusal
 (vocabulary tiling, host offload, parameter sharding, remat, shorter sequences, a smaller model);
 it reprices candidate policies through the function it is given and reads the
-:class:`~lcx.training.memcheck.MemoryCheck` values it gets back. The advice is its own concern
-(memcheck.py estimates and refuses; this file decides what to suggest), split off to keep each
-file under the project's ~400-line limit. It reads memcheck.py, so check_memory imports it inside
-the function (a top-level import would be circular).
+:class:`~lcx.training.memory.estimate.MemoryCheck` values it gets back. It reads the estimate
+(:mod:`~lcx.training.memory.estimate`) and is read by the refusal (:mod:`~lcx.training.memory.fit`).
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import dataclasses
 
 from lcx.cost.planner import divisors
 from lcx.models import ModelConfig
-from lcx.training.memcheck import MemoryCheck, largest, memory_parts
+from lcx.training.memory.estimate import MemoryCheck, largest, memory_parts
 
 
 def memory_fixes(
@@ -34,7 +32,7 @@ def memory_fixes(
     reprice=None,
     local_seq: int | None = None,
 ) -> str:
-    """The advice of :func:`check_memory`: only changes that lower the estimate it compared.
+    """The advice of :func:`lcx.training.memory.fit_step`: only changes that lower the estimate it compared.
 
     On ``hardware=cpu`` the limit is the host RAM that all simulated devices share, so what counts
     is the sum over devices: more devices or a larger ``plan.mesh.context`` only split the same

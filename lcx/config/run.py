@@ -1,0 +1,220 @@
+"""The composed Hydra config of each entry point read, checked and typed, once.
+
+- :func:`run_config`: ``lcx.train`` (and ``lcx.extend``'s base run) -> :class:`RunConfig`;
+- :func:`schedule_config`: ``lcx.extend`` -> :class:`lcx.training.schedule.Schedule` (the base
+  run and its :func:`stages`);
+- :func:`plan_query`: ``lcx.plan`` -> :class:`lcx.reports.config.PlanQuery`;
+- :func:`eval_query`: ``lcx.eval`` -> :class:`lcx.reports.config.EvalQuery`.
+
+Every error is raised here, before any device starts or anything compiles, naming the key, the
+value and the fix (:mod:`lcx.config.schema`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lcx.config.plan import plan_from_config
+from lcx.config.schema import check_section, typed
+from lcx.data.config import DATA_CONFIGS, DataConfig
+from lcx.models import ModelConfig
+from lcx.reports.config import EvalCheckpointConfig, EvalConfig, EvalQuery, PlannerConfig, PlanQuery, Published
+from lcx.sharding.plan import Plan
+from lcx.training.config import (
+    NO_CHECKPOINTS,
+    SINGLE_PROCESS,
+    CheckpointConfig,
+    DistributedConfig,
+    HardwareConfig,
+    MemoryOptions,
+    RunConfig,
+    TrainConfig,
+)
+from lcx.training.rundir import resolve_dir
+from lcx.training.schedule import Schedule, Stage, stages_from_list
+
+
+def plain(node: Any) -> Any:
+    """A config node as plain values (interpolations resolved); anything else unchanged."""
+    if OmegaConf.is_config(node):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def run_config(cfg: DictConfig, tool: str = "lcx.train") -> RunConfig:
+    """The training run ``cfg`` configures, every section checked against its typed class.
+
+    Raises:
+      ValueError: a key unknown (names the nearest valid one) or mistyped, a value out of range,
+        a ``memory.*`` key only ``lcx.plan`` reads; or the config is an analysis-only experiment
+        (its top-level ``analysis_script`` names the script that reads it), which would
+        otherwise train the default run.
+      PlanError: an invalid ``plan`` (names the key).
+    """
+    script = cfg.get("analysis_script")
+    if script is not None:
+        raise ValueError(
+            f"this experiment config trains nothing: it configures {script}, so {tool} would only "
+            f"train the default run; run `python {script}` instead"
+        )
+    train = typed(cfg.get("train"), TrainConfig, "train", tool=tool)
+    checkpoint = checkpoint_config(cfg.get("checkpoint"), tool)
+    dist = cfg.get("distributed")  # none: one process
+    distributed = SINGLE_PROCESS if dist is None else typed(dist, DistributedConfig, "distributed", tool=tool)
+    hardware = typed(cfg.get("hardware"), HardwareConfig, "hardware", tool=tool)
+    memory = typed(cfg.get("memory"), MemoryOptions, "memory", tool=tool)
+    memory.check_trainable()
+    return RunConfig(
+        model=model_config(cfg.get("model")),
+        plan=plan_config(cfg.get("plan"), hardware),
+        plan_spec=plain(cfg.get("plan")) or {},
+        data=data_config(cfg.get("data"), tool),
+        train=train,
+        memory=memory,
+        checkpoint=checkpoint,
+        hardware=hardware,
+        distributed=distributed,
+    )
+
+
+def checkpoint_config(node: Any, tool: str = "lcx.train") -> CheckpointConfig:
+    """``checkpoint:`` of an ``lcx.train`` config, its ``dir`` absolute
+    (:func:`lcx.training.rundir.resolve_dir`: relative to the launch directory, or under a
+    multirun to each job's own). None: checkpointing off.
+
+    Raises:
+      ValueError: an unknown, missing or mistyped key; ``every < 0`` or ``keep < 1``.
+    """
+    if node is None:
+        return NO_CHECKPOINTS
+    per_job = {"dir": lambda d: resolve_dir(d, per_job=True)}
+    return typed(node, CheckpointConfig, "checkpoint", tool=tool, resolve=per_job)
+
+
+def model_config(node: Any) -> ModelConfig:
+    """The ``model`` section as a :class:`ModelConfig`.
+
+    Raises:
+      ValueError: not a mapping, or what :meth:`ModelConfig.from_dict` refuses (names the key).
+    """
+    d = plain(node)
+    if not isinstance(d, dict):
+        raise ValueError(f"the model section must be a mapping of its fields, got {d!r}")
+    return ModelConfig.from_dict({str(k): v for k, v in d.items()})
+
+
+def plan_config(node: Any, hardware: HardwareConfig) -> Plan:
+    """The ``plan`` section as an (unbound) :class:`Plan`, its null attention blocks and kernel
+    taken from the hardware preset (:func:`lcx.config.plan.plan_from_config`).
+
+    Raises:
+      PlanError: a key not in the plan's schema, a wrong type, or any check of the plan itself.
+    """
+    return plan_from_config(
+        node if node is not None else {},
+        default_block=hardware.attention_block,
+        default_kernel=hardware.attention_kernel,
+    )
+
+
+def data_config(node: Any, tool: str = "lcx.train") -> DataConfig:
+    """The ``data`` section as the typed config of the source it names (:mod:`lcx.data.config`).
+
+    Raises:
+      ValueError: no ``data`` section, an unknown ``data.name`` (names the valid ones), or a key
+        unknown, mistyped or (``data.paths=???``) unset.
+    """
+    d = plain(node)
+    name = d.get("name") if isinstance(d, dict) else None
+    if name not in DATA_CONFIGS:
+        raise ValueError(f"unknown data.name {name!r}; use data={', data='.join(DATA_CONFIGS)}")
+    return typed(node, DATA_CONFIGS[name], "data", tool=tool)
+
+
+def schedule_config(cfg: DictConfig, tool: str = "lcx.extend") -> Schedule:
+    """What ``lcx.extend`` runs: the base run (:func:`run_config`) and its :func:`stages`.
+
+    Raises:
+      ValueError / PlanError: as :func:`run_config` and :func:`stages`.
+    """
+    return Schedule(run=run_config(cfg, tool=tool), stages=tuple(stages(cfg)))
+
+
+def stages(cfg: DictConfig) -> list[Stage]:
+    """The stages of ``lcx.extend``'s ``schedule.stages`` (:func:`lcx.training.schedule.stages_from_list`).
+
+    Raises:
+      ValueError: no stages, or a bad stage (names the stage and key).
+    """
+    node = cfg.get("schedule")
+    if node is None or not node.get("stages"):
+        raise ValueError(
+            "no schedule: set schedule.stages (a list of {seq_len, steps, lr, model: {...}}), e.g. "
+            "python -m lcx.extend experiment=length_extension"
+        )
+    return stages_from_list(plain(node["stages"]))
+
+
+def plan_query(cfg: DictConfig, tool: str = "lcx.plan") -> PlanQuery:
+    """What ``lcx.plan`` prices: the model, the given plan, ``train.seq_len`` and
+    ``train.global_batch``, the ``memory:`` options, the hardware preset, ``planner:`` and an
+    experiment's ``published`` step.
+
+    ``train`` may hold more keys (an experiment sets those lcx.train reads): each must still be a
+    real one, with the right type.
+
+    Raises:
+      ValueError / PlanError: a key unknown or mistyped, a count below 1, ``planner.rows`` not
+        best/all, an invalid plan.
+    """
+    t = check_section(cfg.get("train"), TrainConfig, "train", complete=False, tool=tool)
+    for key, what in (("seq_len", "tokens per sequence"), ("global_batch", "sequences per step")):
+        if key not in t:
+            raise ValueError(f"train.{key} is missing: {tool} needs it (add train.{key}=<value>)")
+        if t[key] < 1:
+            raise ValueError(f"train.{key}={t[key]}: must be >= 1 ({what})")
+    hardware = typed(cfg.get("hardware"), HardwareConfig, "hardware", tool=tool)
+    pub = plain(cfg.get("published"))
+    return PlanQuery(
+        model=model_config(cfg.get("model")),
+        plan=plan_config(cfg.get("plan"), hardware),
+        seq_len=t["seq_len"],
+        global_batch=t["global_batch"],
+        memory=typed(cfg.get("memory"), MemoryOptions, "memory", tool=tool),
+        hardware=hardware,
+        planner=typed(cfg.get("planner"), PlannerConfig, "planner", tool=tool),
+        published=None if pub is None else Published(float(pub["step_time_s"]), float(pub["mfu"])),
+    )
+
+
+def eval_query(cfg: DictConfig, tool: str = "lcx.eval") -> EvalQuery:
+    """What ``lcx.eval`` evaluates: ``eval``, the checkpoint (``dir`` absolute) and ``hardware``.
+
+    Raises:
+      ValueError: no ``checkpoint.dir``, or a key unknown or mistyped.
+    """
+    node = cfg.get("checkpoint")
+    if not node or not node.get("dir") or node.get("dir") == "???":
+        raise ValueError(
+            "lcx.eval needs a checkpoint to evaluate: python -m lcx.eval checkpoint.dir=DIR "
+            "(the checkpoint.dir of a python -m lcx.train run)"
+        )
+    return EvalQuery(
+        eval=typed(cfg.get("eval"), EvalConfig, "eval", tool=tool),
+        checkpoint=typed(node, EvalCheckpointConfig, "checkpoint", tool=tool, resolve={"dir": resolve_dir}),
+        hardware=typed(cfg.get("hardware"), HardwareConfig, "hardware", tool=tool),
+    )
+
+
+__all__ = [
+    "checkpoint_config",
+    "data_config",
+    "eval_query",
+    "plain",
+    "plan_query",
+    "run_config",
+    "schedule_config",
+    "stages",
+]

@@ -1,0 +1,90 @@
+"""The typed ``data`` config of each source: one frozen dataclass per ``conf/data/<name>.yaml``.
+
+These classes are the schema of the ``data=`` group (:func:`lcx.config.register` stores them in
+Hydra's ConfigStore; :mod:`lcx.config.schema` checks a composed ``data`` section against them):
+one definition per key, with its type. The values live in the YAML files, so no field has a
+default. Types are ``typing.Optional``, not ``X | None``: OmegaConf 2.3 reads only the former in
+structured configs.
+"""
+
+# ruff: noqa: UP045 - OmegaConf 2.3 reads typing.Optional in structured configs, not PEP 604's X | None
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class StdlibData:
+    """``data=stdlib``: the Python standard library's sources, embedded (``conf/data/stdlib.yaml``).
+
+    Attributes:
+      name: ``stdlib``.
+      tokenizer: the tokenizer's name (:data:`lcx.data.tokenizers.TOKENIZERS`).
+      val_fraction: fraction of documents held out for validation, in (0, 1).
+      split_seed: seed of the train/validation split (independent of ``train.seed``).
+    """
+
+    name: str
+    tokenizer: str
+    val_fraction: float
+    split_seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TextData:
+    """``data=text``: files or globs (``conf/data/text.yaml``).
+
+    Attributes:
+      name: ``text``.
+      paths: files and/or globs (text, JSON lines, parquet, ...), relative to the launch directory.
+      text_field: the field of a JSON-lines record that holds the text.
+      tokenizer, val_fraction, split_seed: as :class:`StdlibData`.
+    """
+
+    name: str
+    paths: list[str]
+    text_field: str
+    tokenizer: str
+    val_fraction: float
+    split_seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PasskeyData:
+    """``data=passkey``: the synthetic retrieval task (``conf/data/passkey.yaml``,
+    :mod:`lcx.data.passkey`).
+
+    Attributes:
+      name: ``passkey``.
+      tokenizer: must be ``byte``.
+      digits: digits of the key.
+      min_depth, max_depth: where the key sits in the training rows, fractions of the row.
+      recall_loss: also train on the key where it is stated.
+      filler: the haystack's text (``sentences`` ...).
+      loss_on: which tokens carry the loss (``answer`` ...).
+      eval_depths: key depths of the evaluation set, fractions of the row.
+      eval_per_depth: evaluation rows per depth.
+      split_seed: seed of the evaluation set.
+    """
+
+    name: str
+    tokenizer: str
+    digits: int
+    min_depth: float
+    max_depth: float
+    recall_loss: bool
+    filler: str
+    loss_on: str
+    eval_depths: list[float]
+    eval_per_depth: int
+    split_seed: int
+
+
+DataConfig = StdlibData | TextData | PasskeyData
+"""The ``data`` section of a run, whichever source it names."""
+
+DATA_CONFIGS: dict[str, type] = {"stdlib": StdlibData, "text": TextData, "passkey": PasskeyData}
+"""The typed config of each data source, by its ``data.name``."""
+
+
+__all__ = ["DATA_CONFIGS", "DataConfig", "PasskeyData", "StdlibData", "TextData"]

@@ -1,0 +1,121 @@
+"""The typed configuration of ``lcx.plan`` (:class:`PlanQuery`) and ``lcx.eval``
+(:class:`EvalQuery`), and the sections only they read.
+
+The entry points build these values once from the composed Hydra config
+(:func:`lcx.config.plan_query`, :func:`lcx.config.eval_query`); the section classes are also the
+schema of their YAML sections (``planner:`` of ``conf/plan_config.yaml``; ``eval:`` and
+``checkpoint:`` of ``conf/eval_config.yaml``). Types are ``typing.Optional``, not ``X | None``:
+OmegaConf 2.3 reads only the former in structured configs.
+"""
+
+# ruff: noqa: UP045 - OmegaConf 2.3 reads typing.Optional in structured configs, not PEP 604's X | None
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Optional
+
+from lcx.models.config import ModelConfig
+from lcx.sharding.plan import Plan
+from lcx.training.config import HardwareConfig, MemoryOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerConfig:
+    """``planner:`` of ``conf/plan_config.yaml`` (the meaning of each key is there).
+
+    Attributes:
+      search: also search every plan (False: only price the given one).
+      rows: ``best`` (one row per strategy, mesh and parameter sharding) or ``all``.
+      probe_cpu: ``hardware=cpu``: measure the host's peak instead of a placeholder.
+      packed_documents: rows pack several documents (each layout's measured imbalance).
+    """
+
+    search: bool
+    rows: str
+    probe_cpu: bool
+    packed_documents: bool
+
+    def __post_init__(self):
+        if self.rows not in ("best", "all"):
+            raise ValueError(f"planner.rows={self.rows!r}: use best (the best policy per strategy and degree) or all")
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """``published:`` of an experiment: a published run's step time (seconds) and MFU (0-1)."""
+
+    step_time_s: float
+    mfu: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanQuery:
+    """What one ``python -m lcx.plan`` prices.
+
+    Attributes:
+      model: the model; plan: the given plan (unbound, resolved against the hardware preset).
+      seq_len, global_batch: S tokens per sequence, B sequences per step (``train.*``).
+      memory: the ``memory:`` options, with the activation policy to price (None: the model's).
+      hardware: the preset; planner: the ``planner:`` section; published: a published run to
+        compare with (None: none).
+    """
+
+    model: ModelConfig
+    plan: Plan
+    seq_len: int
+    global_batch: int
+    memory: MemoryOptions
+    hardware: HardwareConfig
+    planner: PlannerConfig
+    published: Optional[Published] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """``eval:`` of ``conf/eval_config.yaml`` (the meaning of each key is there).
+
+    Attributes:
+      task: ``passkey``.
+      lengths: context lengths in tokens (None: half, once and twice the checkpoint's).
+      depths: key depths, fractions of the row; per_depth: rows per (length, depth).
+      global_batch: rows per forward pass (None: the checkpoint's ``train.global_batch``).
+      digits: pass key digits (None: the checkpoint's ``data.digits``, else 5); seed: the rows'.
+    """
+
+    task: str
+    lengths: Optional[list[int]]
+    depths: list[float]
+    per_depth: int
+    global_batch: Optional[int]
+    digits: Optional[int]
+    seed: int
+
+    def __post_init__(self):
+        if self.task != "passkey":
+            raise ValueError(f"eval.task={self.task!r} is unknown; lcx.eval has 'passkey'")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalCheckpointConfig:
+    """``checkpoint:`` of ``conf/eval_config.yaml``: which checkpoint ``lcx.eval`` reads.
+
+    Attributes:
+      dir: a training run's ``checkpoint.dir`` (absolute once the entry point resolved it).
+      step: the checkpoint's step (None: the newest).
+    """
+
+    dir: pathlib.Path
+    step: Optional[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalQuery:
+    """What one ``python -m lcx.eval`` evaluates: ``eval``, ``checkpoint`` and ``hardware``."""
+
+    eval: EvalConfig
+    checkpoint: EvalCheckpointConfig
+    hardware: HardwareConfig
+
+
+__all__ = ["EvalCheckpointConfig", "EvalConfig", "EvalQuery", "PlanQuery", "PlannerConfig", "Published"]
