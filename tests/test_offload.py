@@ -26,7 +26,9 @@ def _config(*overrides):
 def _train(run_dir, *overrides, seq_len=256):
     from lcx.training.loop import train
 
-    cfg = _config(f"train.seq_len={seq_len}", "train.eval_every=0", "train.warmup_steps=1", *overrides)
+    # 2 warmup steps: a run's first 2 rates (lr/2, lr) then do not depend on train.steps, so a
+    # 2-step run resumed with train.steps=4 takes the 4-step run's exact updates
+    cfg = _config(f"train.seq_len={seq_len}", "train.eval_every=0", "train.warmup_steps=2", *overrides)
     # optax's Adam bias correction computes `float ** int32 step`, which strict promotion refuses
     with jax.numpy_dtype_promotion("standard"):
         return train(run_config(cfg), run_dir, jax.devices())
