@@ -108,7 +108,7 @@ def evaluate(run_dir: pathlib.Path, per_depth: int) -> tuple[list[dict], dict]:
     from lcx.sharding.config import plan_from_dict
     from lcx.sharding.layout import undo_layout
     from lcx.training.resume import load_model
-    from lcx.training.step import put_batch
+    from lcx.training.stepping import put_batch
 
     devices = jax.devices()[: int(cfg["hardware"]["cpu_devices"])]
     h = cfg["hardware"]

@@ -19,7 +19,7 @@ from lcx.models import ModelConfig, init_model, model_shardings
 from lcx.sharding import bind
 from lcx.sharding.config import preset
 from lcx.training.loss import loss_sum_and_count, token_nll
-from lcx.training.step import put_batch
+from lcx.training.stepping import put_batch
 
 SMALL = ModelConfig.from_dict(
     dict(
@@ -233,7 +233,8 @@ def test_one_train_step_updates_the_parameters(devices, tmp_path):
     token and moves the parameters; its state saves and restores bit for bit."""
     from lcx.training.checkpoint import Checkpoints
     from lcx.training.optim import make_optimizer
-    from lcx.training.state import TrainState, abstract_train_state, init_opt_state
+    from lcx.training.resume import abstract_train_state, init_opt_state
+    from lcx.training.state import TrainState
     from lcx.training.step import make_steps
 
     mp = bind(preset("dp").with_mesh(data=1), devices[:1])

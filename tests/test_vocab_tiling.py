@@ -17,7 +17,8 @@ from lcx.sharding import bind
 from lcx.sharding.config import preset
 from lcx.training.memory import MemoryOptions
 from lcx.training.optim import make_optimizer
-from lcx.training.step import is_arraylike, loss_function, make_steps, put_batch
+from lcx.training.step import is_arraylike, loss_function, make_steps
+from lcx.training.stepping import put_batch
 
 SMALL = ModelConfig.from_dict(
     dict(name="small", vocab_size=512, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64)

@@ -3,7 +3,7 @@ offload, the state (:class:`TrainState`), the loop and its hooks, checkpoints, t
 checks, run metadata."""
 
 from lcx.training.config import MemoryOptions
-from lcx.training.hooks import Hooks, StepInfo
+from lcx.training.hooks import Hooks
 from lcx.training.loss import (
     VocabTiles,
     loss_sum_and_count,
@@ -13,7 +13,8 @@ from lcx.training.loss import (
 )
 from lcx.training.optim import make_optimizer
 from lcx.training.state import TrainResult, TrainState
-from lcx.training.step import Steps, loss_function, make_steps, put_batch
+from lcx.training.step import Steps, loss_function, make_steps
+from lcx.training.stepping import StepInfo, put_batch
 
 __all__ = [
     "Hooks",

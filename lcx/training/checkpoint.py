@@ -275,7 +275,7 @@ class Checkpoints:
         Args:
           step: a step from :meth:`steps`.
           target: a :class:`TrainState` of ``jax.ShapeDtypeStruct`` with the shardings wanted now
-            (:func:`lcx.training.state.abstract_train_state`); may be a different plan than the
+            (:func:`lcx.training.resume.abstract_train_state`); may be a different plan than the
             writer's. Its ``step``, ``rng`` and ``data`` are ignored: the checkpoint's are read.
 
         Raises:

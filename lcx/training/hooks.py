@@ -1,11 +1,12 @@
 """What happens around a training step, as hooks (Levanter's ``TrainerHooks.add_hook(fn, every=N)``).
 
-The loop (:func:`lcx.training.loop.train`) runs one step, fills a :class:`StepInfo` and hands it
-to :class:`Hooks`; every cross-cutting concern is one hook here, run in the order registered:
-:class:`EvalHook` (validation loss), :class:`MetricsHook` (``metrics.jsonl``),
-:class:`TensorBoardHook` (the same records as TensorBoard scalars), :class:`ProgressHook` (the
-tqdm bar) and :class:`CheckpointHook` (saves, their failures, and the graceful stop after
-SIGTERM/SIGINT).
+The loop (:func:`lcx.training.stepping.run_steps`) runs one step, fills a
+:class:`~lcx.training.stepping.StepInfo` and hands it to :class:`Hooks`; every cross-cutting
+concern is one hook here, run in the order registered: :class:`EvalHook` (validation loss),
+:class:`MetricsHook` (``metrics.jsonl``), :class:`TensorBoardHook` (the same records as
+TensorBoard scalars), :class:`ProgressHook` (the tqdm bar) and :class:`CheckpointHook` (saves,
+their failures, and the graceful stop after SIGTERM/SIGINT). :func:`make_hooks` builds them
+before the loop.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import dataclasses
 import json
 import logging
 import pathlib
+import signal
+import sys
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
@@ -23,43 +26,29 @@ from tqdm.auto import tqdm
 from lcx.training.checkpoint import Checkpoints, CheckpointSaveError
 from lcx.training.config import CheckpointConfig
 from lcx.training.preflight import Run
+from lcx.training.resume import Start
 from lcx.training.rundir import multirun_job
-from lcx.training.signals import StopSignals, exit_after_save
-from lcx.training.state import TrainState, finite_or_none
-from lcx.training.step import put_batch
+from lcx.training.state import finite_or_none
+from lcx.training.stepping import StepInfo, put_batch
 
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
-class StepInfo:
-    """One finished step, as the hooks see it (they may add to ``record`` and set ``val_loss``).
+class Hooks:
+    """Hooks run after every step, in the order added.
 
     Attributes:
-      state: the state after the step (``state.step`` is the 1-based step; ``state.data`` the
-        stream position after its batch).
-      last: whether this is the run's last step (``train.steps``).
-      loss: the step's training loss, nats/token.
-      record: the step's ``metrics.jsonl`` record.
-      val_loss: the newest validation loss (nats/token; None before the first evaluation).
+      checkpoint: the run's :class:`CheckpointHook` (None: checkpointing off).
     """
-
-    state: TrainState
-    last: bool
-    loss: float
-    record: dict[str, Any]
-    val_loss: float | None
-
-    @property
-    def step(self) -> int:
-        return self.state.step
-
-
-class Hooks:
-    """Hooks run after every step, in the order added."""
 
     def __init__(self) -> None:
         self._hooks: list[tuple[Callable[[StepInfo], None], int, Callable[[StepInfo], bool] | None]] = []
+        self.checkpoint: CheckpointHook | None = None
+
+    @property
+    def saved_step(self) -> int | None:
+        """The newest checkpoint written (None: none, or checkpointing off)."""
+        return self.checkpoint.saved_step if self.checkpoint is not None else None
 
     def add_hook(
         self, fn: Callable[[StepInfo], None], *, every: int = 1, also: Callable[[StepInfo], bool] | None = None
@@ -199,14 +188,14 @@ class ProgressHook:
 
 
 class CheckpointHook:
-    """Saves every ``checkpoint.every`` steps, at the last step and after a stop signal; checks
-    each save's outcome at the next step (so a failure names its step) and, with
-    ``checkpoint.on_save_error=retry``, saves the next step instead, once.
+    """Saves every ``checkpoint.every`` steps, at the last step and after a stop signal
+    (``StepInfo.stop``, then exits); checks each save's outcome at the next step (so a failure
+    names its step) and, with ``checkpoint.on_save_error=retry``, saves the next step instead,
+    once.
 
     Args:
       ckpts: the run's checkpoints.
       config: the ``checkpoint:`` section.
-      stop: the signal watcher; after a signal the step is saved and the process exits.
       meta: ``meta(loss, val_loss)``: the run's JSON for the checkpoint's ``meta`` item.
       saved_step: the newest checkpoint on disk when the loop starts (None: none).
 
@@ -219,11 +208,10 @@ class CheckpointHook:
         self,
         ckpts: Checkpoints,
         config: CheckpointConfig,
-        stop: StopSignals,
         meta: Callable[[float, float | None], dict[str, Any]],
         saved_step: int | None,
     ):
-        self.ckpts, self.config, self.stop, self.meta = ckpts, config, stop, meta
+        self.ckpts, self.config, self.meta = ckpts, config, meta
         self.saved_step = saved_step  # the newest checkpoint written (or being written)
         self._started: int | None = None  # the step whose save is in flight: checked at the next step
         self._retry, self._retried = False, False
@@ -244,46 +232,53 @@ class CheckpointHook:
                 log.warning("%s; checkpoint.on_save_error=retry: saving step %d instead", e, step)
                 self._retry, self._retried = True, True
             self._started = None
-        if self.config.due(step) or info.last or self.stop.signum or self._retry:
+        signum = info.stop.signum if info.stop is not None else None
+        if self.config.due(step) or info.last or signum or self._retry:
             self.ckpts.save(info.state, self.meta(info.loss, info.val_loss))
             self.saved_step, self._started, self._retry = step, step, False
-        if self.stop.signum:
-            exit_after_save(self.stop.signum, self.ckpts, step)
+        if signum:
+            self.exit_after_save(signum, step)
+
+    def exit_after_save(self, signum: int, step: int) -> None:
+        """Wait for the checkpoint of ``step`` to be on disk, say so, and exit.
+
+        Raises:
+          SystemExit: always, with code ``128 + signum``.
+          CheckpointSaveError: the save failed (from ``ckpts.wait()``).
+        """
+        self.ckpts.wait()
+        msg = f"{signal.Signals(signum).name}: checkpoint of step {step} saved in {self.ckpts.directory}; exiting"
+        log.warning(msg)
+        print(msg, file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
 
 
-def make_hooks(
-    run: Run,
-    run_dir: pathlib.Path,
-    stack: contextlib.ExitStack,
-    ckpts: Checkpoints | None,
-    stop: StopSignals,
-    start: int,
-    *,
-    resumed: bool,
-) -> tuple[Hooks, CheckpointHook | None]:
+def make_hooks(run: Run, run_dir: pathlib.Path, stack: contextlib.ExitStack, start: Start) -> Hooks:
     """The hooks of a run, in the order they run after a step: evaluation (every
     ``train.eval_every``), the ``metrics.jsonl`` line (every ``train.log_every`` and at each
     evaluation) and, with ``train.tensorboard``, the same record as TensorBoard scalars in
-    ``run_dir/tensorboard``, the progress bar, checkpoints (saved before exiting once ``stop``,
-    the SIGTERM/SIGINT watcher, has seen a signal). What they open is closed by ``stack``."""
+    ``run_dir/tensorboard``, the progress bar, checkpoints (with ``checkpoint.dir``; saved before
+    exiting after SIGTERM/SIGINT). What they open is closed by ``stack``; a run with no step left
+    to train (``start.done``) gets none, and opens nothing."""
     t = run.config.train
     hooks = Hooks()
+    if start.done:
+        return hooks
     if t.eval_every > 0:
         hooks.add_hook(EvalHook(run.steps, run.data, t.eval_batches), every=t.eval_every)
-    add_logging_hooks(hooks, run_dir, stack, every=t.log_every, start=start, tensorboard=t.tensorboard)
-    bar = stack.enter_context(tqdm(total=t.steps, initial=start, desc=f"train[{run.mp.plan.name}]", unit="step"))
+    add_logging_hooks(hooks, run_dir, stack, every=t.log_every, start=start.step, tensorboard=t.tensorboard)
+    bar = stack.enter_context(tqdm(total=t.steps, initial=start.step, desc=f"train[{run.mp.plan.name}]", unit="step"))
     hooks.add_hook(ProgressHook(bar))
-    if ckpts is None:
-        return hooks, None
-    ckpt_hook = CheckpointHook(
-        ckpts,
+    if start.ckpts is None:
+        return hooks
+    hooks.checkpoint = CheckpointHook(
+        start.ckpts,
         run.config.checkpoint,
-        stop,
         lambda loss, val: checkpoint_meta(run, loss, val),
-        saved_step=start if resumed else None,
+        saved_step=start.step if start.resumed else None,
     )
-    hooks.add_hook(ckpt_hook)
-    return hooks, ckpt_hook
+    hooks.add_hook(hooks.checkpoint)
+    return hooks
 
 
 def checkpoint_meta(run: Run, loss: float | None, val: float | None) -> dict[str, Any]:
@@ -304,7 +299,6 @@ __all__ = [
     "Hooks",
     "MetricsHook",
     "ProgressHook",
-    "StepInfo",
     "TensorBoardHook",
     "add_logging_hooks",
     "checkpoint_meta",

@@ -2,16 +2,19 @@
 
 1. set up (:func:`lcx.training.preflight.setup`): the run validated before anything compiles
    (plan vs devices, model and batch; sequence length; memory, :mod:`lcx.training.memory`),
-   then its data, model structure, optimizer and sharded steps;
+   then its data, model structure, optimizer and sharded steps, as one frozen
+   :class:`~lcx.training.preflight.Run`;
 2. restore (:func:`lcx.training.resume.restore`): the newest readable checkpoint, or a fresh
-   state; the run directory claimed (:func:`lcx.training.rundir.record_run`);
-3. loop with hooks (:func:`lcx.training.stepping.run_steps`): the hooks
-   (:func:`lcx.training.hooks.make_hooks`: evaluation, metrics, progress, checkpoints), the step
-   compiled, then each step and the hooks after it;
+   state, as one :class:`~lcx.training.resume.Start`; the run directory claimed
+   (:func:`lcx.training.rundir.record_run`);
+3. loop with hooks: the hooks built (:func:`lcx.training.hooks.make_hooks`: evaluation,
+   metrics, progress, checkpoints), then the step compiled and run once per step, the hooks
+   after each (:func:`lcx.training.stepping.run_steps`);
 4. finish: the :class:`~lcx.training.state.TrainResult`.
 
-The configuration arrives typed (:class:`lcx.training.config.RunConfig`, built once by the entry
-point, :func:`lcx.config.run_config`); ``train.dry_run=true`` is :func:`lcx.training.preflight.dry_run`.
+Each phase reads what the one before built. The configuration arrives typed
+(:class:`lcx.training.config.RunConfig`, built once by the entry point,
+:func:`lcx.config.run_config`); ``train.dry_run=true`` is :func:`lcx.training.preflight.dry_run`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pathlib
 
 from lcx.training.config import RunConfig
 from lcx.training.hooks import evaluate as evaluate
+from lcx.training.hooks import make_hooks
 from lcx.training.preflight import setup
 from lcx.training.resume import restore
 from lcx.training.rundir import RunDirInUseError as RunDirInUseError
@@ -64,12 +68,13 @@ def train(config: RunConfig, run_dir: str | pathlib.Path, devices=None) -> Train
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     run = setup(config, devices)
-    ckpts, state, restored = restore(run)
+    start = restore(run)
     with contextlib.ExitStack() as stack:
-        if ckpts is not None:
-            stack.callback(ckpts.close)  # an exception still lets an in-flight (good) save finish
-        record_run(run, run_dir, state.step, resumed=restored is not None)
-        return run_steps(run, run_dir, stack, ckpts, state, restored)
+        if start.ckpts is not None:
+            stack.callback(start.ckpts.close)  # an exception still lets an in-flight (good) save finish
+        record_run(run, run_dir, start.step, resumed=start.resumed)
+        hooks = make_hooks(run, run_dir, stack, start)
+        return run_steps(run, run_dir, stack, start, hooks)
 
 
 __all__ = ["TrainResult", "TrainState", "train"]

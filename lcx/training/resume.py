@@ -1,10 +1,12 @@
-"""Whether and what a run resumes: phase 2 of :func:`lcx.training.loop.train`
-(:func:`restore`: the newest readable checkpoint's state, or a fresh one), the checks that refuse
-a checkpoint another run or another model wrote, and reading a checkpoint's model back.
+"""The state a run starts from: phase 2 of :func:`lcx.training.loop.train` (:func:`restore`:
+the newest readable checkpoint's state, or a fresh one, as a :class:`Start`), the checks that
+refuse a checkpoint another run or another model wrote, and reading a checkpoint's model back.
 
 :mod:`lcx.training.checkpoint` saves and restores a :class:`~lcx.training.state.TrainState`;
-this module decides what it may restore into (:func:`check_resumable`) and builds the restore
-target from a run's stored config (:func:`train_state_target`, :func:`load_model`).
+this module builds the states: a fresh one (:func:`init_train_state`), the abstract restore
+target (:func:`abstract_train_state`, also from a run's stored config:
+:func:`train_state_target`, :func:`load_model`), and decides what it may restore into
+(:func:`check_resumable`).
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import optax
 
 from lcx.training.checkpoint import Checkpoints, Restored
 from lcx.training.config import TrainConfig
 from lcx.training.preflight import Run
 from lcx.training.rundir import multirun_job
-from lcx.training.state import TrainState, abstract_train_state, init_train_state
+from lcx.training.state import TrainState
 from lcx.training.step import is_arraylike, opt_state_shardings
 
 log = logging.getLogger(__name__)
@@ -30,6 +33,71 @@ log = logging.getLogger(__name__)
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint cannot serve this run: it was written for a different model configuration."""
+
+
+def abstract_like(tree: Any, shardings: Any) -> Any:
+    """``jax.ShapeDtypeStruct`` leaves with the shapes and dtypes of ``tree`` and the given
+    shardings: the restore target that makes orbax place each shard on the new plan's devices.
+
+    Args:
+      tree: pytree of arrays or ``ShapeDtypeStruct`` (e.g. from ``jax.eval_shape``).
+      shardings: pytree of ``Sharding`` with the structure of ``tree``.
+    """
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def abstract_train_state(
+    abstract_params: Any, param_shardings: Any, optimizer: optax.GradientTransformation, opt_shardings: Any
+) -> TrainState:
+    """Restore target: a :class:`TrainState` of ``ShapeDtypeStruct`` for a model under a plan.
+
+    Args:
+      abstract_params: ``eqx.filter(abstract_model, is_arraylike)``: pytree of
+        ``ShapeDtypeStruct`` (None where the model has no array).
+      param_shardings: matching pytree of ``NamedSharding`` (:func:`lcx.models.model_shardings`).
+      optimizer: the optax transformation whose state was saved.
+      opt_shardings: the optimizer state's shardings: ``Steps.opt_shardings`` places it where the
+        run keeps it (``pinned_host`` with ``memory.offload_optimizer``), or
+        :func:`~lcx.training.step.opt_state_shardings` (each state like its parameter). A
+        checkpoint written from either memory kind restores into either.
+    """
+    abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+    return TrainState(
+        params=abstract_like(abstract_params, param_shardings), opt_state=abstract_like(abstract_opt, opt_shardings)
+    )
+
+
+def init_train_state(
+    model_cfg: Any,
+    key: jax.Array,
+    optimizer: optax.GradientTransformation,
+    steps: Any,
+    *,
+    rng: jax.Array,
+    data: dict[str, int],
+) -> TrainState:
+    """A fresh :class:`TrainState` at step 0, every array created in its sharded layout.
+
+    Args:
+      model_cfg: :class:`lcx.models.ModelConfig`.
+      key: the initialization key (``jax.random.key(train.seed)``).
+      optimizer: the optax transformation.
+      steps: :class:`lcx.training.step.Steps` (its ``param_shardings`` and ``opt_shardings``).
+      rng: the training RNG stream's key.
+      data: the data stream's starting position.
+    """
+    from lcx.models import init_model
+
+    params = jax.jit(
+        lambda k: eqx.filter(init_model(model_cfg, key=k), eqx.is_array), out_shardings=steps.param_shardings
+    )(key)
+    opt_state = init_opt_state(optimizer, params, steps.opt_shardings)
+    return TrainState(params=params, opt_state=opt_state, step=0, rng=rng, data=data)
+
+
+def init_opt_state(optimizer: optax.GradientTransformation, params: Any, opt_shardings: Any) -> Any:
+    """Optimizer state created directly in its sharded layout (never materialised whole)."""
+    return jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
 
 
 def train_state_target(config: Mapping[str, Any], mp: Any) -> tuple[TrainState, Any]:
@@ -204,7 +272,44 @@ def check_resumable(
     )
 
 
-def restore(run: Run) -> tuple[Checkpoints | None, TrainState, Restored | None]:
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Where a run starts: what :func:`restore` found (phase 2 of :func:`lcx.training.loop.train`).
+
+    Attributes:
+      state: the state to train from.
+      ckpts: the open :class:`Checkpoints` (None: checkpointing off; the caller closes it).
+      restored: what was restored (None: a fresh state).
+      total: ``train.steps``.
+    """
+
+    state: TrainState
+    ckpts: Checkpoints | None
+    restored: Restored | None
+    total: int
+
+    @property
+    def step(self) -> int:
+        """Steps already done (0, or the restored step)."""
+        return self.state.step
+
+    @property
+    def resumed(self) -> bool:
+        """Whether the state comes from a checkpoint."""
+        return self.restored is not None
+
+    @property
+    def done(self) -> bool:
+        """Whether the checkpoint already reached ``train.steps``: no step is left to train."""
+        return self.step >= self.total
+
+    @property
+    def val_loss(self) -> float | None:
+        """The restored checkpoint's validation loss (None: fresh, or none recorded)."""
+        return self.restored.meta.get("val_loss") if self.restored is not None else None
+
+
+def restore(run: Run) -> Start:
     """Phase 2: with ``checkpoint.dir``, open the checkpoints there and restore the newest
     readable one's :class:`TrainState` (checked resumable, the data stream moved to its
     position); else, or where there is none, a fresh state at step 0.
@@ -214,8 +319,8 @@ def restore(run: Run) -> tuple[Checkpoints | None, TrainState, Restored | None]:
     exactly too.
 
     Returns:
-      ``(checkpoints, state, restored)``: the open :class:`Checkpoints` (None: checkpointing
-      off; the caller closes it), the state to train from, what was restored (None: fresh).
+      The :class:`Start`: the state to train from, the open :class:`Checkpoints` (None:
+      checkpointing off; the caller closes it), what was restored (None: fresh).
 
     Raises:
       CheckpointMismatchError / CheckpointConfigChangedError: :func:`check_resumable`'s.
@@ -233,25 +338,31 @@ def restore(run: Run) -> tuple[Checkpoints | None, TrainState, Restored | None]:
         rng = jax.random.fold_in(key, 1)
         return init_train_state(run.config.model, key, run.optimizer, steps, rng=rng, data=data.state())
 
+    total = run.config.train.steps
     if c.dir is None:
-        return None, fresh(), None
+        return Start(fresh(), None, None, total)
     ckpts = Checkpoints(c.dir, keep=c.keep, async_save=c.async_save)
     restored = ckpts.restore_latest(target, check=resumable)
     if restored is None:
-        return ckpts, fresh(), None
+        return Start(fresh(), ckpts, None, total)
     data.resume(restored.meta["data"])
     log.info("resumed from %s at step %d", ckpts.directory / str(restored.step), restored.step)
-    return ckpts, restored.state.replace(data=data.state()), restored
+    return Start(restored.state.replace(data=data.state()), ckpts, restored, total)
 
 
 __all__ = [
     "STAGE_KEYS",
     "TRAIN_KEYS_FREE",
+    "Start",
     "CheckpointConfigChangedError",
     "CheckpointMismatchError",
+    "abstract_like",
+    "abstract_train_state",
     "check_compatible",
     "check_resumable",
     "config_changes",
+    "init_opt_state",
+    "init_train_state",
     "load_model",
     "restore",
     "train_state_target",

@@ -24,7 +24,7 @@ from lcx.models import Llama
 from lcx.sharding import MeshPlan
 from lcx.sharding.layout import undo_layout
 from lcx.training.loss import VocabTiles, token_nll, vocab_tiled_predictions
-from lcx.training.step import put_batch
+from lcx.training.stepping import put_batch
 
 
 def passkey_grid(

@@ -4,8 +4,8 @@ Parameters, optimizer state, the count of completed steps, the training RNG key 
 stream's position (:meth:`lcx.data.BatchStream.state`). A checkpoint
 (:mod:`lcx.training.checkpoint`) is exactly one ``TrainState``: its arrays (:meth:`TrainState.arrays`,
 orbax's ``state`` item) and its host part as JSON (:meth:`TrainState.meta`, in orbax's ``meta``
-item). Restoring reads into an abstract ``TrainState`` (:func:`abstract_train_state`) whose
-shardings are the *new* run's.
+item). Building one (fresh, or the abstract restore target whose shardings are the *new*
+run's) is :mod:`lcx.training.resume`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 
 class TrainState(eqx.Module):
@@ -96,71 +95,6 @@ class TrainResult:
         return self.state.params
 
 
-def abstract_like(tree: Any, shardings: Any) -> Any:
-    """``jax.ShapeDtypeStruct`` leaves with the shapes and dtypes of ``tree`` and the given
-    shardings: the restore target that makes orbax place each shard on the new plan's devices.
-
-    Args:
-      tree: pytree of arrays or ``ShapeDtypeStruct`` (e.g. from ``jax.eval_shape``).
-      shardings: pytree of ``Sharding`` with the structure of ``tree``.
-    """
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
-
-def abstract_train_state(
-    abstract_params: Any, param_shardings: Any, optimizer: optax.GradientTransformation, opt_shardings: Any
-) -> TrainState:
-    """Restore target: a :class:`TrainState` of ``ShapeDtypeStruct`` for a model under a plan.
-
-    Args:
-      abstract_params: ``eqx.filter(abstract_model, is_arraylike)``: pytree of
-        ``ShapeDtypeStruct`` (None where the model has no array).
-      param_shardings: matching pytree of ``NamedSharding`` (:func:`lcx.models.model_shardings`).
-      optimizer: the optax transformation whose state was saved.
-      opt_shardings: the optimizer state's shardings: ``Steps.opt_shardings`` places it where the
-        run keeps it (``pinned_host`` with ``memory.offload_optimizer``), or
-        :func:`lcx.training.step.opt_state_shardings` (each state like its parameter). A
-        checkpoint written from either memory kind restores into either.
-    """
-    abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
-    return TrainState(
-        params=abstract_like(abstract_params, param_shardings), opt_state=abstract_like(abstract_opt, opt_shardings)
-    )
-
-
-def init_train_state(
-    model_cfg: Any,
-    key: jax.Array,
-    optimizer: optax.GradientTransformation,
-    steps: Any,
-    *,
-    rng: jax.Array,
-    data: dict[str, int],
-) -> TrainState:
-    """A fresh :class:`TrainState` at step 0, every array created in its sharded layout.
-
-    Args:
-      model_cfg: :class:`lcx.models.ModelConfig`.
-      key: the initialization key (``jax.random.key(train.seed)``).
-      optimizer: the optax transformation.
-      steps: :class:`lcx.training.step.Steps` (its ``param_shardings`` and ``opt_shardings``).
-      rng: the training RNG stream's key.
-      data: the data stream's starting position.
-    """
-    from lcx.models import init_model  # noqa: PLC0415 - the model package is heavy; state is read without it
-
-    params = jax.jit(
-        lambda k: eqx.filter(init_model(model_cfg, key=k), eqx.is_array), out_shardings=steps.param_shardings
-    )(key)
-    opt_state = init_opt_state(optimizer, params, steps.opt_shardings)
-    return TrainState(params=params, opt_state=opt_state, step=0, rng=rng, data=data)
-
-
-def init_opt_state(optimizer: optax.GradientTransformation, params: Any, opt_shardings: Any) -> Any:
-    """Optimizer state created directly in its sharded layout (never materialised whole)."""
-    return jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
-
-
 def nonfinite_leaves(tree: Any) -> list[str]:
     """Paths (``jax.tree_util.keystr``) of the floating-point leaves of ``tree`` that hold a NaN
     or an infinity; empty if all are finite. One small reduction per leaf, run on the devices."""
@@ -230,11 +164,7 @@ def finite_or_none(x: float | None) -> float | None:
 __all__ = [
     "TrainResult",
     "TrainState",
-    "abstract_like",
-    "abstract_train_state",
     "finite_or_none",
-    "init_opt_state",
-    "init_train_state",
     "key_from_json",
     "key_to_json",
     "nonfinite_leaves",

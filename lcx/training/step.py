@@ -9,13 +9,12 @@ count of valid tokens, computed on global arrays inside one ``jit``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from lcx.data.packing import BATCH_KEYS as BATCH_KEYS  # the five arrays of a batch, defined once
@@ -186,17 +185,3 @@ def opt_state_shardings(
         transform_non_params=lambda _: replicated,
         is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
     )
-
-
-def put_batch(batch: Mapping[str, np.ndarray], sharding: jax.sharding.NamedSharding) -> dict[str, jax.Array]:
-    """Host numpy batch ``{key: [B, S]}`` -> global arrays with ``sharding``.
-
-    Every process holds the same global batch (the data pipeline is deterministic), and each
-    device takes its own slice, so the same code serves one process and ``jax.distributed``
-    multi-process runs.
-    """
-    out = {}
-    for k in BATCH_KEYS:
-        x = np.asarray(batch[k])
-        out[k] = jax.make_array_from_callback(x.shape, sharding, lambda idx, x=x: x[idx])
-    return out

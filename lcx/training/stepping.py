@@ -1,63 +1,167 @@
-"""Phases 3 and 4 of :func:`lcx.training.loop.train`: the step loop with its hooks, then the
-result (:func:`run_steps`). Each step (:func:`train_step`) runs the compiled step, prefetches the
-next batch while the devices work, refuses a non-finite loss (:func:`lcx.training.state.nonfinite_report`) and
-hands a :class:`~lcx.training.hooks.StepInfo` to the hooks.
+"""Phases 3 and 4 of :func:`lcx.training.loop.train`: the step loop, then the result
+(:func:`run_steps`), and the per-step work it does. Each step (:func:`train_step`) runs the
+compiled step, puts the next batch on the devices while they work (:func:`put_batch`), refuses a
+non-finite loss (:func:`lcx.training.state.nonfinite_report`) and hands a :class:`StepInfo` to
+the hooks (built before the loop, :func:`lcx.training.hooks.make_hooks`). While it runs,
+SIGTERM and SIGINT are held (:class:`StopSignals`): the step finishes and the hooks save it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
+import os
 import pathlib
+import signal
+import sys
+import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import jax
+import numpy as np
 
-from lcx.training.checkpoint import Checkpoints, Restored
-from lcx.training.hooks import CheckpointHook, StepInfo, make_hooks
+from lcx.data.packing import BATCH_KEYS
 from lcx.training.preflight import Run
-from lcx.training.signals import StopSignals
+from lcx.training.resume import Start
 from lcx.training.state import TrainResult, TrainState, nonfinite_report
-from lcx.training.step import put_batch
 
 log = logging.getLogger("lcx.training.loop")
+
+
+@dataclasses.dataclass
+class StepInfo:
+    """One finished step, as the hooks see it (they may add to ``record`` and set ``val_loss``).
+
+    Attributes:
+      state: the state after the step (``state.step`` is the 1-based step; ``state.data`` the
+        stream position after its batch).
+      last: whether this is the run's last step (``train.steps``).
+      loss: the step's training loss, nats/token.
+      record: the step's ``metrics.jsonl`` record.
+      val_loss: the newest validation loss (nats/token; None before the first evaluation).
+      stop: the loop's signal watcher (None: none); once it has seen a signal
+        (``stop.signum``), the step is saved and the process exits.
+    """
+
+    state: TrainState
+    last: bool
+    loss: float
+    record: dict[str, Any]
+    val_loss: float | None
+    stop: StopSignals | None = None
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+
+@runtime_checkable
+class StepHooks(Protocol):
+    """What the loop needs of its hooks (:class:`lcx.training.hooks.Hooks`)."""
+
+    def run(self, info: StepInfo) -> None:
+        """Run the hooks due after the step of ``info``."""
+
+    @property
+    def saved_step(self) -> int | None:
+        """The newest checkpoint written (None: none), for a non-finite step's message."""
+
+
+class StopSignals:
+    """While active, SIGTERM and SIGINT only set ``signum``; the step finishes, the hooks save
+    it and exit (:class:`lcx.training.hooks.CheckpointHook`). A second signal restores the
+    previous action and re-raises it, so a stuck save can still be interrupted. With
+    ``enabled=False`` (no checkpointing) or outside the main thread (where Python forbids signal
+    handlers) this does nothing."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+        print(
+            f"{signal.Signals(signum).name} received: saving a checkpoint after this step "
+            "(send it again to exit without saving)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __enter__(self):
+        if self.enabled and threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        return False
+
+
+def put_batch(batch: Mapping[str, np.ndarray], sharding: jax.sharding.NamedSharding) -> dict[str, jax.Array]:
+    """Host numpy batch ``{key: [B, S]}`` -> global arrays with ``sharding``.
+
+    Every process holds the same global batch (the data pipeline is deterministic), and each
+    device takes its own slice, so the same code serves one process and ``jax.distributed``
+    multi-process runs.
+    """
+    out = {}
+    for k in BATCH_KEYS:
+        x = np.asarray(batch[k])
+        out[k] = jax.make_array_from_callback(x.shape, sharding, lambda idx, x=x: x[idx])
+    return out
 
 
 def run_steps(
     run: Run,
     run_dir: pathlib.Path,
     stack: contextlib.ExitStack,
-    ckpts: Checkpoints | None,
-    state: TrainState,
-    restored: Restored | None,
+    start: Start,
+    hooks: StepHooks,
 ) -> TrainResult:
-    """Phase 3, the loop with hooks, and 4, finish: the step compiled for the first batch, the
-    SIGTERM/SIGINT watcher (with checkpoints) and the hooks (:func:`lcx.training.hooks.make_hooks`),
-    then the steps from ``state`` to ``train.steps``, the hooks after each; what the hooks open is
-    closed by ``stack``.
+    """Phase 3, the loop, and 4, finish: the step compiled for the first batch, the
+    SIGTERM/SIGINT watcher (with checkpoints; ``stack`` restores the signals' actions), then the
+    steps from ``start`` to ``train.steps``, each followed by the ``hooks``.
+
+    Args:
+      run, start: what phases 1 and 2 built.
+      run_dir: the run directory (for the result).
+      stack: closes what the loop opens.
+      hooks: run after each step (:func:`lcx.training.hooks.make_hooks`).
 
     Returns:
       The :class:`TrainResult` (``final_loss`` None when no step ran: a checkpoint that already
       reached ``train.steps``; its last loss is not this run's).
+
+    Raises:
+      FloatingPointError: a non-finite loss or gradient norm (:func:`train_step`).
     """
-    start, total = state.step, run.config.train.steps
-    val_loss = restored.meta.get("val_loss") if restored is not None else None
+    state, total, val_loss = start.state, run.config.train.steps, start.val_loss
     losses: list[float] = []
     compile_s = None
-    if start >= total:
-        log.info("checkpoint at step %d already reached train.steps=%d; nothing to train", start, total)
+    if start.done:
+        log.info("checkpoint at step %d already reached train.steps=%d; nothing to train", start.step, total)
     else:
         batch = put_batch(next(run.data.train), run.steps.batch_sharding)
-        compiled, first = compile_step(run, state, batch, resumed=restored is not None)
+        compiled, first = compile_step(run, state, batch, resumed=start.resumed)
         compile_s = first["compile_s"]
-        stop = stack.enter_context(StopSignals(enabled=ckpts is not None))
-        hooks, ckpt_hook = make_hooks(run, run_dir, stack, ckpts, stop, start, resumed=restored is not None)
-        for step in range(start + 1, total + 1):
+        stop = stack.enter_context(StopSignals(enabled=start.ckpts is not None))
+        for step in range(start.step + 1, total + 1):
             assert batch is not None  # only the last step prefetches no next batch
-            extra = first if step == start + 1 else {}
-            state, batch, info = train_step(run, compiled, state, batch, step, extra, val_loss, ckpts, ckpt_hook)
+            extra = first if step == start.step + 1 else {}
+            state, batch, info = train_step(run, compiled, state, batch, step, extra, val_loss, start, hooks, stop)
             losses.append(info.loss)
             hooks.run(info)
             val_loss = info.val_loss
@@ -69,7 +173,7 @@ def run_steps(
         static=run.static,
         run_dir=str(run_dir),
         compile_s=compile_s,
-        start_step=start,
+        start_step=start.step,
     )
 
 
@@ -103,8 +207,9 @@ def train_step(
     step: int,
     extra: dict[str, Any],
     val_loss: float | None,
-    ckpts: Checkpoints | None,
-    ckpt_hook: CheckpointHook | None,
+    start: Start,
+    hooks: StepHooks,
+    stop: StopSignals,
 ) -> tuple[TrainState, dict[str, jax.Array] | None, StepInfo]:
     """Once per step: run step ``step`` on ``batch``, prefetch the next batch while the
     devices work, and build the step's :class:`StepInfo` (its metrics record plus ``extra``).
@@ -127,8 +232,7 @@ def train_step(
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         # A non-finite gradient poisons the update even when the loss is still finite; both
         # scalars are on the host already, so this check costs nothing per step.
-        saved = ckpt_hook.saved_step if ckpt_hook is not None else None
-        where = ckpts.directory if ckpts is not None else None
+        where, saved = (start.ckpts.directory if start.ckpts is not None else None), hooks.saved_step
         raise FloatingPointError(nonfinite_report(state, loss, grad_norm, checkpoint_dir=where, saved_step=saved))
     record = {
         "step": step,
@@ -141,7 +245,7 @@ def train_step(
         "valid_tokens": float(m["tokens"]),
         **extra,
     }
-    return state, next_batch, StepInfo(state=state, last=last, loss=loss, record=record, val_loss=val_loss)
+    return state, next_batch, StepInfo(state=state, last=last, loss=loss, record=record, val_loss=val_loss, stop=stop)
 
 
-__all__ = ["run_steps", "train_step"]
+__all__ = ["StepHooks", "StepInfo", "StopSignals", "put_batch", "run_steps", "train_step"]
