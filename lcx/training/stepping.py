@@ -136,7 +136,8 @@ def run_steps(
     steps from ``start`` to ``train.steps``, each followed by the ``hooks``.
 
     Args:
-      run, start: what phases 1 and 2 built.
+      run: what phase 1 built (:func:`lcx.training.preflight.setup`).
+      start: what phase 2 built (:func:`lcx.training.resume.restore`).
       run_dir: the run directory (for the result).
       stack: closes what the loop opens.
       hooks: run after each step (:func:`lcx.training.hooks.make_hooks`).
