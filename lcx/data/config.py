@@ -11,21 +11,29 @@ structured configs.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 
 @dataclasses.dataclass(frozen=True)
 class StdlibData:
-    """``data=stdlib``: the Python standard library's sources, embedded (``conf/data/stdlib.yaml``).
+    """``data=stdlib`` / ``data=stdlib_bpe``: the Python standard library's sources, embedded
+    (``conf/data/stdlib.yaml``: byte tokens; ``conf/data/stdlib_bpe.yaml``: the embedded BPE).
 
     Attributes:
-      name: ``stdlib``.
-      tokenizer: the tokenizer's name (:data:`lcx.data.tokenizers.TOKENIZERS`).
+      name: ``stdlib`` or ``stdlib_bpe``.
+      tokenizer: a registered name (:data:`lcx.data.tokenizers.TOKENIZERS`: ``byte``,
+        ``stdlib_bpe``), or the path of a Hugging Face ``tokenizer.json`` or of a model directory
+        holding one (:func:`lcx.data.tokenizers.get_tokenizer`).
+      add_bos, add_eos: put the tokenizer's BOS before (EOS after) every document; None: the
+        tokenizer's own rule (:class:`lcx.data.tokenizers.HFTokenizer`).
       val_fraction: fraction of documents held out for validation, in (0, 1).
       split_seed: seed of the train/validation split (independent of ``train.seed``).
     """
 
     name: str
     tokenizer: str
+    add_bos: Optional[bool]
+    add_eos: Optional[bool]
     val_fraction: float
     split_seed: int
 
@@ -38,13 +46,15 @@ class TextData:
       name: ``text``.
       paths: files and/or globs (text, JSON lines, parquet, ...), relative to the launch directory.
       text_field: the field of a JSON-lines record that holds the text.
-      tokenizer, val_fraction, split_seed: as :class:`StdlibData`.
+      tokenizer, add_bos, add_eos, val_fraction, split_seed: as :class:`StdlibData`.
     """
 
     name: str
     paths: list[str]
     text_field: str
     tokenizer: str
+    add_bos: Optional[bool]
+    add_eos: Optional[bool]
     val_fraction: float
     split_seed: int
 
@@ -83,7 +93,12 @@ class PasskeyData:
 DataConfig = StdlibData | TextData | PasskeyData
 """The ``data`` section of a run, whichever source it names."""
 
-DATA_CONFIGS: dict[str, type] = {"stdlib": StdlibData, "text": TextData, "passkey": PasskeyData}
+DATA_CONFIGS: dict[str, type] = {
+    "stdlib": StdlibData,
+    "stdlib_bpe": StdlibData,
+    "text": TextData,
+    "passkey": PasskeyData,
+}
 """The typed config of each data source, by its ``data.name``."""
 
 
