@@ -202,7 +202,9 @@ class HFTokenizer(Tokenizer):
         ``data.add_eos``).
     """
 
-    def __init__(self, path: str | os.PathLike, *, add_bos: bool | None = None, add_eos: bool | None = None, name=None):
+    def __init__(
+        self, path: str | pathlib.Path, *, add_bos: bool | None = None, add_eos: bool | None = None, name=None
+    ):
         import tokenizers
 
         files = tokenizer_files(path)
