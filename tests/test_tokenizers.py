@@ -105,6 +105,8 @@ def test_byte_tokenizer_has_no_bos_or_eos():
         get_tokenizer("byte", add_bos=True)
     with pytest.raises(ValueError, match=r"data.add_eos=true, but data.tokenizer=byte has no EOS token"):
         ByteTokenizer(add_eos=True)
+    with pytest.raises(ValueError, match=r"data.add_bos=true, but data.tokenizer=byte has no BOS token"):
+        run_config(_config("data.add_bos=true"))  # at the config edge
 
 
 def test_post_processor_bos_is_added_once(tmp_path):
