@@ -2,7 +2,7 @@
 
 Groups: ``model=`` (tiny | llama3_1_8b | llama3_70b | llama3_1_8b_longctx), ``plan=`` (dp | fsdp |
 allgather | a2a | ring | usp | fsdp_ring), ``hardware=`` (cpu | tpu_v5p | tpu7), ``data=`` (stdlib |
-text), ``experiment=``. Writes ``metrics.jsonl`` and ``run_info.json`` in the Hydra run directory.
+stdlib_bpe | text | passkey), ``experiment=``. Writes ``metrics.jsonl`` and ``run_info.json`` in the Hydra run directory.
 
 ``train.dry_run=true`` validates the plan and checks memory for the hardware preset's device
 count (``hardware.chips x hardware.devices_per_chip``), prints the memory anatomy, writes

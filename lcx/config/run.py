@@ -12,6 +12,7 @@ value and the fix (:mod:`lcx.config.schema`).
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -19,6 +20,15 @@ from omegaconf import DictConfig, OmegaConf
 from lcx.config.plan import plan_from_config
 from lcx.config.schema import check_section, typed
 from lcx.data.config import DATA_CONFIGS, DataConfig
+from lcx.data.tokenizers import (
+    TOKENIZERS,
+    ByteTokenizer,
+    Tokenizer,
+    check_model_vocab,
+    data_tokenizer,
+    get_tokenizer,
+    padded_vocab_size,
+)
 from lcx.models import ModelConfig
 from lcx.reports.config import EvalCheckpointConfig, EvalConfig, EvalQuery, PlannerConfig, PlanQuery, Published
 from lcx.sharding.plan import Plan
@@ -32,7 +42,7 @@ from lcx.training.config import (
     RunConfig,
     TrainConfig,
 )
-from lcx.training.rundir import resolve_dir
+from lcx.training.rundir import launch_dir, resolve_dir
 from lcx.training.schedule import Schedule, Stage, stages_from_list
 
 
@@ -66,11 +76,12 @@ def run_config(cfg: DictConfig, tool: str = "lcx.train") -> RunConfig:
     hardware = typed(cfg.get("hardware"), HardwareConfig, "hardware", tool=tool)
     memory = typed(cfg.get("memory"), MemoryOptions, "memory", tool=tool)
     memory.check_trainable()
+    data = data_config(cfg.get("data"), tool)
     return RunConfig(
-        model=model_config(cfg.get("model")),
+        model=model_config(cfg.get("model"), data_tokenizer(data)),
         plan=plan_config(cfg.get("plan"), hardware),
         plan_spec=plain(cfg.get("plan")) or {},
-        data=data_config(cfg.get("data"), tool),
+        data=data,
         train=train,
         memory=memory,
         checkpoint=checkpoint,
@@ -93,16 +104,36 @@ def checkpoint_config(node: Any, tool: str = "lcx.train") -> CheckpointConfig:
     return typed(node, CheckpointConfig, "checkpoint", tool=tool, resolve=per_job)
 
 
-def model_config(node: Any) -> ModelConfig:
-    """The ``model`` section as a :class:`ModelConfig`.
+def model_config(node: Any, tokenizer: Tokenizer | None = None) -> ModelConfig:
+    """The ``model`` section as a :class:`ModelConfig`, its vocabulary checked against the
+    tokenizer's: the one place a model's vocabulary is derived.
+
+    ``model.vocab_size: null`` (``model=tiny``) is the tokenizer's largest id + 1 padded up to a
+    multiple of 128 (:func:`lcx.data.tokenizers.padded_vocab_size`): byte 256 stays 256, the
+    embedded BPE's 4,096 stays 4,096, 50,257 ids become 50,304. An explicit size (a preset such
+    as ``model=llama3_1_8b``, or ``model.vocab_size=...``) is kept, and refused if it has fewer
+    rows than the tokenizer's largest id + 1.
+
+    Args:
+      node: the ``model`` section.
+      tokenizer: the run's (:func:`lcx.data.tokenizers.data_tokenizer`); None (``lcx.plan``,
+        which composes no data): a null size is the byte tokenizer's 256, and nothing is checked.
 
     Raises:
-      ValueError: not a mapping, or what :meth:`ModelConfig.from_dict` refuses (names the key).
+      ValueError: not a mapping, what :meth:`ModelConfig.from_dict` refuses (names the key), or a
+        vocabulary smaller than the tokenizer's (:func:`lcx.data.tokenizers.check_model_vocab`:
+        names both numbers and the fix).
     """
     d = plain(node)
     if not isinstance(d, dict):
         raise ValueError(f"the model section must be a mapping of its fields, got {d!r}")
-    return ModelConfig.from_dict({str(k): v for k, v in d.items()})
+    d = {str(k): v for k, v in d.items()}
+    if "vocab_size" in d and d["vocab_size"] is None:
+        d["vocab_size"] = padded_vocab_size((tokenizer or ByteTokenizer()).vocab_size)
+    cfg = ModelConfig.from_dict(d)
+    if tokenizer is not None:
+        check_model_vocab(cfg.vocab_size, tokenizer, f"model={cfg.name}")
+    return cfg
 
 
 def plan_config(node: Any, hardware: HardwareConfig) -> Plan:
@@ -130,7 +161,19 @@ def data_config(node: Any, tool: str = "lcx.train") -> DataConfig:
     name = d.get("name") if isinstance(d, dict) else None
     if name not in DATA_CONFIGS:
         raise ValueError(f"unknown data.name {name!r}; use data={', data='.join(DATA_CONFIGS)}")
-    return typed(node, DATA_CONFIGS[name], "data", tool=tool)
+    return typed(node, DATA_CONFIGS[name], "data", tool=tool, resolve={"tokenizer": tokenizer_path})
+
+
+def tokenizer_path(name: str) -> str:
+    """``data.tokenizer`` with a relative path that exists under the launch directory made
+    absolute (:func:`lcx.training.rundir.launch_dir`); a registered name, an absolute path, or
+    a name that exists nowhere (its error names it as given) unchanged."""
+    if name in TOKENIZERS:
+        return name
+    p = pathlib.Path(name).expanduser()
+    if not p.is_absolute() and (launch_dir() / p).exists():
+        return str(launch_dir() / p)
+    return name
 
 
 def schedule_config(cfg: DictConfig, tool: str = "lcx.extend") -> Schedule:
@@ -177,8 +220,10 @@ def plan_query(cfg: DictConfig, tool: str = "lcx.plan") -> PlanQuery:
             raise ValueError(f"train.{key}={t[key]}: must be >= 1 ({what})")
     hardware = typed(cfg.get("hardware"), HardwareConfig, "hardware", tool=tool)
     pub = plain(cfg.get("published"))
+    data = plain(cfg.get("data"))  # an experiment may name one: its tokenizer sizes a null vocabulary
+    tok = data.get("tokenizer") if isinstance(data, dict) else None
     return PlanQuery(
-        model=model_config(cfg.get("model")),
+        model=model_config(cfg.get("model"), None if tok is None else get_tokenizer(tokenizer_path(tok))),
         plan=plan_config(cfg.get("plan"), hardware),
         seq_len=t["seq_len"],
         global_batch=t["global_batch"],
@@ -217,4 +262,5 @@ __all__ = [
     "run_config",
     "schedule_config",
     "stages",
+    "tokenizer_path",
 ]

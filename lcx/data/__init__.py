@@ -8,7 +8,15 @@ from lcx.data.packing import BATCH_KEYS, Packer, pack_documents, unigram_entropy
 from lcx.data.pipeline import Batches, EvalBatches, corpus_data, load_corpus, split_documents
 from lcx.data.sources import SOURCES, make_data
 from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows, lay_out
-from lcx.data.tokenizers import TOKENIZERS, ByteTokenizer, Tokenizer, get_tokenizer
+from lcx.data.tokenizers import (
+    TOKENIZERS,
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    check_model_vocab,
+    get_tokenizer,
+    padded_vocab_size,
+)
 
 __all__ = [
     "Batch",
@@ -17,6 +25,7 @@ __all__ = [
     "BatchSpec",
     "BatchStream",
     "ByteTokenizer",
+    "check_model_vocab",
     "Corpus",
     "DATA_CONFIGS",
     "DataConfig",
@@ -24,11 +33,13 @@ __all__ = [
     "Data",
     "EvalBatches",
     "get_tokenizer",
+    "HFTokenizer",
     "lay_out",
     "load_corpus",
     "make_data",
     "pack_documents",
     "Packer",
+    "padded_vocab_size",
     "PasskeyData",
     "Rows",
     "SOURCES",

@@ -3,7 +3,8 @@
 These classes are the schema of the ``data=`` group (:func:`lcx.config.register` stores them in
 Hydra's ConfigStore; :mod:`lcx.config.schema` checks a composed ``data`` section against them):
 one definition per key, with its type. The values live in the YAML files, so no field has a
-default. Types are ``typing.Optional``, not ``X | None``: OmegaConf 2.3 reads only the former in
+default, but ``add_bos`` / ``add_eos`` (None: the tokenizer's own rule), which configs built in
+code before those keys existed leave out. Types are ``typing.Optional``, not ``X | None``: OmegaConf 2.3 reads only the former in
 structured configs.
 """
 
@@ -11,23 +12,32 @@ structured configs.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 
 @dataclasses.dataclass(frozen=True)
 class StdlibData:
-    """``data=stdlib``: the Python standard library's sources, embedded (``conf/data/stdlib.yaml``).
+    """``data=stdlib`` / ``data=stdlib_bpe``: the Python standard library's sources, embedded
+    (``conf/data/stdlib.yaml``: byte tokens; ``conf/data/stdlib_bpe.yaml``: the embedded BPE).
 
     Attributes:
-      name: ``stdlib``.
-      tokenizer: the tokenizer's name (:data:`lcx.data.tokenizers.TOKENIZERS`).
+      name: ``stdlib`` or ``stdlib_bpe``.
+      tokenizer: a registered name (:data:`lcx.data.tokenizers.TOKENIZERS`: ``byte``,
+        ``stdlib_bpe``), or the path of a Hugging Face ``tokenizer.json`` or of a model directory
+        holding one (:func:`lcx.data.tokenizers.get_tokenizer`).
       val_fraction: fraction of documents held out for validation, in (0, 1).
       split_seed: seed of the train/validation split (independent of ``train.seed``).
+      add_bos, add_eos: put the tokenizer's BOS before (EOS after) every document; None: the
+        tokenizer's own rule (:class:`lcx.data.tokenizers.HFTokenizer`). The one default here:
+        configs built in code before these keys existed mean the tokenizer's own rule.
     """
 
     name: str
     tokenizer: str
     val_fraction: float
     split_seed: int
+    add_bos: Optional[bool] = None
+    add_eos: Optional[bool] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +48,7 @@ class TextData:
       name: ``text``.
       paths: files and/or globs (text, JSON lines, parquet, ...), relative to the launch directory.
       text_field: the field of a JSON-lines record that holds the text.
-      tokenizer, val_fraction, split_seed: as :class:`StdlibData`.
+      tokenizer, val_fraction, split_seed, add_bos, add_eos: as :class:`StdlibData`.
     """
 
     name: str
@@ -47,6 +57,8 @@ class TextData:
     tokenizer: str
     val_fraction: float
     split_seed: int
+    add_bos: Optional[bool] = None
+    add_eos: Optional[bool] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +95,12 @@ class PasskeyData:
 DataConfig = StdlibData | TextData | PasskeyData
 """The ``data`` section of a run, whichever source it names."""
 
-DATA_CONFIGS: dict[str, type] = {"stdlib": StdlibData, "text": TextData, "passkey": PasskeyData}
+DATA_CONFIGS: dict[str, type] = {
+    "stdlib": StdlibData,
+    "stdlib_bpe": StdlibData,
+    "text": TextData,
+    "passkey": PasskeyData,
+}
 """The typed config of each data source, by its ``data.name``."""
 
 

@@ -19,7 +19,7 @@ from lcx.data.config import StdlibData, TextData
 from lcx.data.corpora import Corpus, stdlib_corpus, text_corpus
 from lcx.data.packing import BATCH_KEYS, EpochIndex, Packer, check_packing_args, unigram_entropy
 from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows
-from lcx.data.tokenizers import get_tokenizer
+from lcx.data.tokenizers import data_tokenizer
 from lcx.sharding.layout import BALANCED_BLOCK, check_layout
 
 log = logging.getLogger(__name__)
@@ -340,7 +340,8 @@ def corpus_data(data: StdlibData | TextData, spec: BatchSpec) -> Data:
 
     Args:
       data: the ``data`` config: ``paths`` (text only: files or globs), ``text_field``
-        (JSON-lines field), ``tokenizer`` (``byte``), ``val_fraction`` (fraction of documents
+        (JSON-lines field), ``tokenizer``, ``add_bos``, ``add_eos``
+        (:func:`lcx.data.tokenizers.data_tokenizer`), ``val_fraction`` (fraction of documents
         held out, in (0, 1)), ``split_seed`` (seed of the split, independent of ``spec.seed``).
       spec: sizes, layout and seed of the batches.
 
@@ -350,9 +351,9 @@ def corpus_data(data: StdlibData | TextData, spec: BatchSpec) -> Data:
     """
     _check_common(spec.seq_len, spec.global_batch, spec.layout, spec.context_degree)
     _check_common(spec.seq_len, spec.val_global_batch, spec.layout, spec.context_degree)
-    tokenizer = get_tokenizer(data.tokenizer)
+    tokenizer = data_tokenizer(data)
     corpus = load_corpus(data)
-    docs = [tokenizer.encode(d) for d in corpus.documents]
+    docs = tokenizer.encode_documents(corpus.documents)
     docs = [d for d in docs if d.size]
     train_idx, val_idx = split_documents(len(docs), data.val_fraction, data.split_seed)
     train = Batches([docs[i] for i in train_idx], **spec.rows(), seed=spec.seed)

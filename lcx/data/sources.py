@@ -18,6 +18,7 @@ from lcx.sharding.layout import BALANCED_BLOCK
 
 SOURCES: dict[str, Callable[[Any, BatchSpec], Data]] = {
     "stdlib": corpus_data,  # the embedded Python standard library sources
+    "stdlib_bpe": corpus_data,  # the same, in the embedded BPE's tokens (lcx.data.tokenizers.STDLIB_BPE)
     "text": corpus_data,  # files or globs in data.paths
     "passkey": passkey_data,  # the synthetic retrieval task (lcx.data.passkey)
 }
@@ -40,7 +41,7 @@ def make_data(
 
     Args:
       data: the typed ``data`` config (:mod:`lcx.data.config`); its ``name`` picks the source in
-        :data:`SOURCES` (``stdlib`` | ``text`` | ``passkey``), the other fields are the source's
+        :data:`SOURCES` (``stdlib`` | ``stdlib_bpe`` | ``text`` | ``passkey``), the other fields are the source's
         (:func:`lcx.data.pipeline.corpus_data`, :func:`lcx.data.passkey.passkey_data`).
       seq_len: S, tokens per row.
       global_batch: B, rows per training batch.

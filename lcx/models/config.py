@@ -54,7 +54,9 @@ class ModelConfig:
 
     Attributes:
       name: label for tables and run directories.
-      vocab_size: V, tokens in the vocabulary.
+      vocab_size: V, tokens in the vocabulary (embedding rows). ``model.vocab_size: null`` in
+        a config means the tokenizer's, padded to a multiple of 128 (resolved at the config edge,
+        :func:`lcx.config.run.model_config`; :data:`lcx.data.tokenizers.VOCAB_MULTIPLE` says why).
       d_model: D, width of the residual stream.
       n_layers: L, number of blocks.
       n_heads: N, query heads.
@@ -270,6 +272,9 @@ class ModelConfig:
 def _load_presets() -> dict[str, ModelConfig]:
     """Every ``conf/model/<name>.yaml`` (installed as the data package ``lcx.conf``) as a config, by
     ``<name>``: the values of a preset live once, in the file Hydra composes for ``model=<name>``.
+    ``vocab_size: null`` (the tokenizer's, resolved at the config edge,
+    :func:`lcx.config.run.model_config`) is the field's default here, 256: the byte tokenizer's,
+    the default data's; code that names a preset has no tokenizer to take it from.
 
     Raises:
       ValueError: a file is not a mapping of :class:`ModelConfig` fields.
@@ -285,12 +290,13 @@ def _load_presets() -> dict[str, ModelConfig]:
         d = read_yaml(path.read_text())
         if not isinstance(d, dict):
             raise ValueError(f"conf/model/{path.name}: must be a mapping of ModelConfig fields, got {d!r}")
-        out[path.name.removesuffix(".yaml")] = ModelConfig.from_dict({str(k): v for k, v in d.items()})
+        d = {str(k): v for k, v in d.items() if not (k == "vocab_size" and v is None)}
+        out[path.name.removesuffix(".yaml")] = ModelConfig.from_dict(d)
     return out
 
 
 PRESETS: dict[str, ModelConfig] = _load_presets()
-"""The model presets, by name: ``tiny`` (byte-level, trains on two CPU cores), ``llama3_1_8b``,
+"""The model presets, by name: ``tiny`` (trains on two CPU cores; here byte-level, vocab 256), ``llama3_1_8b``,
 ``llama3_70b`` (Llama 3 paper, arXiv:2407.21783, Table 3) and ``llama3_1_8b_longctx`` (MaxText's
 long-context 8B: 16 heads of 256); the values and their reasons are in ``conf/model/*.yaml``."""
 

@@ -22,6 +22,7 @@ import optax
 
 from lcx.cost import Hardware, hardware_from_config, training_flops
 from lcx.data import Data, make_data
+from lcx.data.tokenizers import check_model_vocab
 from lcx.models import init_model, model_shardings
 from lcx.sharding import MeshPlan, bind
 from lcx.training.config import DistributedConfig, HardwareConfig, RunConfig
@@ -118,7 +119,8 @@ def setup(config: RunConfig, devices=None) -> Run:
     and shardings, the optimizer and the sharded steps. Nothing compiles.
 
     Raises:
-      PlanError / ValueError: an invalid configuration, before anything compiles.
+      PlanError / ValueError: an invalid configuration, before anything compiles (a model
+        vocabulary smaller than the tokenizer's: :func:`lcx.data.tokenizers.check_model_vocab`).
     """
     devices = list(jax.devices() if devices is None else devices)
     mp = check(config, devices)
@@ -132,6 +134,8 @@ def setup(config: RunConfig, devices=None) -> Run:
         seed=t.seed,
         layout_block=max(att.block_q, att.block_kv),
     )
+    # lcx.config.run_config checked this already; a RunConfig built in code is checked here
+    check_model_vocab(model_cfg.vocab_size, data.tokenizer, f"model={model_cfg.name}")
     key = jax.random.key(t.seed)
     abstract = eqx.filter_eval_shape(init_model, model_cfg, key=key)
     abstract_params, static = eqx.partition(abstract, is_arraylike)
