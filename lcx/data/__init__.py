@@ -1,11 +1,14 @@
-"""Data: corpora (embedded stdlib default), tokenizers, packing, batching with sequence layouts;
+"""Data: corpora (embedded stdlib default; the user's files in text, JSON lines, Parquet, Arrow and
+ArrayRecord, :mod:`lcx.data.readers`), tokenizers, packing, batching with sequence layouts;
 one batch-stream interface (:mod:`lcx.data.stream`) and a registry of sources
 (:mod:`lcx.data.sources`)."""
 
 from lcx.data.config import DATA_CONFIGS, DataConfig, PasskeyData, StdlibData, TextData
-from lcx.data.corpora import STDLIB_SKIP_DIRS, STDLIB_SNAPSHOT, Corpus, stdlib_corpus, text_corpus
+from lcx.data.corpora import DOCUMENTS, STDLIB_SKIP_DIRS, STDLIB_SNAPSHOT, Corpus, stdlib_corpus, text_corpus
 from lcx.data.packing import BATCH_KEYS, Packer, pack_documents, unigram_entropy
+from lcx.data.paths import Source, resolve_paths
 from lcx.data.pipeline import Batches, EvalBatches, corpus_data, load_corpus, split_documents
+from lcx.data.readers import READERS, Document, Reader
 from lcx.data.sources import SOURCES, make_data
 from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows, lay_out
 from lcx.data.tokenizers import TOKENIZERS, ByteTokenizer, Tokenizer, get_tokenizer
@@ -20,6 +23,8 @@ __all__ = [
     "Corpus",
     "DATA_CONFIGS",
     "DataConfig",
+    "Document",
+    "DOCUMENTS",
     "corpus_data",
     "Data",
     "EvalBatches",
@@ -30,7 +35,11 @@ __all__ = [
     "pack_documents",
     "Packer",
     "PasskeyData",
+    "Reader",
+    "READERS",
+    "resolve_paths",
     "Rows",
+    "Source",
     "SOURCES",
     "split_documents",
     "stdlib_corpus",
