@@ -272,9 +272,14 @@ class ArrayRecordReader(Reader):
             ) from None
 
         reader = Native(path)
+        if not reader.ok():
+            why = "empty, truncated or of another format"
+            try:
+                reader.close()  # a reader that failed says why when it is closed
+            except RuntimeError as e:
+                why = str(e)
+            raise ValueError(f"{path}: not a readable ArrayRecord file ({why})")
         try:
-            if not reader.ok():
-                raise ValueError(f"{path}: not a readable ArrayRecord file (empty, truncated or of another format)")
             n, as_json = reader.num_records(), None
             for start in range(0, n, self.chunk):
                 for k, data in enumerate(reader.read(start, min(n, start + self.chunk)), start=start):
