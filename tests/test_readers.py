@@ -19,6 +19,7 @@ from lcx.config import run_config
 from lcx.config.run import data_config
 from lcx.data import READERS, make_data, text_corpus
 from lcx.data.pipeline import load_corpus
+from lcx.data.readers import ArrayRecordReader
 
 # an empty document, non-ASCII text, a long one, newlines, one starting with '{' (not JSON)
 DOCS = ["alpha", "", "twö ünïcode ✓", "x" * 3000, "line1\nline2\n", "{not json"]
@@ -74,7 +75,8 @@ WRITERS = {
 
 
 @pytest.mark.parametrize("kind", list(WRITERS))
-def test_each_format_round_trips_the_documents_of_the_jsonl(tmp_path, kind):
+def test_each_format_round_trips_the_documents_of_the_jsonl(tmp_path, kind, monkeypatch):
+    monkeypatch.setattr(ArrayRecordReader, "chunk", 4)  # records read in several calls
     path = WRITERS[kind](tmp_path)
     c = text_corpus([path], text_field="body")
     assert c.documents == text_corpus([write_jsonl(tmp_path / "ref.jsonl", DOCS)], text_field="body").documents
@@ -220,7 +222,8 @@ def test_bad_records_name_the_file_and_the_record(tmp_path):
     _raises(ValueError, re.escape(f"{j}: data.text_field is null"), [j], text_field=None)
 
 
-def test_invalid_utf8_names_the_record_and_the_byte(tmp_path):
+def test_invalid_utf8_names_the_record_and_the_byte(tmp_path, monkeypatch):
+    monkeypatch.setattr(ArrayRecordReader, "chunk", 2)  # record 2 comes in the second call
     bad = [b"ok", b"fine", b"\xe9t\xe9", b"caf\xe9"]
     p = tmp_path / "b.parquet"
     pq.write_table(pa.table({"text": pa.array(bad, pa.binary())}), p, row_group_size=2)
