@@ -280,14 +280,15 @@ class ArrayRecordReader(Reader):
                 why = str(e)
             raise ValueError(f"{path}: not a readable ArrayRecord file ({why})")
         try:
-            n, as_json = reader.num_records(), None
+            n = reader.num_records()
+            field = text_field  # JSON records: their field; None: raw text (decided by record 0)
             for start in range(0, n, self.chunk):
                 for k, data in enumerate(reader.read(start, min(n, start + self.chunk)), start=start):
                     where = f"{path}[{k}]"
                     text = decode(data, where, within=" of the record")
-                    if as_json is None:
-                        as_json = text_field is not None and text.lstrip().startswith("{")
-                    yield Document(record_text(_json(text, where), text_field, where) if as_json else text, where)
+                    if k == 0 and not text.lstrip().startswith("{"):
+                        field = None
+                    yield Document(text if field is None else record_text(_json(text, where), field, where), where)
         finally:
             reader.close()
 
