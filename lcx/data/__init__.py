@@ -6,7 +6,6 @@ one batch-stream interface (:mod:`lcx.data.stream`) and a registry of sources
 from lcx.data.config import DATA_CONFIGS, DataConfig, PasskeyData, StdlibData, TextData
 from lcx.data.corpora import DOCUMENTS, STDLIB_SKIP_DIRS, STDLIB_SNAPSHOT, Corpus, stdlib_corpus, text_corpus
 from lcx.data.packing import BATCH_KEYS, Packer, pack_documents, unigram_entropy
-from lcx.data.paths import Source, resolve_paths
 from lcx.data.pipeline import Batches, EvalBatches, corpus_data, load_corpus, split_documents
 from lcx.data.readers import READERS, Document, Reader
 from lcx.data.sources import SOURCES, make_data
@@ -37,9 +36,7 @@ __all__ = [
     "PasskeyData",
     "Reader",
     "READERS",
-    "resolve_paths",
     "Rows",
-    "Source",
     "SOURCES",
     "split_documents",
     "stdlib_corpus",

@@ -196,12 +196,12 @@ def text_corpus(
     check_document(document)
     docs: list[str] = []
     names: list[str] = []
-    for source in resolve_paths(paths, format):
-        read = (d for path, fmt in source.files for d in READERS[fmt].read(path, text_field))
-        if document == "directory" and source.directory:
-            if source.files:  # a directory whose files all came earlier gives no document
+    for match in resolve_paths(paths, format):
+        read = (d for path, fmt in match.files for d in READERS[fmt].read(path, text_field))
+        if document == "directory" and match.directory:
+            if match.files:  # a directory whose files all came earlier gives no document
                 docs.append(document_separator.join(d.text for d in read if d.text))
-                names.append(source.name)
+                names.append(match.name)
             continue
         for d in read:
             docs.append(d.text)

@@ -23,7 +23,7 @@ from lcx.data.readers import AUTO, READERS, check_format, format_of, suffix_form
 
 
 @dataclasses.dataclass(frozen=True)
-class Source:
+class PathMatch:
     """The files one ``data.paths`` match stands for.
 
     Attributes:
@@ -85,7 +85,7 @@ def _matches(entry: str) -> list[str]:
     return [entry]
 
 
-def resolve_paths(paths: Sequence[str], fmt: str = AUTO) -> list[Source]:
+def resolve_paths(paths: Sequence[str], fmt: str = AUTO) -> list[PathMatch]:
     """The sources ``paths`` names, each file once, in the order of the rules above.
 
     Args:
@@ -93,7 +93,7 @@ def resolve_paths(paths: Sequence[str], fmt: str = AUTO) -> list[Source]:
       fmt: ``data.format``: ``auto`` or a name in :data:`lcx.data.readers.READERS`.
 
     Returns:
-      One :class:`Source` per file or directory matched; a directory whose files all came
+      One :class:`PathMatch` per file or directory matched; a directory whose files all came
       earlier has none.
 
     Raises:
@@ -103,7 +103,7 @@ def resolve_paths(paths: Sequence[str], fmt: str = AUTO) -> list[Source]:
     """
     check_format(fmt)  # an unknown format is refused before any path is looked at
     seen: set[str] = set()
-    sources = []
+    matches = []
     for entry in paths:
         for m in _matches(os.path.expanduser(str(entry))):
             directory = os.path.isdir(m)
@@ -113,8 +113,8 @@ def resolve_paths(paths: Sequence[str], fmt: str = AUTO) -> list[Source]:
                 if key not in seen:  # overlapping entries: each file once
                     seen.add(key)
                     files.append((f, format_of(f, fmt)))
-            sources.append(Source(m, tuple(files), directory))
-    return sources
+            matches.append(PathMatch(m, tuple(files), directory))
+    return matches
 
 
-__all__ = ["Source", "resolve_paths"]
+__all__ = ["PathMatch", "resolve_paths"]
