@@ -148,23 +148,23 @@ class JsonlReader(Reader):
                     yield Document(record_text(_json(text, where), field, where), where)
 
 
+_ARROW_TEXT = {"string": False, "large_string": False, "string_view": False}
+_ARROW_TEXT |= {"binary": True, "large_binary": True, "binary_view": True}
+"""The Arrow types a text column may have: is it binary (UTF-8 bytes decoded here)?"""
+
+
 def _text_column(schema: Any, path: str, text_field: str | None) -> int:
     """Index of the string (or binary) column ``text_field`` in an Arrow ``schema``.
 
     Raises:
       ValueError: no such column (names the columns there), or one of another type.
     """
-    import pyarrow as pa
-
     field = _need_field(text_field, path)
     if field not in schema.names:
         raise ValueError(f"{path}: no column {field!r} (columns: {schema.names}); {FIELD_HINT}")
     i = schema.get_field_index(field)
-    t = schema.field(i).type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)) and not (
-        pa.types.is_large_binary(t) or str(t) in ("string_view", "binary_view")
-    ):
-        raise ValueError(f"{path}: column {field!r} holds {t}, not strings; {FIELD_HINT}")
+    if str(schema.field(i).type) not in _ARROW_TEXT:
+        raise ValueError(f"{path}: column {field!r} holds {schema.field(i).type}, not strings; {FIELD_HINT}")
     return i
 
 
@@ -172,14 +172,11 @@ def _column_documents(column: Any, path: str, first_row: int, field: str) -> Ite
     """The documents of one Arrow column chunk (string or binary), rows from ``first_row``."""
     import pyarrow as pa
 
-    binary = (
-        pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type) or str(column.type) == "binary_view"
-    )
+    binary = _ARROW_TEXT[str(column.type)]
     try:
         values = column.to_pylist()
     except UnicodeDecodeError:  # a string column holding invalid UTF-8: find the row below
-        values = column.cast(pa.large_binary()).to_pylist()
-        binary = True
+        values, binary = column.cast(pa.large_binary()).to_pylist(), True
     for i, value in enumerate(values):
         where = f"{path}[{first_row + i}]"
         if value is None:
