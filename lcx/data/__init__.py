@@ -1,11 +1,13 @@
-"""Data: corpora (embedded stdlib default), tokenizers, packing, batching with sequence layouts;
+"""Data: corpora (embedded stdlib default; the user's files in text, JSON lines, Parquet, Arrow and
+ArrayRecord, :mod:`lcx.data.readers`), tokenizers, packing, batching with sequence layouts;
 one batch-stream interface (:mod:`lcx.data.stream`) and a registry of sources
 (:mod:`lcx.data.sources`)."""
 
 from lcx.data.config import DATA_CONFIGS, DataConfig, PasskeyData, StdlibData, TextData
-from lcx.data.corpora import STDLIB_SKIP_DIRS, STDLIB_SNAPSHOT, Corpus, stdlib_corpus, text_corpus
+from lcx.data.corpora import DOCUMENTS, STDLIB_SKIP_DIRS, STDLIB_SNAPSHOT, Corpus, stdlib_corpus, text_corpus
 from lcx.data.packing import BATCH_KEYS, Packer, pack_documents, unigram_entropy
 from lcx.data.pipeline import Batches, EvalBatches, corpus_data, load_corpus, split_documents
+from lcx.data.readers import READERS, Document, Reader
 from lcx.data.sources import SOURCES, make_data
 from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows, lay_out
 from lcx.data.tokenizers import (
@@ -29,6 +31,8 @@ __all__ = [
     "Corpus",
     "DATA_CONFIGS",
     "DataConfig",
+    "Document",
+    "DOCUMENTS",
     "corpus_data",
     "Data",
     "EvalBatches",
@@ -41,6 +45,8 @@ __all__ = [
     "Packer",
     "padded_vocab_size",
     "PasskeyData",
+    "Reader",
+    "READERS",
     "Rows",
     "SOURCES",
     "split_documents",

@@ -14,6 +14,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from lcx.data.corpora import check_document
+from lcx.data.readers import check_format
+
 
 @dataclasses.dataclass(frozen=True)
 class StdlibData:
@@ -42,23 +45,41 @@ class StdlibData:
 
 @dataclasses.dataclass(frozen=True)
 class TextData:
-    """``data=text``: files or globs (``conf/data/text.yaml``).
+    """``data=text``: files, globs and directories (``conf/data/text.yaml``), and its presets
+    ``data=jsonl`` / ``data=parquet`` / ``data=arrayrecord``, which set ``format``
+    (:func:`lcx.data.corpora.text_corpus`).
 
     Attributes:
-      name: ``text``.
-      paths: files and/or globs (text, JSON lines, parquet, ...), relative to the launch directory.
-      text_field: the field of a JSON-lines record that holds the text.
+      name: ``text``, ``jsonl``, ``parquet`` or ``arrayrecord``.
+      paths: files, directories and/or globs, relative to the launch directory
+        (:mod:`lcx.data.paths`).
+      format: ``auto`` (by suffix) or a format of :data:`lcx.data.readers.READERS`, for every file.
+      text_field: the field or column that holds the text (JSON lines, Parquet, Arrow,
+        ArrayRecord JSON records); None (``null``): ArrayRecord records are raw text.
+      document: ``file`` (a text file or one record is a document) or ``directory`` (each
+        directory in ``paths`` is one document).
+      document_separator: text between the files of a ``directory`` document.
       tokenizer, val_fraction, split_seed, add_bos, add_eos: as :class:`StdlibData`.
+
+    Raises:
+      ValueError: an unknown ``format`` or ``document`` (names the known ones).
     """
 
     name: str
     paths: list[str]
-    text_field: str
+    format: str
+    text_field: Optional[str]
+    document: str
+    document_separator: str
     tokenizer: str
     val_fraction: float
     split_seed: int
     add_bos: Optional[bool] = None
     add_eos: Optional[bool] = None
+
+    def __post_init__(self):
+        check_format(self.format)
+        check_document(self.document)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +120,9 @@ DATA_CONFIGS: dict[str, type] = {
     "stdlib": StdlibData,
     "stdlib_bpe": StdlibData,
     "text": TextData,
+    "jsonl": TextData,  # data=text with format=jsonl
+    "parquet": TextData,  # data=text with format=parquet
+    "arrayrecord": TextData,  # data=text with format=arrayrecord
     "passkey": PasskeyData,
 }
 """The typed config of each data source, by its ``data.name``."""

@@ -4,8 +4,9 @@
 shipped inside lcx (:data:`STDLIB_SNAPSHOT`): real, long, structured documents (734, one per
 module file, 12,118,641 bytes), nothing downloaded, and the same bytes on every Python version lcx
 runs on (the running interpreter's own library differs between 3.11 and 3.12, so the default run
-would not be the same run on both). :func:`text_corpus` reads the user's own files and globs
-(``data=text``).
+would not be the same run on both). :func:`text_corpus` reads the user's own files, globs and
+directories (``data=text`` and its presets ``data=jsonl|parquet|arrayrecord``) in any format of
+:data:`lcx.data.readers.READERS`; a document is a file, a record, or a whole directory.
 
 Every error raised here happens before anything compiles and names the path and the fix.
 """
@@ -14,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import glob
 import importlib.resources
-import json
 import os
 import tarfile
 from collections.abc import Iterator, Sequence
+
+from lcx.data.paths import resolve_paths
+from lcx.data.readers import AUTO, READERS, check_format, decode
 
 # Directories skipped in the standard library: installed third-party packages (site-packages,
 # dist-packages: not part of the stdlib, and their size varies per machine), CPython's own test
@@ -35,9 +37,20 @@ library (the ``.py`` files :func:`stdlib_corpus` reads from a directory), one ta
 document named by its relative path, xz-compressed (2.0 MB); its license (PSF) is
 ``stdlib-3.11.7-LICENSE.txt`` beside it. Made by ``experiments/make_stdlib_snapshot.py``."""
 
-# Suffixes read as JSON lines (one document per line, from a text field); any other file is plain
-# text, one document per file.
-JSONL_SUFFIXES: tuple[str, ...] = (".jsonl", ".ndjson")
+DOCUMENTS: tuple[str, ...] = ("file", "directory")
+"""What one document is (``data.document``): ``file``, a text file or one record of a record
+file; ``directory``, the files of a directory in ``data.paths`` joined into one."""
+
+
+def check_document(document: str) -> str:
+    """``document`` if it is one of :data:`DOCUMENTS`.
+
+    Raises:
+      ValueError: another value, naming the valid ones.
+    """
+    if document not in DOCUMENTS:
+        raise ValueError(f"unknown data.document {document!r}; use one of {', '.join(DOCUMENTS)}")
+    return document
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +61,9 @@ class Corpus:
 
     Attributes:
       documents: the document texts, in a deterministic order.
-      names: one name per document, for messages: a path relative to its root, or ``file:line``
-        for JSON-lines records.
+      names: one name per document, for messages: a path (relative to its root for the standard
+        library), ``file:line`` for JSON-lines records, ``file[i]`` for rows and records of
+        Parquet, Arrow and ArrayRecord files, the directory for ``data.document=directory``.
       source: where the corpus came from (a directory, or the user's path arguments).
     """
 
@@ -76,17 +90,6 @@ class Corpus:
     def num_bytes(self) -> int:
         """Total size in UTF-8 bytes (= tokens under the byte tokenizer)."""
         return sum(len(d.encode("utf-8")) for d in self.documents)
-
-
-def _decode(data: bytes, path: str, base_offset: int = 0) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{path}: not valid UTF-8 at byte offset {base_offset + e.start} ({e.reason}); lcx reads "
-            f"text as UTF-8 and never replaces bytes silently. Convert the file (for example "
-            f"`iconv -f latin1 -t utf-8`) or leave it out of data.paths"
-        ) from None
 
 
 @functools.lru_cache(maxsize=2)
@@ -125,7 +128,7 @@ def stdlib_corpus(root: str | None = None) -> Corpus:
     for rel in rels:
         path = os.path.join(root, rel)
         with open(path, "rb") as fh:
-            docs.append(_decode(fh.read(), path))
+            docs.append(decode(fh.read(), path))
     if not any(docs):
         raise ValueError(f"no Python source found under {root!r}; use data=text with your own files")
     return Corpus(tuple(docs), tuple(rels), root)
@@ -140,106 +143,69 @@ def _snapshot_corpus() -> Corpus:
         for m in members:
             data = tf.extractfile(m)
             assert data is not None  # a regular file always has contents
-            docs.append(_decode(data.read(), f"{STDLIB_SNAPSHOT}:{m.name}"))
+            docs.append(decode(data.read(), f"{STDLIB_SNAPSHOT}:{m.name}"))
     return Corpus(tuple(docs), tuple(m.name for m in members), f"lcx.data/{STDLIB_SNAPSHOT}")
 
 
-def _expand(paths: Sequence[str]) -> list[str]:
-    """Files named by ``paths`` (files or globs), in argument order, sorted within each glob."""
-    files: list[str] = []
-    seen: set[str] = set()
-    for p in paths:
-        p = os.path.expanduser(str(p))
-        if glob.has_magic(p):
-            matches = sorted(m for m in glob.glob(p, recursive=True) if os.path.isfile(m))
-            if not matches:
-                raise FileNotFoundError(
-                    f"glob {p!r} matched no file (working directory {os.getcwd()!r}); check the "
-                    f"pattern, or use '**' with a quoted glob for subdirectories, e.g. 'docs/**/*.md'"
-                )
-        elif os.path.isdir(p):
-            raise ValueError(
-                f"{p!r} is a directory; give files or a quoted glob instead, e.g. '{p.rstrip('/')}/**/*.txt'"
-            )
-        elif not os.path.isfile(p):
-            raise FileNotFoundError(
-                f"data path {p!r} not found (working directory {os.getcwd()!r}); check "
-                f"data.paths, or use an absolute path"
-            )
-        else:
-            matches = [p]
-        for m in matches:
-            key = os.path.realpath(m)
-            if key not in seen:  # overlapping globs: each file once
-                seen.add(key)
-                files.append(m)
-    return files
+def text_corpus(
+    paths: Sequence[str] | str,
+    *,
+    text_field: str | None = "text",
+    format: str = AUTO,
+    document: str = "file",
+    document_separator: str = "\n\n",
+) -> Corpus:
+    """The user's own text: files, globs and directories, in any format of
+    :data:`lcx.data.readers.READERS`.
 
-
-def _read_jsonl(path: str, text_field: str) -> tuple[list[str], list[str]]:
-    with open(path, "rb") as fh:
-        raw = fh.read()
-    docs, names = [], []
-    offset = 0
-    for lineno, line in enumerate(raw.split(b"\n"), start=1):
-        text = _decode(line, f"{path}:{lineno}", offset)
-        offset += len(line) + 1
-        if not text.strip():
-            continue  # blank lines (for example a trailing newline) hold no record
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(record, dict) or text_field not in record:
-            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-            raise ValueError(
-                f"{path}:{lineno}: record has no field {text_field!r} (found {keys}); set "
-                f"data.text_field to the field that holds the text"
-            )
-        value = record[text_field]
-        if not isinstance(value, str):
-            raise ValueError(f"{path}:{lineno}: field {text_field!r} is a {type(value).__name__}, not a string")
-        docs.append(value)
-        names.append(f"{path}:{lineno}")
-    return docs, names
-
-
-def text_corpus(paths: Sequence[str] | str, *, text_field: str = "text") -> Corpus:
-    """The user's own text: files or globs, plain text or JSON lines.
-
-    A ``.jsonl``/``.ndjson`` file gives one document per non-blank line, from the string field
-    ``text_field`` of each JSON object; any other file is UTF-8 plain text, one document per file.
-    Files come in argument order, sorted within each glob (``**`` recurses), each file once.
+    Paths resolve as :mod:`lcx.data.paths` says (argument order, sorted within a glob or a
+    directory, each file once; a directory's files recursively, those with a known suffix under
+    ``format="auto"``). Each file is read by the reader of its format: a text file is one
+    document, a JSON-lines line, Parquet or Arrow row, or ArrayRecord record is one document
+    (its ``text_field``). With ``document="directory"`` each directory in ``paths`` (named or
+    matched by a glob) is one document instead: its documents, in file order, joined by
+    ``document_separator`` (empty ones left out); files named directly stay as with ``file``.
     Empty documents are kept here and skipped by packing (they hold no tokens).
 
     Args:
-      paths: file paths and/or glob patterns (a single string is one path).
-      text_field: JSON field holding the text in JSON-lines files.
+      paths: files, directories and/or glob patterns (a single string is one path).
+      text_field: the field or column that holds the text (JSON lines, Parquet, Arrow,
+        ArrayRecord JSON records); None reads ArrayRecord records as raw text.
+      format: ``auto`` (by suffix) or a name in :data:`lcx.data.readers.READERS`, for every file.
+      document: ``file`` or ``directory`` (:data:`DOCUMENTS`).
+      document_separator: text between the files of a directory document.
 
     Returns:
-      A :class:`Corpus` whose names are file paths, or ``file:line`` for JSON-lines records.
+      A :class:`Corpus` named as :attr:`Corpus.names` says.
 
     Raises:
-      FileNotFoundError: a path that does not exist, or a glob that matches no file.
-      ValueError: no paths; a directory given as a path; a file that is not valid UTF-8 (path
-        and byte offset); a JSON-lines line that is not valid JSON or lacks ``text_field``
-        (``file:line``); a corpus with no text at all.
+      FileNotFoundError: a path that does not exist, a glob that matches nothing, a directory
+        with no file to read.
+      ValueError: no paths; an unknown ``format`` or ``document`` (names the known ones); a file
+        that is not valid UTF-8 (file and byte offset; row or record); a JSON line that does not
+        parse (``file:line``); a record without ``text_field`` (names the keys or columns it
+        has) or whose value is not a string; a file that is not of its format; a corpus with no
+        text at all.
     """
     if isinstance(paths, str):
         paths = [paths]
     paths = list(paths)
     if not paths:
-        raise ValueError("data=text needs at least one path, e.g. data.paths=[a.txt,'docs/*.md']")
+        raise ValueError("data.paths needs at least one path, e.g. data.paths=[a.txt,'docs/*.md']")
+    check_format(format)
+    check_document(document)
     docs: list[str] = []
     names: list[str] = []
-    for f in _expand(paths):
-        if f.lower().endswith(JSONL_SUFFIXES):
-            d, n = _read_jsonl(f, text_field)
-        else:
-            with open(f, "rb") as fh:
-                d, n = [_decode(fh.read(), f)], [f]
-        docs += d
-        names += n
+    for match in resolve_paths(paths, format):
+        read = (d for path, fmt in match.files for d in READERS[fmt].read(path, text_field))
+        if document == "directory" and match.directory:
+            if match.files:  # a directory whose files all came earlier gives no document
+                docs.append(document_separator.join(d.text for d in read if d.text))
+                names.append(match.name)
+            continue
+        for d in read:
+            docs.append(d.text)
+            names.append(d.where)
     if not any(docs):
         raise ValueError(
             f"the corpus from data.paths={paths} is empty ({len(docs)} documents, 0 characters); "

@@ -1,5 +1,5 @@
 """Batches of a text corpus for training and evaluation, the train/validation split, and the
-corpus source (``data=stdlib`` / ``data=text``, :func:`corpus_data`).
+corpus source (``data=stdlib`` / ``data=text`` and its presets, :func:`corpus_data`).
 
 A batch is a dict of five arrays ``[global_batch, seq_len]`` (see :mod:`lcx.data.packing`), with
 the sequence layout (contiguous, zigzag or balanced, :mod:`lcx.sharding.layout`) applied ONCE, to all five
@@ -320,7 +320,10 @@ def _abs_paths(paths: Sequence[str]) -> list[str]:
 
 
 def load_corpus(data: StdlibData | TextData) -> Corpus:
-    """The corpus a data config names: ``data=stdlib`` or ``data=text`` (its ``paths``).
+    """The corpus a data config names: ``data=stdlib``, or ``data=text`` and its presets
+    (``jsonl``, ``parquet``, ``arrayrecord``): its ``paths`` read by
+    :func:`lcx.data.corpora.text_corpus` with its ``format``, ``text_field``, ``document`` and
+    ``document_separator``.
 
     Raises:
       ValueError, FileNotFoundError: no paths, and every error of :func:`stdlib_corpus` /
@@ -330,18 +333,25 @@ def load_corpus(data: StdlibData | TextData) -> Corpus:
         return stdlib_corpus()
     paths = [data.paths] if isinstance(data.paths, str) else list(data.paths)
     if not paths:
-        raise ValueError("data=text needs data.paths, e.g. data.paths=[a.txt,'docs/*.md']")
-    return text_corpus(_abs_paths(paths), text_field=data.text_field)
+        raise ValueError(f"data={data.name} needs data.paths, e.g. data.paths=[a.txt,'docs/*.md']")
+    return text_corpus(
+        _abs_paths(paths),
+        text_field=data.text_field,
+        format=data.format,
+        document=data.document,
+        document_separator=data.document_separator,
+    )
 
 
 def corpus_data(data: StdlibData | TextData, spec: BatchSpec) -> Data:
-    """The ``data=stdlib`` / ``data=text`` source: the corpus tokenized, split by document into
-    training :class:`Batches` and an evaluation :class:`EvalBatches` pass.
+    """The ``data=stdlib`` / ``stdlib_bpe`` / ``text`` (``jsonl``, ``parquet``, ``arrayrecord``)
+    source: the corpus tokenized, split by document into training :class:`Batches` and an
+    evaluation :class:`EvalBatches` pass.
 
     Args:
-      data: the ``data`` config: ``paths`` (text only: files or globs), ``text_field``
-        (JSON-lines field), ``tokenizer``, ``add_bos``, ``add_eos``
-        (:func:`lcx.data.tokenizers.data_tokenizer`), ``val_fraction`` (fraction of documents
+      data: the ``data`` config: ``paths``, ``format``, ``text_field``, ``document``,
+        ``document_separator`` (text and its presets: :func:`load_corpus`), ``tokenizer``,
+        ``add_bos``, ``add_eos`` (:func:`lcx.data.tokenizers.data_tokenizer`), ``val_fraction`` (fraction of documents
         held out, in (0, 1)), ``split_seed`` (seed of the split, independent of ``spec.seed``).
       spec: sizes, layout and seed of the batches.
 

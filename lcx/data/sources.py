@@ -19,7 +19,10 @@ from lcx.sharding.layout import BALANCED_BLOCK
 SOURCES: dict[str, Callable[[Any, BatchSpec], Data]] = {
     "stdlib": corpus_data,  # the embedded Python standard library sources
     "stdlib_bpe": corpus_data,  # the same, in the embedded BPE's tokens (lcx.data.tokenizers.STDLIB_BPE)
-    "text": corpus_data,  # files or globs in data.paths
+    "text": corpus_data,  # files, globs or directories in data.paths, any format (by suffix)
+    "jsonl": corpus_data,  # data=text with data.format=jsonl
+    "parquet": corpus_data,  # data=text with data.format=parquet
+    "arrayrecord": corpus_data,  # data=text with data.format=arrayrecord
     "passkey": passkey_data,  # the synthetic retrieval task (lcx.data.passkey)
 }
 
@@ -41,7 +44,8 @@ def make_data(
 
     Args:
       data: the typed ``data`` config (:mod:`lcx.data.config`); its ``name`` picks the source in
-        :data:`SOURCES` (``stdlib`` | ``stdlib_bpe`` | ``text`` | ``passkey``), the other fields are the source's
+        :data:`SOURCES` (``stdlib`` | ``stdlib_bpe`` | ``text`` | ``jsonl`` | ``parquet`` |
+        ``arrayrecord`` | ``passkey``), the other fields are the source's
         (:func:`lcx.data.pipeline.corpus_data`, :func:`lcx.data.passkey.passkey_data`).
       seq_len: S, tokens per row.
       global_batch: B, rows per training batch.
