@@ -126,8 +126,9 @@ class ByteTokenizer(Tokenizer):
     than failing; corpora, in contrast, are decoded strictly when they are read.
 
     Args:
-      add_bos, add_eos: ``data.add_bos`` / ``data.add_eos``; only None or False (all 256 ids are
-        bytes, none is free for BOS or EOS).
+      add_bos: ``data.add_bos``; only None or False (all 256 ids are bytes, none is free for
+        BOS).
+      add_eos: ``data.add_eos``; only None or False (likewise no id is free for EOS).
 
     Raises:
       ValueError: ``add_bos`` or ``add_eos`` true.
@@ -189,7 +190,8 @@ class HFTokenizer(Tokenizer):
 
     Args:
       path: a ``tokenizer.json`` or a directory holding one.
-      add_bos, add_eos: ``data.add_bos`` / ``data.add_eos``; None: the tokenizer's own rule.
+      add_bos: ``data.add_bos``; None: the tokenizer's own rule.
+      add_eos: ``data.add_eos``; None: the tokenizer's own rule.
       name: the name for messages (default: ``path``).
 
     Raises:
@@ -311,7 +313,8 @@ def get_tokenizer(name: str, *, add_bos: bool | None = None, add_eos: bool | Non
 
     Args:
       name: ``data.tokenizer``.
-      add_bos, add_eos: ``data.add_bos`` / ``data.add_eos`` (None: the tokenizer's own rule).
+      add_bos: ``data.add_bos`` (None: the tokenizer's own rule).
+      add_eos: ``data.add_eos`` (None: the tokenizer's own rule).
 
     Raises:
       ValueError: an unknown name (neither registered nor an existing path; lists the registered
