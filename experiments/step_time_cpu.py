@@ -128,13 +128,14 @@ def predict(cfg: dict, hw) -> tuple[float, float]:
     """(calibrated, roofline) step seconds of :func:`lcx.cost.estimate` for a run's config."""
     from lcx.cost import estimate
     from lcx.cost.local import StepSizes
-    from lcx.models import ModelConfig
+    from lcx.config.run import data_config, model_config
+    from lcx.data.tokenizers import data_tokenizer
     from lcx.sharding.config import plan_from_dict
     from lcx.training.memory import MemoryOptions, memory_policy
 
     h = cfg["hardware"]
     plan = plan_from_dict(cfg["plan"], default_block=h["attention_block"], default_kernel=h["attention_kernel"])
-    m = ModelConfig.from_dict(cfg["model"])
+    m = model_config(cfg["model"], data_tokenizer(data_config(cfg["data"])))  # vocab_size: null derived
     policy = memory_policy(m, MemoryOptions(**(cfg.get("memory") or {})))
     step = StepSizes.of_model(m, int(cfg["train"]["seq_len"]), int(cfg["train"]["global_batch"])).args()
     n = int(cfg["hardware"]["cpu_devices"])

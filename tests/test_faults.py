@@ -274,9 +274,6 @@ def test_a_save_that_fills_the_disk_is_never_listed_and_can_be_retried(small_dis
 def test_training_stops_at_the_step_after_a_failed_save(tmp_path, small_disk, devices):
     import jax
     from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
-    from lcx.models import ModelConfig
     from lcx.training.checkpoint import Checkpoints, CheckpointSaveError
     from lcx.training.loop import train
 
@@ -293,7 +290,7 @@ def test_training_stops_at_the_step_after_a_failed_save(tmp_path, small_disk, de
         )
     # room for one checkpoint (float32 parameters and AdamW's two moments, plus orbax's metadata)
     # and a half: step 1 fits, step 2 (written while step 1 is kept) does not
-    n = ModelConfig.from_dict(OmegaConf.to_container(c.model, resolve=True)).n_params
+    n = run_config(c).model.n_params
     ck = small_disk(int(1.5 * (3 * 4 * n + (64 << 10))) // 4096 * 4096) / "ck"
     with (
         jax.numpy_dtype_promotion("standard"),
