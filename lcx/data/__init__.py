@@ -1,13 +1,16 @@
-"""Data: corpora (embedded stdlib default), tokenizers, packing, batching with sequence layouts;
-one batch-stream interface (:mod:`lcx.data.stream`) and a registry of sources
+"""Data: corpora (embedded stdlib default), tokenizers, packing, the grain training pipeline
+(:mod:`lcx.data.grain_stream`: workers, mixtures, per-process shards, exact resume), batching with
+sequence layouts; one batch-stream interface (:mod:`lcx.data.stream`) and a registry of sources
 (:mod:`lcx.data.sources`)."""
 
 from lcx.data.config import DATA_CONFIGS, DataConfig, PasskeyData, StdlibData, TextData
 from lcx.data.corpora import STDLIB_SKIP_DIRS, STDLIB_SNAPSHOT, Corpus, stdlib_corpus, text_corpus
 from lcx.data.packing import BATCH_KEYS, Packer, pack_documents, unigram_entropy
-from lcx.data.pipeline import Batches, EvalBatches, corpus_data, load_corpus, split_documents
+from lcx.data.corpus_source import corpus_data
+from lcx.data.grain_stream import GrainBatches
+from lcx.data.pipeline import Batches, EvalBatches, load_corpus, split_documents
 from lcx.data.sources import SOURCES, make_data
-from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows, lay_out
+from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, RowCursor, Rows, lay_out
 from lcx.data.tokenizers import TOKENIZERS, ByteTokenizer, Tokenizer, get_tokenizer
 
 __all__ = [
@@ -24,12 +27,14 @@ __all__ = [
     "Data",
     "EvalBatches",
     "get_tokenizer",
+    "GrainBatches",
     "lay_out",
     "load_corpus",
     "make_data",
     "pack_documents",
     "Packer",
     "PasskeyData",
+    "RowCursor",
     "Rows",
     "SOURCES",
     "split_documents",

@@ -12,7 +12,7 @@ from typing import Any
 
 from lcx.data.config import DataConfig
 from lcx.data.passkey import passkey_data
-from lcx.data.pipeline import corpus_data
+from lcx.data.corpus_source import corpus_data
 from lcx.data.stream import BatchSpec, Data
 from lcx.sharding.layout import BALANCED_BLOCK
 
@@ -33,6 +33,7 @@ def make_data(
     seed: int = 0,
     val_global_batch: int | None = None,
     layout_block: int = BALANCED_BLOCK,
+    process_shard: tuple[int, int] = (0, 1),
 ) -> Data:
     """Build training and validation batches from a data config (the trainer's single entry).
 
@@ -41,7 +42,7 @@ def make_data(
     Args:
       data: the typed ``data`` config (:mod:`lcx.data.config`); its ``name`` picks the source in
         :data:`SOURCES` (``stdlib`` | ``text`` | ``passkey``), the other fields are the source's
-        (:func:`lcx.data.pipeline.corpus_data`, :func:`lcx.data.passkey.passkey_data`).
+        (:func:`lcx.data.corpus_source.corpus_data`, :func:`lcx.data.passkey.passkey_data`).
       seq_len: S, tokens per row.
       global_batch: B, rows per training batch.
       layout: ``"contiguous"``, ``"zigzag"`` or ``"balanced"``.
@@ -49,6 +50,8 @@ def make_data(
       seed: training shuffle seed.
       val_global_batch: rows per validation batch; defaults to ``global_batch``.
       layout_block: the kernels' tile in tokens (the balanced layout's shortest chunk).
+      process_shard: ``(index, count)``: this process holds part ``index`` of ``count`` equal
+        parts of each batch's rows (:attr:`lcx.data.BatchSpec.process_shard`); ``(0, 1)``: all.
 
     Returns:
       :class:`lcx.data.stream.Data` ``(train, val, tokenizer)``.
@@ -67,6 +70,7 @@ def make_data(
         seed=int(seed),
         val_global_batch=int(global_batch if val_global_batch is None else val_global_batch),
         layout_block=int(layout_block),
+        process_shard=(int(process_shard[0]), int(process_shard[1])),
     )
     return SOURCES[data.name](data, spec)
 
