@@ -5,9 +5,9 @@ sequence layouts; one batch-stream interface (:mod:`lcx.data.stream`) and a regi
 
 from lcx.data.config import DATA_CONFIGS, DataConfig, PasskeyData, StdlibData, TextData
 from lcx.data.corpora import STDLIB_SKIP_DIRS, STDLIB_SNAPSHOT, Corpus, stdlib_corpus, text_corpus
-from lcx.data.packing import BATCH_KEYS, Packer, pack_documents, unigram_entropy
 from lcx.data.corpus_source import corpus_data
 from lcx.data.grain_stream import GrainBatches
+from lcx.data.packing import BATCH_KEYS, Packer, pack_documents, unigram_entropy
 from lcx.data.pipeline import Batches, EvalBatches, load_corpus, split_documents
 from lcx.data.sources import SOURCES, make_data
 from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, RowCursor, Rows, lay_out

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from lcx.data.config import DataConfig
-from lcx.data.passkey import passkey_data
 from lcx.data.corpus_source import corpus_data
+from lcx.data.passkey import passkey_data
 from lcx.data.stream import BatchSpec, Data
 from lcx.sharding.layout import BALANCED_BLOCK
 

@@ -25,9 +25,10 @@ from lcx.data import Data, make_data
 from lcx.models import init_model, model_shardings
 from lcx.sharding import MeshPlan, bind
 from lcx.training.config import DistributedConfig, HardwareConfig, RunConfig
+from lcx.training.hostdata import process_shard
 from lcx.training.memory import MemoryCheck, fit_step, memory_anatomy, memory_check
 from lcx.training.optim import optimizer_from_config
-from lcx.training.step import Steps, is_arraylike, make_steps
+from lcx.training.step import BATCH_AXES, Steps, is_arraylike, make_steps
 
 log = logging.getLogger("lcx.training.loop")
 
@@ -131,6 +132,9 @@ def setup(config: RunConfig, devices=None) -> Run:
         context_degree=mp.context_degree,
         seed=t.seed,
         layout_block=max(att.block_q, att.block_kv),
+        # this process's part of each batch's rows: where processes hold different rows, each reads
+        # its own documents (lcx.data.corpus_source) and puts only its rows (put_batch)
+        process_shard=process_shard(mp.activation_sharding(BATCH_AXES), (t.global_batch, t.seq_len)),
     )
     key = jax.random.key(t.seed)
     abstract = eqx.filter_eval_shape(init_model, model_cfg, key=key)
