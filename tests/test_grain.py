@@ -227,3 +227,68 @@ def test_bad_configs_are_refused_before_anything_runs(tmp_path):
         check_mixture([], fields)
     with pytest.raises(ValueError, match=r"global_batch=3 rows do not split into 2 data shards"):
         make_data(text(tmp_path, shards=2), seq_len=64, global_batch=3)
+
+
+@pytest.mark.slow
+def test_sigterm_and_resume_with_a_mixture_and_workers_is_the_uninterrupted_run(tmp_path):
+    """A 6-step run on a 2-source JSON-lines mixture built by 2 worker processes, stopped by
+    SIGTERM after step 2 or 3 and resumed to step 6, logs the steps after the stop bit for bit as
+    an uninterrupted 6-step run (same train.steps, so the same learning-rate schedule)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    a = tiny_text(tmp_path, "long", 12, 200, "L")
+    b = tiny_text(tmp_path, "short", 40, 10, "s")
+    mix = f"data.mixture=[{{paths:['{a}'],weight:3,name:long}},{{paths:['{b}'],weight:1,name:short}}]"
+    args = ["model=tiny", "model.n_layers=1", "data=text", mix, "data.workers=2", "train.seq_len=128"]
+    args += ["train.global_batch=4", "train.steps=6", "train.eval_every=0", "train.warmup_steps=2"]
+    args += ["checkpoint.every=0", "train.tensorboard=false"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+
+    def start(name):
+        run = tmp_path / name
+        cmd = [sys.executable, "-m", "lcx.train", *args, f"checkpoint.dir={tmp_path / name}_ckpt"]
+        cmd += [f"hydra.run.dir={run}", "train.reuse_run_dir=true"]
+        return run, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+
+    def metrics(run):
+        path = run / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # being written
+                break
+        return out
+
+    ref_run, p = start("ref")
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    ref = metrics(ref_run)
+    assert [r["step"] for r in ref] == [1, 2, 3, 4, 5, 6]
+    assert ref[-1]["tokens/long"] == 3 * ref[-1]["tokens/short"] == 3 * 6 * 128
+    assert all("data_wait_s" in r for r in ref)
+
+    run, p = start("stopped")
+    t0 = time.time()
+    while not metrics(run) or metrics(run)[-1]["step"] < 2:
+        assert p.poll() is None, p.communicate()[1][-3000:]
+        assert time.time() - t0 < 300
+        time.sleep(0.01)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
+    stopped = metrics(run)[-1]["step"]
+    assert 2 <= stopped < 6, stopped
+
+    run, p = start("stopped")
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    got = metrics(run)
+    assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6]
+    assert [r.get("resumed_from") for r in got if "resumed_from" in r] == [stopped]
+    for key in ("loss", "grad_norm", "lr", "tokens/long", "tokens/short"):
+        assert [r[key] for r in got] == [r[key] for r in ref], key
