@@ -292,3 +292,15 @@ def test_sigterm_and_resume_with_a_mixture_and_workers_is_the_uninterrupted_run(
     assert [r.get("resumed_from") for r in got if "resumed_from" in r] == [stopped]
     for key in ("loss", "grad_norm", "lr", "tokens/long", "tokens/short"):
         assert [r[key] for r in got] == [r[key] for r in ref], key
+
+
+def test_a_new_global_batch_or_worker_count_resumes_at_the_same_row(tmp_path):
+    cfg = text(tmp_path, val_fraction=0.1)
+    a = make_data(cfg, seq_len=64, global_batch=4, seed=2).train
+    for _ in range(3):
+        next(a)
+    b = make_data(cfg, seq_len=64, global_batch=6, seed=2).train
+    b.restore(a.state())
+    assert b.state()["offset"] == 12 and b.state()["batches"] == 0
+    rows = np.concatenate([next(a)["tokens"] for _ in range(3)])  # rows 12..23
+    np.testing.assert_array_equal(np.concatenate([next(b)["tokens"] for _ in range(2)]), rows)

@@ -211,13 +211,15 @@ class GrainBatches(Rows, BatchStream):
             "offset": snap["offset"],
             "batches": snap["batches"],
             "grain": snap["grain"],
+            "shard_rows": self.shard_rows,
             "workers": self.workers,
             "tokens": dict(snap["tokens"]),
         }
 
     def state(self) -> dict[str, Any]:
         """The exact position, JSON-able: ``grain`` (grain's iterator state), ``offset`` (the row
-        its pipeline starts at) and ``batches`` (handed out since), ``epoch`` and ``row`` (the
+        its pipeline starts at) and ``batches`` (handed out since, of ``shard_rows`` rows of each
+        shard), ``epoch`` and ``row`` (the
         same position in epochs of :attr:`rows_per_epoch` rows, as :class:`lcx.data.Batches`
         stores it), ``tokens`` (per source, all shards), ``workers``, and the fields that
         identify the stream (checked by :meth:`restore`)."""
@@ -249,7 +251,7 @@ class GrainBatches(Rows, BatchStream):
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Resume exactly at ``state``: from :meth:`state` (grain's iterator state is set; with
-        another ``workers``, the pipeline restarts at the same row instead), or the
+        another ``workers`` or batch size, the pipeline restarts at the same row instead), or the
         ``{epoch, row, ...}`` state of :class:`lcx.data.Batches` (checkpoints written before the
         grain pipeline; one source and one shard only).
 
@@ -268,9 +270,11 @@ class GrainBatches(Rows, BatchStream):
                     f"resume with the same data config, seed and seq_len"
                 )
         offset, batches, grain_state = int(state["offset"]), int(state["batches"]), state.get("grain")
-        if int(state.get("workers", -1)) != self.workers or grain_state is None:
-            # grain's state records its worker processes: restart at the same row instead
-            offset, batches, grain_state = offset + batches * self.shard_rows, 0, None
+        rows = int(state.get("shard_rows", self.shard_rows))
+        if rows != self.shard_rows or int(state.get("workers", -1)) != self.workers or grain_state is None:
+            # grain's state counts batches of the old size and records its worker processes:
+            # with another batch size or worker count, restart at the same row instead
+            offset, batches, grain_state = offset + batches * rows, 0, None
         self._start(offset, grain_state, batches, state.get("tokens") or {})
 
     def _restore_position(self, state: Mapping[str, Any]) -> None:
