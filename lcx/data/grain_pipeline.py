@@ -92,7 +92,7 @@ def tokenize(texts: Sequence[str], tokenizer: Any, workers: int = 0) -> list[np.
     """
     ds = grain.MapDataset.source(list(texts)).map(_Encode(tokenizer))
     if workers == 0 or len(texts) < 2:
-        return [ds[i] for i in range(len(ds))]
+        return [np.asarray(ds[i]) for i in range(len(ds))]
     it = iterate(ds, workers, 16)
     try:
         return [np.array(x) for x in it]
@@ -122,8 +122,8 @@ class _Concat:
     def __len__(self) -> int:
         return sys.maxsize
 
-    def __getitem__(self, k: int) -> Batch:
-        got = [p[k] for p in self.parts]
+    def __getitem__(self, index: int) -> Batch:
+        got = [p[index] for p in self.parts]
         return {key: np.concatenate([g[key] for g in got]) for key in got[0]}
 
 

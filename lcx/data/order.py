@@ -93,10 +93,10 @@ class EndlessRows:
     def __len__(self) -> int:
         return sys.maxsize
 
-    def __getitem__(self, r: int) -> dict[str, np.ndarray]:
-        """Global row ``r``: dict of :data:`BATCH_KEYS` arrays ``[S]`` (plus ``source``, an int32
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        """Global row ``index``: dict of :data:`BATCH_KEYS` arrays ``[S]`` (plus ``source``, an int32
         scalar, when :attr:`source` is set)."""
-        row = {k: v[0] for k, v in self.rows(int(r), 1).items()}
+        row = {k: v[0] for k, v in self.rows(int(index), 1).items()}
         if self.source is not None:
             row["source"] = np.int32(self.source)
         return row
