@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from lcx.data.grain_pipeline import batch_dataset, close_iterator, iterate
-from lcx.data.order import EndlessRows
+from lcx.data.order import EndlessRows, row_position
 from lcx.data.packing import BATCH_KEYS, Packer, unigram_entropy
 from lcx.data.stream import Batch, BatchStream, Rows
 
@@ -54,7 +54,8 @@ class GrainBatches(Rows, BatchStream):
         stream, checked on :meth:`restore`.
       workers: grain worker processes (0: a prefetch thread in this process).
       prefetch: batches buffered ahead (per worker).
-      seq_len, global_batch, layout, context_degree, layout_block: as :class:`lcx.data.Rows`.
+      rows: ``seq_len``, ``global_batch``, ``layout``, ``context_degree``, ``layout_block``: as
+        :class:`lcx.data.Rows` (:meth:`lcx.data.BatchSpec.rows`).
 
     Yields:
       dicts with :data:`BATCH_KEYS`, each ``[rows, S]``: ``tokens``, ``targets``, ``positions``,
@@ -75,19 +76,10 @@ class GrainBatches(Rows, BatchStream):
         identity: Mapping[str, Any],
         workers: int = 0,
         prefetch: int = 2,
-        seq_len: int,
-        global_batch: int,
-        layout: str = "contiguous",
-        context_degree: int = 1,
-        layout_block: int = 512,
+        **rows: Any,
     ):
-        super().__init__(
-            seq_len=seq_len,
-            global_batch=global_batch,
-            layout=layout,
-            context_degree=context_degree,
-            layout_block=layout_block,
-        )
+        super().__init__(**rows)
+        global_batch = self.global_batch
         if global_batch % total_shards:
             raise ValueError(
                 f"train.global_batch={global_batch} rows do not split into {total_shards} data shards "
@@ -285,26 +277,7 @@ class GrainBatches(Rows, BatchStream):
                 f"{len(self.names)} sources in {self.total_shards} shards; resume with one source and data.shards=1, "
                 "or start a new run (a new checkpoint.dir)"
             )
-        mine = self.state()
-        if state.get("row", 0) and int(state.get("row_shuffle", 0)) != mine["row_shuffle"]:
-            raise ValueError(
-                f"data state mismatch: the checkpoint's stream visits rows {'shuffled' if state.get('row_shuffle') else 'in order'}"
-                f", this run's {'shuffled' if mine['row_shuffle'] else 'in order'} (lcx shuffles rows since its data "
-                f"format changed), so resuming mid-epoch would not see the batches the run would have; start a new run, "
-                f"or resume with the lcx version that wrote the checkpoint"
-            )
-        for key in ("seed", "shuffle", "seq_len", "num_docs", "num_tokens"):
-            if key in state and int(state[key]) != int(mine[key]):
-                raise ValueError(
-                    f"data state mismatch: checkpoint has {key}={int(state[key])}, this run has "
-                    f"{key}={mine[key]}; resume with the same data config, seed and seq_len"
-                )
-        epoch, row = int(state["epoch"]), int(state["row"])
-        if epoch < 0 or not 0 <= row < self.rows_per_epoch:
-            raise ValueError(
-                f"data state out of range: epoch={epoch}, row={row} (rows per epoch {self.rows_per_epoch})"
-            )
-        position = epoch * self.rows_per_epoch + row
+        position = row_position(state, self.state(), self.rows_per_epoch)
         self._start(position, None, 0, {self.names[0]: position * self.seq_len})
 
     def resume(self, state: Mapping[str, Any]) -> None:

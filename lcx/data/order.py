@@ -16,7 +16,8 @@ in it is one integer.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -105,4 +106,32 @@ class EndlessRows:
         return {**self.__dict__, "_cache": {}}  # a worker rebuilds the orders it needs
 
 
-__all__ = ["EndlessRows"]
+def row_position(state: Mapping[str, Any], mine: Mapping[str, Any], rows_per_epoch: int) -> int:
+    """The global row of an ``{epoch, row, ...}`` stream state (:meth:`lcx.data.Batches.state`),
+    after checking that it comes from the stream whose state is ``mine``.
+
+    Raises:
+      ValueError: ``seed``, ``shuffle``, ``seq_len``, ``num_docs`` or ``num_tokens`` differ (names
+        the field); a mid-epoch state of a stream that did not shuffle rows; ``epoch``/``row`` out
+        of range.
+    """
+    if state.get("row", 0) and int(state.get("row_shuffle", 0)) != int(mine["row_shuffle"]):
+        raise ValueError(
+            f"data state mismatch: the checkpoint's stream visits rows {'shuffled' if state.get('row_shuffle') else 'in order'}"
+            f", this run's {'shuffled' if mine['row_shuffle'] else 'in order'} (lcx shuffles rows since its data "
+            f"format changed), so resuming mid-epoch would not see the batches the run would have; start a new run, "
+            f"or resume with the lcx version that wrote the checkpoint"
+        )
+    for key in ("seed", "shuffle", "seq_len", "num_docs", "num_tokens"):
+        if key in state and int(state[key]) != int(mine[key]):
+            raise ValueError(
+                f"data state mismatch: checkpoint has {key}={int(state[key])}, this run has "
+                f"{key}={mine[key]}; resume with the same data config, seed and seq_len"
+            )
+    epoch, row = int(state["epoch"]), int(state["row"])
+    if epoch < 0 or not 0 <= row < rows_per_epoch:
+        raise ValueError(f"data state out of range: epoch={epoch}, row={row} (rows per epoch {rows_per_epoch})")
+    return epoch * rows_per_epoch + row
+
+
+__all__ = ["EndlessRows", "row_position"]

@@ -18,7 +18,7 @@ import numpy as np
 
 from lcx.data.config import StdlibData, TextData
 from lcx.data.corpora import Corpus, stdlib_corpus, text_corpus
-from lcx.data.order import EndlessRows
+from lcx.data.order import EndlessRows, row_position
 from lcx.data.packing import Packer, check_packing_args, unigram_entropy
 from lcx.data.stream import Batch, RowCursor, Rows
 from lcx.sharding.layout import BALANCED_BLOCK, check_layout
@@ -173,26 +173,7 @@ class Batches(Rows, RowCursor):
           ValueError: ``state`` comes from a different stream (seed, shuffle, sequence length or
             corpus differ) or is out of range; the message names the field.
         """
-        mine = self.state()
-        if state.get("row", 0) and int(state.get("row_shuffle", 0)) != mine["row_shuffle"]:
-            raise ValueError(
-                f"data state mismatch: the checkpoint's stream visits rows {'shuffled' if state.get('row_shuffle') else 'in order'}"
-                f", this run's {'shuffled' if mine['row_shuffle'] else 'in order'} (lcx shuffles rows since its data "
-                f"format changed), so resuming mid-epoch would not see the batches the run would have; start a new run, "
-                f"or resume with the lcx version that wrote the checkpoint"
-            )
-        for key in ("seed", "shuffle", "seq_len", "num_docs", "num_tokens"):
-            if key in state and int(state[key]) != mine[key]:
-                raise ValueError(
-                    f"data state mismatch: checkpoint has {key}={int(state[key])}, this run has "
-                    f"{key}={mine[key]}; resume with the same data config, seed and seq_len"
-                )
-        epoch, row = int(state["epoch"]), int(state["row"])
-        if epoch < 0 or not 0 <= row < self.rows_per_epoch:
-            raise ValueError(
-                f"data state out of range: epoch={epoch}, row={row} (rows per epoch {self.rows_per_epoch})"
-            )
-        self._row = epoch * self.rows_per_epoch + row
+        self._row = row_position(state, self.state(), self.rows_per_epoch)
 
     def resume(self, state: Mapping[str, Any]) -> None:
         """:meth:`restore`, or, for a ``state`` written at another ``seq_len``, continue in the same
