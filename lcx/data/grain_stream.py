@@ -14,6 +14,7 @@ prefetches one batch ahead of the step it checkpoints).
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import weakref
 from collections.abc import Mapping, Sequence
@@ -186,9 +187,14 @@ class GrainBatches(Rows, BatchStream):
 
     def close(self) -> None:
         """Stop the grain iterator and its worker processes (a later batch starts them again)."""
-        if self._closer is not None:
-            self._closer()
+        if self._closer is None:
+            return
+        self._closer()
         self._it = self._closer = None
+        if self.workers:
+            # free the closed iterator's locks and queues now, not in a garbage collection that
+            # may fall inside multiprocessing's resource tracker (which then warns of leaks)
+            gc.collect()
 
     # -- state --------------------------------------------------------------------------------
 
