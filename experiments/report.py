@@ -395,6 +395,44 @@ def default_run() -> str:
     )
 
 
+def data_pipeline() -> str:
+    """``experiments/data_pipeline.py``: the grain pipeline's tokens/s next to the model's."""
+    rows = C.read_csv(RES / "data_pipeline.csv")
+    what = {
+        "bpe_train": "train the byte-level BPE",
+        "tokenize": "tokenize the training documents (grain)",
+        "stream": "training stream: pack, batch, layout (grain)",
+        "model": "the README's run trains (tiny model)",
+    }
+    out = []
+    for r in rows:
+        wait = f"{float(r['wait_fraction']) * 100:.3f}% ({_f(r['data_wait_s'], 5)} s)" if r["wait_fraction"] else "-"
+        out.append(
+            [
+                what[r["measure"]],
+                f"{r['tokenizer']} ({int(r['vocab']):,})",
+                r["workers"] or "-",
+                f"{int(r['seq_len']):,} x {r['global_batch']}" if r["seq_len"] else "-",
+                _f(r["tokens_per_s"], 0),
+                _f(r["seconds"] or r["step_time_s"], 2),
+                wait,
+            ]
+        )
+    return _md(
+        [
+            "stage",
+            "tokenizer (vocab)",
+            "workers",
+            "tokens x rows",
+            "tokens/s",
+            "seconds (run: per step)",
+            "data wait / step (median)",
+        ],
+        out,
+        left=(0, 1),
+    )
+
+
 TABLES = {
     f.__name__: f
     for f in (
@@ -422,6 +460,7 @@ TABLES = {
         ledger_calibration_torus,
         time_model_parameters,
         load_balance_documents,
+        data_pipeline,
     )
 }
 PATTERN = re.compile(r"(<!-- BEGIN (\w+) -->\n)(.*?)(<!-- END \2 -->)", re.S)

@@ -126,9 +126,9 @@ def _load(d: pathlib.Path) -> dict:
 
 def predict(cfg: dict, hw) -> tuple[float, float]:
     """(calibrated, roofline) step seconds of :func:`lcx.cost.estimate` for a run's config."""
+    from lcx.config.run import data_config, model_config
     from lcx.cost import estimate
     from lcx.cost.local import StepSizes
-    from lcx.config.run import data_config, model_config
     from lcx.data.tokenizers import data_tokenizer
     from lcx.sharding.config import plan_from_dict
     from lcx.training.memory import MemoryOptions, memory_policy

@@ -274,6 +274,7 @@ def test_a_save_that_fills_the_disk_is_never_listed_and_can_be_retried(small_dis
 def test_training_stops_at_the_step_after_a_failed_save(tmp_path, small_disk, devices):
     import jax
     from hydra import compose, initialize_config_module
+
     from lcx.training.checkpoint import Checkpoints, CheckpointSaveError
     from lcx.training.loop import train
 

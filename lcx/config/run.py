@@ -155,12 +155,14 @@ def data_config(node: Any, tool: str = "lcx.train") -> DataConfig:
 
     Raises:
       ValueError: no ``data`` section, an unknown ``data.name`` (names the valid ones), or a key
-        unknown, mistyped or (``data.paths=???``) unset.
+        unknown, mistyped or (``data.paths=???``) unset; a bad ``data.mixture`` entry.
     """
     d = plain(node)
     name = d.get("name") if isinstance(d, dict) else None
     if name not in DATA_CONFIGS:
         raise ValueError(f"unknown data.name {name!r}; use data={', data='.join(DATA_CONFIGS)}")
+    if d.get("mixture") and d.get("paths") == "???":
+        node = {**d, "paths": []}  # a mixture's sources name their own paths
     return typed(node, DATA_CONFIGS[name], "data", tool=tool, resolve={"tokenizer": tokenizer_path})
 
 

@@ -1,15 +1,18 @@
 """Data: corpora (embedded stdlib default; the user's files in text, JSON lines, Parquet, Arrow and
-ArrayRecord, :mod:`lcx.data.readers`), tokenizers, packing, batching with sequence layouts;
-one batch-stream interface (:mod:`lcx.data.stream`) and a registry of sources
+ArrayRecord, :mod:`lcx.data.readers`), tokenizers, packing, the grain training pipeline
+(:mod:`lcx.data.grain_stream`: workers, mixtures, per-process shards, exact resume), batching with
+sequence layouts; one batch-stream interface (:mod:`lcx.data.stream`) and a registry of sources
 (:mod:`lcx.data.sources`)."""
 
 from lcx.data.config import DATA_CONFIGS, DataConfig, PasskeyData, StdlibData, TextData
 from lcx.data.corpora import DOCUMENTS, STDLIB_SKIP_DIRS, STDLIB_SNAPSHOT, Corpus, stdlib_corpus, text_corpus
+from lcx.data.corpus_source import corpus_data
+from lcx.data.grain_stream import GrainBatches
 from lcx.data.packing import BATCH_KEYS, Packer, pack_documents, unigram_entropy
-from lcx.data.pipeline import Batches, EvalBatches, corpus_data, load_corpus, split_documents
+from lcx.data.pipeline import Batches, EvalBatches, load_corpus, split_documents
 from lcx.data.readers import READERS, Document, Reader
 from lcx.data.sources import SOURCES, make_data
-from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows, lay_out
+from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, RowCursor, Rows, lay_out
 from lcx.data.tokenizers import (
     TOKENIZERS,
     ByteTokenizer,
@@ -37,6 +40,7 @@ __all__ = [
     "Data",
     "EvalBatches",
     "get_tokenizer",
+    "GrainBatches",
     "HFTokenizer",
     "lay_out",
     "load_corpus",
@@ -47,6 +51,7 @@ __all__ = [
     "PasskeyData",
     "Reader",
     "READERS",
+    "RowCursor",
     "Rows",
     "SOURCES",
     "split_documents",

@@ -3,8 +3,9 @@
 These classes are the schema of the ``data=`` group (:func:`lcx.config.register` stores them in
 Hydra's ConfigStore; :mod:`lcx.config.schema` checks a composed ``data`` section against them):
 one definition per key, with its type. The values live in the YAML files, so no field has a
-default, but ``add_bos`` / ``add_eos`` (None: the tokenizer's own rule), which configs built in
-code before those keys existed leave out. Types are ``typing.Optional``, not ``X | None``: OmegaConf 2.3 reads only the former in
+default, but ``add_bos`` / ``add_eos`` (None: the tokenizer's own rule) and the grain pipeline's
+knobs (``workers``, ``prefetch``, ``shards``, ``mixture``), so that code building a config by hand
+names only its source. Types are ``typing.Optional``, not ``X | None``: OmegaConf 2.3 reads only the former in
 structured configs.
 """
 
@@ -12,10 +13,33 @@ structured configs.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 from lcx.data.corpora import check_document
 from lcx.data.readers import check_format
+
+
+def _check_pipeline(d: Any) -> None:
+    """The grain pipeline's knobs of a corpus source (``data.workers``, ``prefetch``, ``shards``).
+
+    Raises:
+      ValueError: ``workers < 0``, ``prefetch < 1`` or ``shards < 1``; names the value and the fix.
+    """
+    if d.workers < 0:
+        raise ValueError(
+            f"data.workers={d.workers}: must be >= 0 (0: batches are built in the training process, by a "
+            f"prefetch thread; N: N grain worker processes); e.g. data.workers=0"
+        )
+    if d.prefetch < 1:
+        raise ValueError(
+            f"data.prefetch={d.prefetch}: must be >= 1 batch buffered ahead (per worker); e.g. data.prefetch=2"
+        )
+    if d.shards is not None and d.shards < 1:
+        raise ValueError(
+            f"data.shards={d.shards}: must be >= 1, or null (one shard per part of the batch the processes hold)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +57,10 @@ class StdlibData:
       add_bos, add_eos: put the tokenizer's BOS before (EOS after) every document; None: the
         tokenizer's own rule (:class:`lcx.data.tokenizers.HFTokenizer`). The one default here:
         configs built in code before these keys existed mean the tokenizer's own rule.
+      workers, prefetch, shards: the grain pipeline's (:func:`_check_pipeline`).
+
+    Raises:
+      ValueError: a bad ``workers``, ``prefetch`` or ``shards`` (names the value and the fix).
     """
 
     name: str
@@ -41,6 +69,12 @@ class StdlibData:
     split_seed: int
     add_bos: Optional[bool] = None
     add_eos: Optional[bool] = None
+    workers: int = 0
+    prefetch: int = 2
+    shards: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check_pipeline(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +93,18 @@ class TextData:
       document: ``file`` (a text file or one record is a document) or ``directory`` (each
         directory in ``paths`` is one document).
       document_separator: text between the files of a ``directory`` document.
-      tokenizer, val_fraction, split_seed, add_bos, add_eos: as :class:`StdlibData`.
+      tokenizer, val_fraction, split_seed, add_bos, add_eos, workers, prefetch, shards: as
+        :class:`StdlibData`.
+      mixture: null (one source: ``paths``), or a weighted mixture of sources: a list of
+        ``{paths: [...], weight: w, name: ...}``, each entry overriding this section's source
+        fields (``format``, ``text_field``, ``document``, ...; ``paths`` is required, ``name``
+        defaults to ``source<i>``). Rows are drawn from the sources in proportion to their
+        weights (``grain``'s ``MapDataset.mix``), :func:`mixture_sources`.
 
     Raises:
-      ValueError: an unknown ``format`` or ``document`` (names the known ones).
+      ValueError: an unknown ``format`` or ``document`` (names the known ones); a bad
+        ``workers``, ``prefetch``, ``shards`` or ``mixture`` entry (names the entry, the value
+        and the fix).
     """
 
     name: str
@@ -76,10 +118,17 @@ class TextData:
     split_seed: int
     add_bos: Optional[bool] = None
     add_eos: Optional[bool] = None
+    workers: int = 0
+    prefetch: int = 2
+    shards: Optional[int] = None
+    mixture: Optional[list[dict[str, Any]]] = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_format(self.format)
         check_document(self.document)
+        _check_pipeline(self)
+        if self.mixture is not None:
+            check_mixture(self.mixture, [f.name for f in dataclasses.fields(self)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +162,74 @@ class PasskeyData:
     split_seed: int
 
 
+MIXTURE_FIXED = frozenset({"name", "tokenizer", "add_bos", "add_eos", "workers", "prefetch", "shards", "mixture"})
+"""Keys of the ``data`` section a mixture entry may not override: one tokenizer (one vocabulary)
+and one pipeline serve every source (an entry's ``name`` names the source instead)."""
+
+
+def check_mixture(entries: Any, fields: Sequence[str]) -> None:
+    """Refuse a malformed ``data.mixture``, naming the entry, the value and the fix.
+
+    Args:
+      entries: the ``data.mixture`` list.
+      fields: the keys of the ``data`` section (an entry may override those outside
+        :data:`MIXTURE_FIXED`).
+
+    Raises:
+      ValueError: not a non-empty list of mappings; an entry without ``paths``, without a
+        ``weight`` or with a weight that is not a finite number > 0; an unknown or fixed key; two
+        entries of one ``name``.
+    """
+    example = "data.mixture=[{paths: [long.jsonl], weight: 3}, {paths: [short.jsonl], weight: 1}]"
+    if not isinstance(entries, list | tuple) or not entries:
+        raise ValueError(f"data.mixture={entries!r}: must be null or a non-empty list of sources, e.g. {example}")
+    allowed = sorted(({*fields} - MIXTURE_FIXED) | {"weight", "name"})
+    names: set[str] = set()
+    for i, e in enumerate(entries):
+        where = f"data.mixture[{i}]"
+        if not isinstance(e, Mapping):
+            raise ValueError(f"{where}={e!r}: must be a mapping like {{paths: [a.jsonl], weight: 1}}; e.g. {example}")
+        for k in e:
+            if k in MIXTURE_FIXED and k != "name":
+                raise ValueError(
+                    f"{where}.{k}: one {k} serves every source of a mixture; set data.{k} instead of the entry's"
+                )
+            if k not in allowed:
+                raise ValueError(f"{where}.{k}: unknown key; an entry reads {', '.join(allowed)}")
+        paths = e.get("paths")
+        if not paths or paths == "???":
+            raise ValueError(f"{where} has no paths: every source needs files or globs, e.g. {where}.paths=[a.jsonl]")
+        w = e.get("weight")
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w <= 0:
+            raise ValueError(
+                f"{where}.weight={w!r}: must be a finite number > 0 (the source's share of the rows is its weight / "
+                f"the sum of the weights); e.g. {where}.weight=1"
+            )
+        name = str(e.get("name", f"source{i}"))
+        if name in names:
+            raise ValueError(f"{where}.name={name!r}: two sources share the name; give each entry its own name")
+        names.add(name)
+
+
+def mixture_sources(data: Any) -> list[tuple[str, float, Any]]:
+    """The sources of a corpus ``data`` config: ``(name, weight, config)`` each.
+
+    One source (``data.mixture`` null, or ``data=stdlib``): ``[(data.name, 1.0, data)]``. A
+    mixture: one per entry, named by its ``name`` (default ``source<i>``), its config ``data``
+    with the entry's keys overriding (``paths``, ``text_field``, ...) and no mixture.
+    """
+    entries = getattr(data, "mixture", None)
+    if entries is None:
+        return [(data.name, 1.0, data)]
+    out = []
+    for i, e in enumerate(entries):
+        over = {k: v for k, v in e.items() if k not in ("weight", "name")}
+        out.append(
+            (str(e.get("name", f"source{i}")), float(e["weight"]), dataclasses.replace(data, mixture=None, **over))
+        )
+    return out
+
+
 DataConfig = StdlibData | TextData | PasskeyData
 """The ``data`` section of a run, whichever source it names."""
 
@@ -128,4 +245,13 @@ DATA_CONFIGS: dict[str, type] = {
 """The typed config of each data source, by its ``data.name``."""
 
 
-__all__ = ["DATA_CONFIGS", "DataConfig", "PasskeyData", "StdlibData", "TextData"]
+__all__ = [
+    "DATA_CONFIGS",
+    "MIXTURE_FIXED",
+    "DataConfig",
+    "PasskeyData",
+    "StdlibData",
+    "TextData",
+    "check_mixture",
+    "mixture_sources",
+]

@@ -31,7 +31,7 @@ import numpy as np
 
 from lcx.data.config import PasskeyData
 from lcx.data.packing import BATCH_KEYS
-from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows
+from lcx.data.stream import Batch, BatchSpec, Data, RowCursor, Rows
 from lcx.data.tokenizers import ByteTokenizer
 from lcx.sharding.layout import BALANCED_BLOCK, check_layout
 
@@ -176,7 +176,7 @@ def _stack(examples: Sequence[PasskeyExample]) -> Batch:
     return {k: np.stack([e.arrays[k] for e in examples]) for k in BATCH_KEYS}
 
 
-class PasskeyBatches(Rows, BatchStream):
+class PasskeyBatches(Rows, RowCursor):
     """Infinite, deterministic, resumable training batches of passkey rows.
 
     Row ``r`` draws its passkey, depth (uniform in ``[min_depth, max_depth]``) and filler offset

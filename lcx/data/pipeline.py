@@ -1,5 +1,6 @@
 """Batches of a text corpus for training and evaluation, the train/validation split, and the
-corpus source (``data=stdlib`` / ``data=text`` and its presets, :func:`corpus_data`).
+corpus a ``data=stdlib`` / ``data=text`` config (and its presets) names (:func:`load_corpus`; the
+source itself is :func:`lcx.data.corpus_source.corpus_data`).
 
 A batch is a dict of five arrays ``[global_batch, seq_len]`` (see :mod:`lcx.data.packing`), with
 the sequence layout (contiguous, zigzag or balanced, :mod:`lcx.sharding.layout`) applied ONCE, to all five
@@ -17,20 +18,21 @@ import numpy as np
 
 from lcx.data.config import StdlibData, TextData
 from lcx.data.corpora import Corpus, stdlib_corpus, text_corpus
-from lcx.data.packing import BATCH_KEYS, EpochIndex, Packer, check_packing_args, unigram_entropy
-from lcx.data.stream import Batch, BatchSpec, BatchStream, Data, Rows
-from lcx.data.tokenizers import data_tokenizer
+from lcx.data.order import EndlessRows, row_position
+from lcx.data.packing import Packer, check_packing_args, unigram_entropy
+from lcx.data.stream import Batch, RowCursor, Rows
 from lcx.sharding.layout import BALANCED_BLOCK, check_layout
 
 log = logging.getLogger(__name__)
 
 
-def _check_common(seq_len: int, global_batch: int, layout: str, context_degree: int) -> None:
+def check_batch_args(seq_len: int, global_batch: int, layout: str, context_degree: int) -> None:
+    """Raise ``ValueError`` for a bad row length, batch size, layout or layout degree."""
     check_packing_args(seq_len, global_batch)
     check_layout(layout, seq_len, context_degree)
 
 
-class Batches(Rows, BatchStream):
+class Batches(Rows, RowCursor):
     """Infinite, deterministic, resumable training batches.
 
     Epoch ``e`` packs the documents in the order ``np.random.default_rng([seed, e]).permutation``
@@ -84,7 +86,7 @@ class Batches(Rows, BatchStream):
         state: Mapping[str, int] | None = None,
         layout_block: int = BALANCED_BLOCK,
     ):
-        _check_common(seq_len, global_batch, layout, context_degree)
+        check_batch_args(seq_len, global_batch, layout, context_degree)
         super().__init__(
             seq_len=seq_len,
             global_batch=global_batch,
@@ -95,8 +97,8 @@ class Batches(Rows, BatchStream):
         self.packer = Packer(documents, self.seq_len)
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
+        self.order = EndlessRows(self.packer, (self.seed,), shuffle=self.shuffle)
         self._row = 0  # global row counter over the endless stream of epochs
-        self._index_cache: dict[int, tuple[EpochIndex, np.ndarray]] = {}
         if state is not None:
             self.restore(state)
 
@@ -104,22 +106,11 @@ class Batches(Rows, BatchStream):
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """Document order of ``epoch``: int64 ``[num_docs]`` permutation of packer indices."""
-        if not self.shuffle:
-            return np.arange(self.packer.num_docs)
-        return np.random.default_rng([self.seed, int(epoch)]).permutation(self.packer.num_docs)
+        return self.order.epoch_order(epoch)
 
     def row_order(self, epoch: int) -> np.ndarray:
         """Order in which ``epoch``'s packed rows are visited: int64 ``[rows_per_epoch]``."""
-        if not self.shuffle:
-            return np.arange(self.rows_per_epoch)
-        return np.random.default_rng([self.seed, int(epoch), 1]).permutation(self.rows_per_epoch)
-
-    def _index(self, epoch: int) -> tuple[EpochIndex, np.ndarray]:
-        if epoch not in self._index_cache:
-            if len(self._index_cache) >= 2:
-                self._index_cache.pop(min(self._index_cache))
-            self._index_cache[epoch] = (self.packer.epoch_index(self.epoch_order(epoch)), self.row_order(epoch))
-        return self._index_cache[epoch]
+        return self.order.row_order(epoch)
 
     # -- sizes --------------------------------------------------------------------------------
 
@@ -150,18 +141,8 @@ class Batches(Rows, BatchStream):
         return self._row // self.rows_per_epoch
 
     def __next__(self) -> Batch:
-        R, B = self.rows_per_epoch, self.global_batch
-        parts = []
-        row, left = self._row, B
-        while left:
-            epoch, r = divmod(row, R)
-            n = min(left, R - r)
-            index, order = self._index(epoch)
-            parts.append(self.packer.rows_at(index, order[r : r + n]))
-            row += n
-            left -= n
-        self._row = row
-        batch = {k: np.concatenate([p[k] for p in parts]) for k in BATCH_KEYS} if len(parts) > 1 else parts[0]
+        batch = self.order.rows(self._row, self.global_batch)
+        self._row += self.global_batch
         return self.lay_out(batch)
 
     def state(self) -> dict[str, int]:
@@ -192,26 +173,7 @@ class Batches(Rows, BatchStream):
           ValueError: ``state`` comes from a different stream (seed, shuffle, sequence length or
             corpus differ) or is out of range; the message names the field.
         """
-        mine = self.state()
-        if state.get("row", 0) and int(state.get("row_shuffle", 0)) != mine["row_shuffle"]:
-            raise ValueError(
-                f"data state mismatch: the checkpoint's stream visits rows {'shuffled' if state.get('row_shuffle') else 'in order'}"
-                f", this run's {'shuffled' if mine['row_shuffle'] else 'in order'} (lcx shuffles rows since its data "
-                f"format changed), so resuming mid-epoch would not see the batches the run would have; start a new run, "
-                f"or resume with the lcx version that wrote the checkpoint"
-            )
-        for key in ("seed", "shuffle", "seq_len", "num_docs", "num_tokens"):
-            if key in state and int(state[key]) != mine[key]:
-                raise ValueError(
-                    f"data state mismatch: checkpoint has {key}={int(state[key])}, this run has "
-                    f"{key}={mine[key]}; resume with the same data config, seed and seq_len"
-                )
-        epoch, row = int(state["epoch"]), int(state["row"])
-        if epoch < 0 or not 0 <= row < self.rows_per_epoch:
-            raise ValueError(
-                f"data state out of range: epoch={epoch}, row={row} (rows per epoch {self.rows_per_epoch})"
-            )
-        self._row = epoch * self.rows_per_epoch + row
+        self._row = row_position(state, self.state(), self.rows_per_epoch)
 
     def resume(self, state: Mapping[str, Any]) -> None:
         """:meth:`restore`, or, for a ``state`` written at another ``seq_len``, continue in the same
@@ -246,7 +208,7 @@ class EvalBatches(Rows, Sequence[Batch]):
     documents: dataclasses.InitVar[Sequence[np.ndarray]]
 
     def __post_init__(self, documents: Sequence[np.ndarray]) -> None:
-        _check_common(self.seq_len, self.global_batch, self.layout, self.context_degree)
+        check_batch_args(self.seq_len, self.global_batch, self.layout, self.context_degree)
         super().__post_init__()
         self.packer = Packer(documents, self.seq_len)
         self._index = self.packer.epoch_index()
@@ -341,31 +303,3 @@ def load_corpus(data: StdlibData | TextData) -> Corpus:
         document=data.document,
         document_separator=data.document_separator,
     )
-
-
-def corpus_data(data: StdlibData | TextData, spec: BatchSpec) -> Data:
-    """The ``data=stdlib`` / ``stdlib_bpe`` / ``text`` (``jsonl``, ``parquet``, ``arrayrecord``)
-    source: the corpus tokenized, split by document into training :class:`Batches` and an
-    evaluation :class:`EvalBatches` pass.
-
-    Args:
-      data: the ``data`` config: ``paths``, ``format``, ``text_field``, ``document``,
-        ``document_separator`` (text and its presets: :func:`load_corpus`), ``tokenizer``,
-        ``add_bos``, ``add_eos`` (:func:`lcx.data.tokenizers.data_tokenizer`), ``val_fraction`` (fraction of documents
-        held out, in (0, 1)), ``split_seed`` (seed of the split, independent of ``spec.seed``).
-      spec: sizes, layout and seed of the batches.
-
-    Raises:
-      ValueError, FileNotFoundError: bad sizes or layout, unknown tokenizer, missing or
-        unreadable paths, an empty corpus, fewer than 2 non-empty documents.
-    """
-    _check_common(spec.seq_len, spec.global_batch, spec.layout, spec.context_degree)
-    _check_common(spec.seq_len, spec.val_global_batch, spec.layout, spec.context_degree)
-    tokenizer = data_tokenizer(data)
-    corpus = load_corpus(data)
-    docs = tokenizer.encode_documents(corpus.documents)
-    docs = [d for d in docs if d.size]
-    train_idx, val_idx = split_documents(len(docs), data.val_fraction, data.split_seed)
-    train = Batches([docs[i] for i in train_idx], **spec.rows(), seed=spec.seed)
-    val = EvalBatches([docs[i] for i in val_idx], **spec.rows(val=True))
-    return Data(train, val, tokenizer)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from lcx.data.config import DataConfig
+from lcx.data.corpus_source import corpus_data
 from lcx.data.passkey import passkey_data
-from lcx.data.pipeline import corpus_data
 from lcx.data.stream import BatchSpec, Data
 from lcx.sharding.layout import BALANCED_BLOCK
 
@@ -37,6 +37,7 @@ def make_data(
     seed: int = 0,
     val_global_batch: int | None = None,
     layout_block: int = BALANCED_BLOCK,
+    process_shard: tuple[int, int] = (0, 1),
 ) -> Data:
     """Build training and validation batches from a data config (the trainer's single entry).
 
@@ -46,7 +47,7 @@ def make_data(
       data: the typed ``data`` config (:mod:`lcx.data.config`); its ``name`` picks the source in
         :data:`SOURCES` (``stdlib`` | ``stdlib_bpe`` | ``text`` | ``jsonl`` | ``parquet`` |
         ``arrayrecord`` | ``passkey``), the other fields are the source's
-        (:func:`lcx.data.pipeline.corpus_data`, :func:`lcx.data.passkey.passkey_data`).
+        (:func:`lcx.data.corpus_source.corpus_data`, :func:`lcx.data.passkey.passkey_data`).
       seq_len: S, tokens per row.
       global_batch: B, rows per training batch.
       layout: ``"contiguous"``, ``"zigzag"`` or ``"balanced"``.
@@ -54,6 +55,8 @@ def make_data(
       seed: training shuffle seed.
       val_global_batch: rows per validation batch; defaults to ``global_batch``.
       layout_block: the kernels' tile in tokens (the balanced layout's shortest chunk).
+      process_shard: ``(index, count)``: this process holds part ``index`` of ``count`` equal
+        parts of each batch's rows (:attr:`lcx.data.BatchSpec.process_shard`); ``(0, 1)``: all.
 
     Returns:
       :class:`lcx.data.stream.Data` ``(train, val, tokenizer)``.
@@ -72,6 +75,7 @@ def make_data(
         seed=int(seed),
         val_global_batch=int(global_batch if val_global_batch is None else val_global_batch),
         layout_block=int(layout_block),
+        process_shard=(int(process_shard[0]), int(process_shard[1])),
     )
     return SOURCES[data.name](data, spec)
 

@@ -84,19 +84,14 @@ class Rows:
 class BatchStream(Iterator[Batch], abc.ABC):
     """Infinite, deterministic training batches whose position is their whole state.
 
-    The stream is a sequence of rows counted from 0 (``_row``: the next row to produce); each
-    batch is the next ``global_batch`` rows, ``[global_batch, seq_len]`` arrays of the five
-    :data:`lcx.data.BATCH_KEYS`. Epochs of ``rows_per_epoch`` rows locate a row as
-    ``(epoch, row)``, which is what :meth:`state` stores.
-
-    Subclasses set ``seq_len``, ``global_batch`` and ``_row`` and implement :attr:`rows_per_epoch`,
-    :meth:`__next__`, :meth:`state`, :meth:`restore` and :meth:`resume`; the concrete methods
-    here are final.
+    Each batch is a dict of the five :data:`lcx.data.BATCH_KEYS` arrays ``[rows, seq_len]``
+    (``rows``: this process's rows of the global batch, all ``global_batch`` of them on one
+    process). :meth:`state` is a JSON-able dict (checkpointed in the orbax ``meta`` item) whose
+    ``epoch`` and ``row`` locate the position in epochs of :attr:`rows_per_epoch` rows.
     """
 
     seq_len: int
     global_batch: int
-    _row: int
 
     @property
     @abc.abstractmethod
@@ -109,12 +104,12 @@ class BatchStream(Iterator[Batch], abc.ABC):
 
     @abc.abstractmethod
     def __next__(self) -> Batch:
-        """The next batch: a dict of the five batch arrays, each ``[global_batch, seq_len]``."""
+        """The next batch: a dict of the five batch arrays, each ``[rows, seq_len]``."""
 
     @abc.abstractmethod
-    def state(self) -> dict[str, int]:
+    def state(self) -> dict[str, Any]:
         """The exact position (``epoch``, ``row``) plus the fields that identify the stream, as
-        Python ints (JSON- and checkpoint-friendly)."""
+        JSON-able values (checkpoint-friendly)."""
 
     @abc.abstractmethod
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -130,6 +125,30 @@ class BatchStream(Iterator[Batch], abc.ABC):
         stage of a length-extension schedule, :mod:`lcx.training.schedule`), continue at the
         equivalent position of this stream."""
 
+    @abc.abstractmethod
+    def skip(self, n: int) -> None:
+        """Advance by ``n >= 0`` batches without training on them.
+
+        Raises:
+          ValueError: ``n < 0``.
+        """
+
+    @abc.abstractmethod
+    def state_before(self, n: int) -> dict[str, Any]:
+        """:meth:`state` as it was ``n`` batches ago (the stream only moves forward): the
+        position to checkpoint when ``n`` batches were prefetched but not yet trained on."""
+
+    def close(self) -> None:
+        """Release what the stream holds (worker processes); a no-op by default."""
+
+
+class RowCursor(BatchStream):
+    """A :class:`BatchStream` computed in-process whose position is the row counter ``_row`` (the
+    next row to produce), each batch being the next ``global_batch`` rows: :meth:`skip` and
+    :meth:`state_before` follow from it (its :meth:`state` holds ``epoch`` and ``row``)."""
+
+    _row: int
+
     def skip(self, n: int) -> None:
         """Advance by ``n >= 0`` batches without building them (O(1)).
 
@@ -140,9 +159,8 @@ class BatchStream(Iterator[Batch], abc.ABC):
             raise ValueError(f"can only skip forward, got n={n}")
         self._row += int(n) * self.global_batch
 
-    def state_before(self, n: int) -> dict[str, int]:
-        """:meth:`state` as it was ``n`` batches ago (the stream only moves forward): the
-        position to checkpoint when ``n`` batches were prefetched but not yet trained on."""
+    def state_before(self, n: int) -> dict[str, Any]:
+        """:meth:`state` as it was ``n`` batches ago."""
         st = self.state()
         row = st["epoch"] * self.rows_per_epoch + st["row"] - n * self.global_batch
         return dict(st, epoch=row // self.rows_per_epoch, row=row % self.rows_per_epoch)
@@ -161,6 +179,11 @@ class BatchSpec:
       seed: the training stream's seed.
       val_global_batch: rows per evaluation batch.
       layout_block: the kernels' tile in tokens (the balanced layout's shortest chunk).
+      process_shard: ``(index, count)``: the batch's rows fall into ``count`` equal parts held
+        by different processes, and this process holds part ``index`` (``(0, 1)``: one process,
+        or every process holds every row). A source that reads per-process shards
+        (:func:`lcx.data.corpus_source.corpus_data`) builds only its part: ``global_batch / count``
+        rows of its own documents.
     """
 
     seq_len: int
@@ -170,6 +193,7 @@ class BatchSpec:
     seed: int
     val_global_batch: int
     layout_block: int = BALANCED_BLOCK
+    process_shard: tuple[int, int] = (0, 1)
 
     def rows(self, *, val: bool = False) -> dict[str, Any]:
         """The :class:`Rows` keywords of the training batches (``val``: the evaluation batches)."""
@@ -211,4 +235,4 @@ class Data(NamedTuple):
         return self.val.unigram_entropy()  # type: ignore[attr-defined]
 
 
-__all__ = ["Batch", "BatchSpec", "BatchStream", "Data", "Rows", "lay_out"]
+__all__ = ["Batch", "BatchSpec", "BatchStream", "Data", "RowCursor", "Rows", "lay_out"]

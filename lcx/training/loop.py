@@ -70,6 +70,7 @@ def train(config: RunConfig, run_dir: str | pathlib.Path, devices=None) -> Train
     run = setup(config, devices)
     start = restore(run)
     with contextlib.ExitStack() as stack:
+        stack.callback(run.data.train.close)  # the data pipeline's worker processes
         if start.ckpts is not None:
             stack.callback(start.ckpts.close)  # an exception still lets an in-flight (good) save finish
         record_run(run, run_dir, start.step, resumed=start.resumed)

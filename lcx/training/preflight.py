@@ -26,9 +26,10 @@ from lcx.data.tokenizers import check_model_vocab
 from lcx.models import init_model, model_shardings
 from lcx.sharding import MeshPlan, bind
 from lcx.training.config import DistributedConfig, HardwareConfig, RunConfig
+from lcx.training.hostdata import process_shard
 from lcx.training.memory import MemoryCheck, fit_step, memory_anatomy, memory_check
 from lcx.training.optim import optimizer_from_config
-from lcx.training.step import Steps, is_arraylike, make_steps
+from lcx.training.step import BATCH_AXES, Steps, is_arraylike, make_steps
 
 log = logging.getLogger("lcx.training.loop")
 
@@ -133,6 +134,9 @@ def setup(config: RunConfig, devices=None) -> Run:
         context_degree=mp.context_degree,
         seed=t.seed,
         layout_block=max(att.block_q, att.block_kv),
+        # this process's part of each batch's rows: where processes hold different rows, each reads
+        # its own documents (lcx.data.corpus_source) and puts only its rows (put_batch)
+        process_shard=process_shard(mp.activation_sharding(BATCH_AXES), (t.global_batch, t.seq_len)),
     )
     # lcx.config.run_config checked this already; a RunConfig built in code is checked here
     check_model_vocab(model_cfg.vocab_size, data.tokenizer, f"model={model_cfg.name}")

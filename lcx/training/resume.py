@@ -74,7 +74,7 @@ def init_train_state(
     steps: Any,
     *,
     rng: jax.Array,
-    data: dict[str, int],
+    data: dict[str, Any],
 ) -> TrainState:
     """A fresh :class:`TrainState` at step 0, every array created in its sharded layout.
 
@@ -193,6 +193,9 @@ def check_compatible(meta: Mapping[str, Any], model: Mapping[str, Any], *, where
 
 TRAIN_KEYS_FREE = frozenset({"log_every", "eval_every", "eval_batches", "check_memory", "dry_run", "reuse_run_dir"})
 """``train.*`` keys a resume may change: what is logged and checked, not what is trained."""
+DATA_KEYS_FREE = frozenset({"workers", "prefetch"})
+"""``data.*`` keys a resume may change: how the batches are built, not which (grain's state is
+then replaced by the same position, :meth:`lcx.data.GrainBatches.restore`)."""
 STAGE_KEYS = frozenset({"seq_len", "steps", "schedule_start", "lr", "warmup_steps", "global_batch"})
 """``train.*`` keys a length-extension stage sets (:func:`lcx.training.schedule.stage_config`)."""
 
@@ -206,7 +209,7 @@ def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any], step: int) 
 
     Compared: every ``train.*`` key but :data:`TRAIN_KEYS_FREE` (``train.steps`` may grow: an
     extension; it may shrink only to at most ``step``, where nothing is trained), and every
-    ``data.*`` key. ``model.*`` is :func:`check_compatible`'s; ``plan``, ``hardware`` and
+    ``data.*`` key but :data:`DATA_KEYS_FREE`. ``model.*`` is :func:`check_compatible`'s; ``plan``, ``hardware`` and
     ``memory`` may change (a checkpoint restores into any plan). At a stage boundary of a
     length-extension schedule (``train.schedule_start == step``) the keys a stage sets
     (:data:`STAGE_KEYS`) change on purpose. Keys present in only one config (written by an older
@@ -226,7 +229,11 @@ def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any], step: int) 
             continue
         out.append(f"train.{k}: {a!r} -> {b!r}")
     sd, nd = dict(saved.get("data") or {}), dict(now.get("data") or {})
-    out += [f"data.{k}: {sd[k]!r} -> {nd[k]!r}" for k in sorted(set(sd) & set(nd)) if sd[k] != nd[k]]
+    out += [
+        f"data.{k}: {sd[k]!r} -> {nd[k]!r}"
+        for k in sorted(set(sd) & set(nd))
+        if sd[k] != nd[k] and k not in DATA_KEYS_FREE
+    ]
     return out
 
 
@@ -351,6 +358,7 @@ def restore(run: Run) -> Start:
 
 
 __all__ = [
+    "DATA_KEYS_FREE",
     "STAGE_KEYS",
     "TRAIN_KEYS_FREE",
     "Start",

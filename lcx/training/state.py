@@ -30,14 +30,15 @@ class TrainState(eqx.Module):
       opt_state: the optax state of ``params`` (shardings ``Steps.opt_shardings``).
       step: completed optimizer steps (0 before the first); host int, not traced.
       rng: the training PRNG key (typed), or None where a caller carries none (a test's save).
-      data: the data stream position to resume at (:meth:`lcx.data.BatchStream.state`), or None.
+      data: the data stream position to resume at (:meth:`lcx.data.BatchStream.state`: JSON, e.g.
+        grain's iterator state), or None.
     """
 
     params: Any
     opt_state: Any
     step: int = eqx.field(static=True, default=0)
     rng: jax.Array | None = None
-    data: dict[str, int] | None = eqx.field(static=True, default=None)
+    data: dict[str, Any] | None = eqx.field(static=True, default=None)
 
     def arrays(self) -> dict[str, Any]:
         """The arrays a checkpoint writes: ``{"params", "opt_state"}`` (orbax ``state`` item)."""

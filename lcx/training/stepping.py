@@ -1,6 +1,6 @@
 """Phases 3 and 4 of :func:`lcx.training.loop.train`: the step loop, then the result
 (:func:`run_steps`), and the per-step work it does. Each step (:func:`train_step`) runs the
-compiled step, puts the next batch on the devices while they work (:func:`put_batch`), refuses a
+compiled step, puts the next batch on the devices while they work (:func:`next_batch`), refuses a
 non-finite loss (:func:`lcx.training.state.nonfinite_report`) and hands a :class:`StepInfo` to
 the hooks (built before the loop, :func:`lcx.training.hooks.make_hooks`). While it runs,
 SIGTERM and SIGINT are held (:class:`StopSignals`): the step finishes and the hooks save it.
@@ -18,13 +18,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import jax
-import numpy as np
 
-from lcx.data.packing import BATCH_KEYS
+from lcx.training.hostdata import put_batch
 from lcx.training.preflight import Run
 from lcx.training.resume import Start
 from lcx.training.state import TrainResult, TrainState, nonfinite_report
@@ -110,18 +108,14 @@ class StopSignals:
         return False
 
 
-def put_batch(batch: Mapping[str, np.ndarray], sharding: jax.sharding.NamedSharding) -> dict[str, jax.Array]:
-    """Host numpy batch ``{key: [B, S]}`` -> global arrays with ``sharding``.
-
-    Every process holds the same global batch (the data pipeline is deterministic), and each
-    device takes its own slice, so the same code serves one process and ``jax.distributed``
-    multi-process runs.
-    """
-    out = {}
-    for k in BATCH_KEYS:
-        x = np.asarray(batch[k])
-        out[k] = jax.make_array_from_callback(x.shape, sharding, lambda idx, x=x: x[idx])
-    return out
+def next_batch(run: Run) -> tuple[dict[str, jax.Array], float]:
+    """The stream's next batch as global arrays (:func:`lcx.training.hostdata.put_batch`), and
+    the seconds spent waiting for it (``data_wait_s``: the host blocked in the data stream; the
+    batch itself is built ahead, by grain's prefetch thread or worker processes)."""
+    t0 = time.perf_counter()
+    host = next(run.data.train)
+    wait = time.perf_counter() - t0
+    return put_batch(host, run.steps.batch_sharding, run.config.train.global_batch), wait
 
 
 def run_steps(
@@ -155,14 +149,16 @@ def run_steps(
     if start.done:
         log.info("checkpoint at step %d already reached train.steps=%d; nothing to train", start.step, total)
     else:
-        batch = put_batch(next(run.data.train), run.steps.batch_sharding)
+        batch, wait = next_batch(run)
         compiled, first = compile_step(run, state, batch, resumed=start.resumed)
         compile_s = first["compile_s"]
         stop = stack.enter_context(StopSignals(enabled=start.ckpts is not None))
         for step in range(start.step + 1, total + 1):
             assert batch is not None  # only the last step prefetches no next batch
             extra = first if step == start.step + 1 else {}
-            state, batch, info = train_step(run, compiled, state, batch, step, extra, val_loss, start, hooks, stop)
+            state, (batch, wait), info = train_step(
+                run, compiled, state, (batch, wait), step, extra, val_loss, start, hooks, stop
+            )
             losses.append(info.loss)
             hooks.run(info)
             val_loss = info.val_loss
@@ -204,25 +200,32 @@ def train_step(
     run: Run,
     compiled: jax.stages.Compiled,
     state: TrainState,
-    batch: dict[str, jax.Array],
+    fed: tuple[dict[str, jax.Array], float],
     step: int,
     extra: dict[str, Any],
     val_loss: float | None,
     start: Start,
     hooks: StepHooks,
     stop: StopSignals,
-) -> tuple[TrainState, dict[str, jax.Array] | None, StepInfo]:
-    """Once per step: run step ``step`` on ``batch``, prefetch the next batch while the
-    devices work, and build the step's :class:`StepInfo` (its metrics record plus ``extra``).
+) -> tuple[TrainState, tuple[dict[str, jax.Array] | None, float], StepInfo]:
+    """Once per step: run step ``step`` on the batch ``fed`` (its arrays, and the seconds the
+    host waited for them), prefetch the next batch while the devices work, and build the step's
+    :class:`StepInfo` (its metrics record plus ``extra``). The record holds ``data_wait_s`` and,
+    for a stream that counts them, the tokens drawn from each source so far (``tokens/<name>``,
+    all processes together).
+
+    Returns:
+      ``(state, (next batch, its wait), info)``; no next batch after the last step.
 
     Raises:
       FloatingPointError: a non-finite loss or gradient norm (:func:`nonfinite_report`).
     """
+    batch, data_wait = fed
     ts = time.perf_counter()
     params, opt_state, m = compiled(state.params, state.opt_state, batch)  # dispatched asynchronously
     # Host work overlaps the step on the devices: fetch the next batch while it runs.
     last = step == run.config.train.steps
-    next_batch = None if last else put_batch(next(run.data.train), run.steps.batch_sharding)
+    upcoming = (None, 0.0) if last else next_batch(run)
     loss = float(m["loss"])  # blocks: the step time below is the whole step
     dt = time.perf_counter() - ts
     grad_norm = float(m["grad_norm"])
@@ -244,9 +247,11 @@ def train_step(
         "lr": float(run.schedule(step - 1)),
         "grad_norm": grad_norm,
         "valid_tokens": float(m["tokens"]),
+        "data_wait_s": data_wait,
+        **{f"tokens/{name}": n for name, n in ((state.data or {}).get("tokens") or {}).items()},
         **extra,
     }
-    return state, next_batch, StepInfo(state=state, last=last, loss=loss, record=record, val_loss=val_loss, stop=stop)
+    return state, upcoming, StepInfo(state=state, last=last, loss=loss, record=record, val_loss=val_loss, stop=stop)
 
 
-__all__ = ["StepHooks", "StepInfo", "StopSignals", "put_batch", "run_steps", "train_step"]
+__all__ = ["StepHooks", "StepInfo", "StopSignals", "next_batch", "put_batch", "run_steps", "train_step"]
