@@ -36,6 +36,7 @@ MASKS = {
     "window": Mask(window=7),
     "full": Mask(causal=False),
     "full_doc_window": Mask(causal=False, document=True, window=5),
+    "chunk_doc": Mask(document=True, chunk=6),
 }
 
 
@@ -381,6 +382,8 @@ def test_may_be_visible_is_a_necessary_condition(mask_name):
         assert not bool(mask.may_be_visible(hi, lo, z, z))
     if mask.document:  # disjoint documents
         assert not bool(mask.may_be_visible(hi, lo, z, z + 1))
+    if mask.chunk is not None:  # keys in an earlier chunk than every query
+        assert not bool(mask.may_be_visible(lo + 2 * mask.chunk, lo, z, z))
     if mask.is_full:
         assert n_false == 0
     # blocks whose ONLY visible pair sits on the edge of a criterion must not be skipped
@@ -388,6 +391,8 @@ def test_may_be_visible_is_a_necessary_condition(mask_name):
     edge_cases = [(ar, ar + 3, z, z)]  # causal edge: only (q=3, k=3)
     if mask.window is not None:
         edge_cases.append((ar + 20, ar + 20 - mask.window - 2, z, z))  # only q=20, k=20-window+1
+    if mask.chunk is not None:  # only q=k=chunk, the first position of the second chunk
+        edge_cases.append((ar + mask.chunk - 3, ar + mask.chunk, z, z))
     if mask.document:
         edge_cases.append((z, z, jnp.array([[0, 0, 0, 1]], jnp.int32), jnp.array([[1, 2, 2, 2]], jnp.int32)))
     for qp, kp, qs, ks in edge_cases:
@@ -462,8 +467,14 @@ def test_all_visible_is_a_sufficient_condition(mask_name):
     assert not np.any(full & ~may)  # the three tile classes are consistent
     z = jnp.zeros((1, 4), jnp.int32)
     ar = jnp.arange(4, dtype=jnp.int32)[None]
-    # queries right after their keys, one document: visible for every mask here (window >= 5)
-    assert bool(mask.all_visible(ar + 4, ar, z, z)) == (mask.window is None or mask.window > 7)
+    # queries right after their keys, one document: visible for every mask here but a window
+    # or chunks shorter than the 8 positions spanned
+    short = (mask.window is not None and mask.window <= 7) or (mask.chunk is not None and mask.chunk <= 7)
+    assert bool(mask.all_visible(ar + 4, ar, z, z)) == (not short)
+    if mask.chunk is not None:  # keys then queries inside one chunk, [2 chunk, 2 chunk + 7]
+        c = 2 * mask.chunk
+        assert bool(mask.all_visible(ar[:, :1] + c + 1, ar[:, :1] + c, z[:, :1], z[:, :1]))
+        assert not bool(mask.all_visible(ar[:, :1] + c, ar[:, :1] + c - 1, z[:, :1], z[:, :1]))
     if mask.causal:  # the diagonal block is NOT fully visible
         assert not bool(mask.all_visible(ar, ar, z, z))
     if mask.document:  # two documents in the block

@@ -45,6 +45,9 @@ class Mask:
       document: key visible only if ``k_seg == q_seg`` (packed sequences; segment ids).
       window: sliding window in tokens: key visible only if ``q_pos - k_pos < window`` (and, when
         not causal, also ``k_pos - q_pos < window``). ``None`` means no window.
+      chunk: chunked attention in tokens (Llama 4's local layers): key visible only if it lies in
+        the same aligned chunk as the query, ``q_pos // chunk == k_pos // chunk``. ``None`` means
+        no chunks. A mask has a window or chunks, not both.
 
     Whatever the fields, a pair whose query or key has a negative segment id (padding) is never
     visible (module docstring); without segment ids nothing is padding.
@@ -52,16 +55,30 @@ class Mask:
     ``Mask()`` is causal; ``Mask(causal=False)`` is full (bidirectional) attention.
 
     Raises:
-      ValueError: ``window < 1``.
+      ValueError: ``window < 1``, ``chunk < 1``, or both a window and chunks.
     """
 
     causal: bool = True
     document: bool = False
     window: int | None = None
+    chunk: int | None = None
 
     def __post_init__(self):
         if self.window is not None and self.window < 1:
             raise ValueError(f"sliding window must be >= 1 token or None, got {self.window}")
+        if self.chunk is not None and self.chunk < 1:
+            raise ValueError(f"attention chunk must be >= 1 token or None, got {self.chunk}")
+        if self.window is not None and self.chunk is not None:
+            raise ValueError(
+                f"a mask has a sliding window ({self.window}) or chunks ({self.chunk}), not both; "
+                "set one of them to None"
+            )
+
+    @property
+    def kind(self) -> str:
+        """The layer kind this mask serves: ``"chunked"`` (chunks set), ``"sliding"`` (a window)
+        or ``"global"`` (neither), the names a plan gives a strategy per kind by."""
+        return "chunked" if self.chunk is not None else "sliding" if self.window is not None else "global"
 
     def visible(
         self, q_pos: QPos, k_pos: KPos, q_seg: QPos | None = None, k_seg: KPos | None = None
@@ -94,6 +111,7 @@ class Mask:
         - causal: some ``k_pos <= q_pos``  <=>  ``min(k_pos) <= max(q_pos)``;
         - window: some ``q_pos - k_pos < window``  <=>  ``min(q_pos) - max(k_pos) < window``
           (and, not causal, ``min(k_pos) - max(q_pos) < window``);
+        - chunk: the ranges of chunk indices ``[min // chunk, max // chunk]`` overlap;
         - document: the ranges ``[min, max]`` of query and key segment ids overlap;
         - padding (any mask, when segment ids are given): some query and some key have a
           segment id ``>= 0``  <=>  ``max(q_seg) >= 0`` and ``max(k_seg) >= 0``.
@@ -131,6 +149,7 @@ class Mask:
         - causal: ``max(k_pos) <= min(q_pos)``;
         - window: ``max(q_pos) - min(k_pos) < window`` (and, not causal,
           ``max(k_pos) - min(q_pos) < window``);
+        - chunk: every query and key position lies in one and the same chunk;
         - document: every query and key segment id is one and the same value;
         - padding (any mask, when segment ids are given): ``min(q_seg) >= 0`` and
           ``min(k_seg) >= 0``.
@@ -162,8 +181,9 @@ class Mask:
             raise ValueError("a document mask needs segment ids for queries and keys")
 
     def _positions_pass(self, q_lo: Array, q_hi: Array, k_lo: Array, k_hi: Array) -> Array:
-        """bool, broadcast of the inputs: the causal and window conditions, ``k_lo <= q_hi``,
-        ``q_lo - k_hi < window`` and (not causal) ``k_lo - q_hi < window``. On one pair per
+        """bool, broadcast of the inputs: the causal, window and chunk conditions, ``k_lo <= q_hi``,
+        ``q_lo - k_hi < window``, (not causal) ``k_lo - q_hi < window`` and
+        ``k_lo // chunk <= q_hi // chunk``, ``q_lo // chunk <= k_hi // chunk``. On one pair per
         element give each position twice; on the ranges of a block, the ends that make each
         condition easiest (:meth:`may_be_visible`) or hardest (:meth:`all_visible`) to meet."""
         ok = jnp.ones(jnp.broadcast_shapes(q_lo.shape, k_lo.shape), bool)
@@ -173,11 +193,14 @@ class Mask:
             ok = ok & (q_lo - k_hi < self.window)
             if not self.causal:
                 ok = ok & (k_lo - q_hi < self.window)
+        if self.chunk is not None:
+            c = self.chunk
+            ok = ok & (k_lo // c <= q_hi // c) & (q_lo // c <= k_hi // c)
         return ok
 
     @property
     def is_full(self) -> bool:
-        return not self.causal and not self.document and self.window is None
+        return not self.causal and not self.document and self.window is None and self.chunk is None
 
 
 CAUSAL = Mask()
