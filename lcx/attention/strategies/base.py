@@ -143,6 +143,24 @@ class AbstractStrategy(eqx.Module):
 
     @classmethod
     @abc.abstractmethod
+    def check_layer(cls, mask: Mask, plan: Plan, mesh_shape: Mapping[str, int], seq_len: int) -> None:
+        """Refuse, before anything compiles, a layer kind this strategy cannot run.
+
+        Called once per layer kind of the model (``mask.kind``: ``global``, ``sliding`` or
+        ``chunked``) with the plan that would run it.
+
+        Args:
+          mask: the layer kind's mask (window or chunk in tokens).
+          plan: the plan (its ``attention.layout`` and sequence axes).
+          mesh_shape: resolved mesh axis sizes.
+          seq_len: S, tokens of one sequence (before the context split).
+
+        Raises:
+          PlanError: naming the kind, the numbers and the fix.
+        """
+
+    @classmethod
+    @abc.abstractmethod
     def search_meshes(cls, data: int, context: int) -> tuple[SearchMesh, ...]:
         """Meshes the planner tries for this strategy at data degree ``data`` and context degree
         ``context`` (possibly none)."""
@@ -192,9 +210,9 @@ class AbstractStrategy(eqx.Module):
 
 class AbstractContextStrategy(AbstractStrategy):
     """A strategy over whatever mesh axes split the sequence, with no all-to-all axis of its own
-    (allgather, ring, a2a): no rule on the plan's axes, one ``(data, context)`` search mesh, and
-    all-to-all degree 1 (a2a's all-to-all spans the whole context degree, which its pricing
-    reads). These three methods are final here; the subclasses implement the rest.
+    (allgather, ring, a2a): no rule on the plan's axes, every layer kind, one ``(data, context)``
+    search mesh, and all-to-all degree 1 (a2a's all-to-all spans the whole context degree, which its pricing
+    reads). These four methods are final here; the subclasses implement the rest.
 
     Attributes:
       name: (class) the strategy's name in ``plan.attention.strategy``, which names its mesh.
@@ -205,6 +223,10 @@ class AbstractContextStrategy(AbstractStrategy):
     @classmethod
     def check_plan_axes(cls, plan: Plan) -> None:
         return None  # whatever axes split the sequence
+
+    @classmethod
+    def check_layer(cls, mask: Mask, plan: Plan, mesh_shape: Mapping[str, int], seq_len: int) -> None:
+        return None  # every mask: the kernel applies it on global positions
 
     @classmethod
     def search_meshes(cls, data: int, context: int) -> tuple[SearchMesh, ...]:

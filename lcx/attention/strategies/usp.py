@@ -103,6 +103,10 @@ class USP(AbstractStrategy):
 
     # -- plan rules and price (module docstring): an all-to-all over U, a ring of R = P / U ------
     @classmethod
+    def check_layer(cls, mask, plan, mesh_shape, seq_len) -> None:
+        return None  # every mask: the kernel applies it on global positions
+
+    @classmethod
     def check_plan_axes(cls, plan) -> None:
         seq, a = plan.seq_axes, plan.attention
         missing = [x for x in (a.ulysses_axis, a.ring_axis) if x not in seq]
