@@ -179,6 +179,10 @@ class Halves(AbstractStrategy):
             raise PlanError(f"halves: split the sequence over mesh axis 'context', not {plan.seq_axes}")
 
     @classmethod
+    def check_layer(cls, mask, plan, mesh_shape, seq_len):
+        return None
+
+    @classmethod
     def check_plan_dims(cls, plan, mesh_shape, dims, n_devices):
         if dims.get("heads", 2) % 2:
             raise PlanError(f"halves: needs an even number of heads, got {dims['heads']}")
