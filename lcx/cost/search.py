@@ -156,7 +156,7 @@ class Candidate:
         e = self.est
         return {
             "plan": self.plan.to_config(),
-            "strategy": self.plan.attention.strategy,
+            "strategy": self.plan.attention.strategy_config(),
             "mesh": dict(self.plan.mesh),
             "context_degree": self.context_degree,
             "param_sharding": self.param_sharding,

@@ -178,7 +178,9 @@ def _header(job: _Job, kv: int) -> list[str]:
 def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], Any]:
     """Describe and price the given plan (``say`` each line); its report entry and estimate (None
     when the plan does not apply here: the entry says why)."""
+    from lcx.attention import check_layer_kinds
     from lcx.cost import estimate
+    from lcx.cost.kinds import layer_groups
     from lcx.cost.local import StepSizes
     from lcx.cost.memory import activation_arrays
     from lcx.sharding import PlanError
@@ -189,6 +191,7 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
     report: dict[str, Any] = {"plan": given.to_config(), "policy": dataclasses.asdict(policy)}
     try:
         given.validate(n, dims=m.dims(), seq_len=S, global_batch=B)
+        check_layer_kinds((g.mask for g in layer_groups(m, window=m.sliding_window)), given, n, S)
         # the tile count lcx.train would refuse (it must divide the local sequence) is not priced
         P = given.context_degree(n)
         check_tiling(MemoryOptions(vocab_tiling=policy.vocab_tiling), S // P, seq_len=S, context_degree=P)
