@@ -35,14 +35,14 @@ class LayerGroup:
         return self.mask.kind
 
 
-def layer_groups(cfg: Any, *, window: int | None = None) -> tuple[LayerGroup, ...]:
+def layer_groups(cfg: Any, *, window: int | None = None, chunk: int | None = None) -> tuple[LayerGroup, ...]:
     """The layers of a model config grouped by mask, in the order their kinds first appear.
 
     A config with ``layer_kinds`` (``lcx.models.ModelConfig``: one kind per layer, each with
     ``mask(document)``) gives one group per distinct mask; one without (a plain
     :class:`~lcx.cost.flops.ModelDims`) is uniform: ``n_layers`` layers of a causal mask with
-    ``window`` (tokens, or None). ``document`` comes from the config's ``document_mask``
-    (default False).
+    ``window`` or ``chunk`` (tokens, or None). ``document`` comes from the config's
+    ``document_mask`` (default False).
 
     Raises:
       ValueError: ``window`` given for a config whose layers carry their own kinds and windows
@@ -51,12 +51,14 @@ def layer_groups(cfg: Any, *, window: int | None = None) -> tuple[LayerGroup, ..
     document = bool(getattr(cfg, "document_mask", False))
     kinds = getattr(cfg, "layer_kinds", None)
     if kinds is None:
-        return (LayerGroup(Mask(causal=True, document=document, window=window), int(cfg.n_layers)),)
+        return (LayerGroup(Mask(causal=True, document=document, window=window, chunk=chunk), int(cfg.n_layers)),)
     counts = collections.Counter(k.mask(document) for k in kinds)
     groups = tuple(LayerGroup(m, n) for m, n in counts.items())
-    if window is not None and any(g.mask.window != window for g in groups):
+    if (window is not None and any(g.mask.window != window for g in groups)) or (
+        chunk is not None and any(g.mask.chunk != chunk for g in groups)
+    ):
         raise ValueError(
-            f"window={window} given for a model whose layers carry their own kinds "
-            f"{[(g.kind, g.mask.window or g.mask.chunk) for g in groups]}; drop window= (the kinds set it)"
+            f"window={window}, chunk={chunk} given for a model whose layers carry their own kinds "
+            f"{[(g.kind, g.mask.window or g.mask.chunk) for g in groups]}; drop them (the kinds set them)"
         )
     return groups

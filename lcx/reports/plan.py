@@ -21,7 +21,7 @@ from lcx.reports.candidates import table
 from lcx.reports.config import PlanQuery
 from lcx.reports.maxtext import compare_with_maxtext, recipe_differences, recipe_of
 from lcx.reports.planner import no_candidates_reason, reasons
-from lcx.reports.timing import time_words
+from lcx.reports.timing import kind_lines, time_words
 
 
 def _model_arrays(model_cfg, param_dtype: str):
@@ -222,6 +222,9 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
         f"step {e.step_time:,.2f} s, fits {e.fits}"
     )
     say("  " + time_words(e, hw, seq_len=S, strategy=plan.attention.strategy, kernel=plan.attention.kernel))
+    say("  per layer kind (attention only):")
+    for line in kind_lines(e):
+        say("  " + line)
     if e.host_bytes:
         say(
             f"  host offload: {e.host_bytes / 2**30:,.2f} GiB per device per step over the host link, "
@@ -371,6 +374,7 @@ def _est_dict(e) -> dict[str, Any]:
         "host_time_s": e.host_time,
         "exposed_host_time_s": e.exposed_host_time,
         "step_time_s": e.step_time,
+        "kinds": [dataclasses.asdict(k) for k in e.kinds],
         "fits": e.fits,
         "overlap": e.overlap,
         "predicted_mfu": e.mfu,

@@ -115,3 +115,17 @@ def versus_words(
         return out + ", extrapolation: no error band", False
     tie = tm.error_median is not None and abs(gap) < round(100 * tm.error_median, 1)
     return (out + ", a tie", True) if tie else (out, False)
+
+
+def kind_lines(e: Any) -> list[str]:
+    """One line per layer kind of estimate ``e`` (:attr:`lcx.cost.Estimate.kinds`): its layers,
+    the strategy the plan gives it, its attention FLOPs and the bytes its strategy moves per
+    device per step, and its attention seconds (compute plus exposed attention communication)."""
+    out = []
+    for k in e.kinds:
+        span = f" (window {k.span:,})" if k.kind == "sliding" else f" (chunk {k.span:,})" if k.span else ""
+        out.append(
+            f"  {k.kind}{span} x{k.layers} layers: strategy {k.strategy}, attention {k.attention_flops:.3e} FLOP, "
+            f"{k.comm_bytes / 2**30:,.2f} GiB sent, {k.time:,.3f} s per device per step"
+        )
+    return out
