@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 
+import _uniform_bits as U
 import pytest
 from _compile_cache import compile_cache
-
-import _uniform_bits as U
 
 
 @pytest.fixture(scope="module")
