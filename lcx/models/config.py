@@ -357,7 +357,9 @@ def _load_presets() -> dict[str, ModelConfig]:
 
 
 PRESETS: dict[str, ModelConfig] = _load_presets()
-"""The model presets, by name: ``tiny`` (trains on two CPU cores; here byte-level, vocab 256), ``llama3_1_8b``,
+"""The model presets, by name: ``tiny`` (trains on two CPU cores; here byte-level, vocab 256), ``tiny_hybrid``
+(tiny's sizes, 6 layers of layer kinds: per period two sliding-window layers of 512 tokens and one
+global layer, :mod:`lcx.models.kinds`), ``llama3_1_8b``,
 ``llama3_70b`` (Llama 3 paper, arXiv:2407.21783, Table 3) and ``llama3_1_8b_longctx`` (MaxText's
 long-context 8B: 16 heads of 256); the values and their reasons are in ``conf/model/*.yaml``."""
 
