@@ -22,6 +22,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_model
 from _compile_cache import compile_cache
 
 import lcx.models as lm
@@ -88,16 +89,8 @@ def _cache(tmp_path_factory):
         yield
 
 
-@pytest.fixture(scope="module")
-def one_device():
-    return bind(Plan(mesh=(("data", -1),), activations={"batch": "data"}), jax.devices()[:1])
-
-
-def packed(rows, vocab, seed=0):
-    rng = np.random.default_rng(seed)
-    pos = np.array([np.concatenate([np.arange(n) for n in r]) for r in rows], np.int32)
-    seg = np.array([np.concatenate([np.full(n, i) for i, n in enumerate(r)]) for r in rows], np.int32)
-    return jnp.asarray(rng.integers(0, vocab, pos.shape).astype(np.int32)), jnp.asarray(pos), jnp.asarray(seg)
+one_device = test_model.one_device  # the one-device plan fixture
+packed = test_model.packed  # tokens, positions, segment ids [B, T] of rows of packed documents
 
 
 ROWS = [[11, 5], [16]]  # B = 2, T = 16: two documents in the first row

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias
 
 import equinox as eqx
 import jax
@@ -45,10 +45,10 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from lcx.attention import Mask, attention
-from lcx.attention.names import CONTEXT
 from lcx.models.config import ModelConfig
 from lcx.models.kinds import LayerKind
 from lcx.models.params import param
+from lcx.models.remat import REMAT_NAMES, remat_policy
 from lcx.models.rotary import RopeConfig, apply_rope, rope, rope_cos_sin, rope_frequencies
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "Attention",
     "Block",
     "Embedding",
+    "LayerOptions",
     "Llama",
     "RMSNorm",
     "init_model",
@@ -82,62 +83,6 @@ def _normal(key: PRNGKeyArray, shape: tuple[int, ...], std: float, dtype) -> Arr
 def _cast(tree: PyTree, dtype) -> PyTree:
     """Floating-point arrays of ``tree`` cast to ``dtype`` (master weights -> compute dtype)."""
     return jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree)
-
-
-REMAT_NAMES: dict[str, tuple[str, ...]] = {
-    "remat_layer_input": ("decoder_layer_input",),
-    "remat_qkv": ("query", "key", "value"),
-    "remat_context": (CONTEXT,),
-}
-"""``checkpoint_name`` tags each ``model.remat_*`` placement (``remat: custom``) applies to: the
-block input (MaxText's name), q/k/v after RoPE, and the flash residuals (out and logsumexp,
-tagged inside attention's custom VJP, :mod:`lcx.attention.names`)."""
-
-
-def remat_policy(name: str, **placements: str):
-    """The ``jax.checkpoint`` policy for a :data:`~lcx.models.config.REMAT_POLICIES` name.
-
-    Args:
-      name: the policy.
-      placements: ``custom`` only: ``remat_layer_input``, ``remat_qkv``, ``remat_context`` ->
-        ``device | offload | remat`` (omitted: not saved). Tensors placed ``offload`` are copied
-        to ``pinned_host`` memory in the forward and back to the device in the backward
-        (``jax.checkpoint_policies.save_and_offload_only_these_names``).
-
-    Returns:
-      None for ``"full"`` (save nothing but the block inputs), a policy callable otherwise.
-
-    Raises:
-      ValueError: ``"none"`` (no checkpointing, so no policy), an unknown name, placement key or
-        placement, or placements with a policy other than ``custom``.
-    """
-    policies = {
-        "full": None,
-        # and the flash output and logsumexp: the custom VJP's residuals are no dots, so the
-        # backward would rebuild them from the kernel's saved logits tiles, O(S^2 / P) bytes
-        "dots_saveable": jax.checkpoint_policies.save_from_both_policies(
-            jax.checkpoint_policies.dots_saveable, jax.checkpoint_policies.save_only_these_names(CONTEXT)
-        ),
-        "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        "custom": None,
-    }
-    if name not in policies:
-        raise ValueError(f"no checkpoint policy for remat={name!r}; choose one of {sorted(policies)}")
-    if name != "custom":
-        if placements:
-            raise ValueError(f"placements {sorted(placements)} need remat='custom', got remat={name!r}")
-        return policies[name]
-    saved, offloaded = [], []
-    for key, where in placements.items():
-        if key not in REMAT_NAMES or where not in ("device", "offload", "remat"):
-            raise ValueError(f"placement {key}={where!r}: keys {sorted(REMAT_NAMES)}, values device|offload|remat")
-        {"device": saved, "offload": offloaded, "remat": []}[where].extend(REMAT_NAMES[key])
-    return jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=saved,
-        names_which_can_be_offloaded=offloaded,
-        offload_src="device",
-        offload_dst="pinned_host",
-    )
 
 
 class RMSNorm(eqx.Module):
@@ -173,6 +118,18 @@ class Embedding(eqx.Module):
             return jnp.take(self.weight, tokens, axis=0)
 
 
+class LayerOptions(NamedTuple):
+    """How one decoder layer runs, from its :class:`~lcx.models.kinds.LayerKind`
+    (:meth:`Llama.layer_options`)."""
+
+    mask: Mask
+    """Its attention mask (causal; document, window or chunk per the kind and the model)."""
+    rope: RopeConfig | None
+    """Its RoPE table; None: no rotary embedding (NoPE)."""
+    sinks: bool
+    """Whether it uses the sink logits (False: a model's sinks, if any, are ignored)."""
+
+
 class Attention(eqx.Module):
     """Grouped-query self-attention with RoPE (GQA: Ainslie et al. 2023, arXiv:2305.13245).
 
@@ -203,22 +160,15 @@ class Attention(eqx.Module):
         self.sinks = jnp.zeros((N,), dt) if cfg.has_sinks else None
 
     def __call__(
-        self,
-        x: Hidden,
-        positions: PerToken,
-        segment_ids: PerToken,
-        *,
-        mask: Mask,
-        rope: RopeConfig | None,
-        sinks: bool,
-        plan: MeshPlan,
+        self, x: Hidden, positions: PerToken, segment_ids: PerToken, *, layer: LayerOptions, plan: MeshPlan
     ) -> Hidden:
-        """Attention of one layer of a kind: ``mask``, ``rope`` (None: no rotation, NoPE) and
-        ``sinks`` (False: the sink logits, if the model has any, are not used).
+        """Attention of one layer of a kind: its mask, RoPE table or none, sinks or none
+        (:class:`LayerOptions`).
 
         Raises:
-          ValueError: ``sinks=True`` on a module without sink logits.
+          ValueError: ``layer.sinks`` on a module without sink logits.
         """
+        mask, rope, sinks = layer
         if sinks and self.sinks is None:
             raise ValueError("this layer kind has sinks but the model holds none: build it with the kind's config")
         with jax.named_scope("lcx.Attention"):
@@ -276,21 +226,11 @@ class Block(eqx.Module):
         self.mlp = MLP(cfg, key=km)
 
     def __call__(
-        self,
-        x: Hidden,
-        positions: PerToken,
-        segment_ids: PerToken,
-        *,
-        mask: Mask,
-        rope: RopeConfig | None,
-        sinks: bool,
-        plan: MeshPlan,
+        self, x: Hidden, positions: PerToken, segment_ids: PerToken, *, layer: LayerOptions, plan: MeshPlan
     ) -> Hidden:
-        """One layer of a kind (``mask``, ``rope``, ``sinks`` as :class:`Attention`; use
-        :meth:`Llama.layer_options` for a model's kind)."""
+        """One layer of a kind (``layer``: :meth:`Llama.layer_options` of the model's kind)."""
         with jax.named_scope("lcx.Block"):
-            a = self.attn(self.attn_norm(x), positions, segment_ids, mask=mask, rope=rope, sinks=sinks, plan=plan)
-            x = x + a
+            x = x + self.attn(self.attn_norm(x), positions, segment_ids, layer=layer, plan=plan)
             return x + self.mlp(self.mlp_norm(x))
 
 
@@ -330,11 +270,10 @@ class Llama(eqx.Module):
             raise ValueError("a model with a layer_pattern has one mask per kind: use layer_options(kind)['mask']")
         return self.config.period_kinds[0].mask(self.config.document_mask)
 
-    def layer_options(self, kind: LayerKind) -> dict:
-        """The keyword arguments ``mask``, ``rope`` (None: no RoPE) and ``sinks`` with which a
-        :class:`Block` runs a layer of ``kind`` (one of ``config.layer_kinds``) in this model."""
+    def layer_options(self, kind: LayerKind) -> LayerOptions:
+        """How a :class:`Block` runs a layer of ``kind`` (one of ``config.layer_kinds``) in this model."""
         cfg = self.config
-        return {"mask": kind.mask(cfg.document_mask), "rope": kind.rope_config(cfg.rope), "sinks": bool(kind.sinks)}
+        return LayerOptions(kind.mask(cfg.document_mask), kind.rope_config(cfg.rope), bool(kind.sinks))
 
     def __call__(
         self, tokens: PerToken, positions: PerToken, segment_ids: PerToken, *, plan: MeshPlan
@@ -370,11 +309,11 @@ class Llama(eqx.Module):
 
             dynamic, static = eqx.partition(self.blocks, eqx.is_array)
 
-            def layer(options: dict, x: Array, params: PyTree) -> Array:
+            def layer(options: LayerOptions, x: Array, params: PyTree) -> Array:
                 # every later use reads the named value, so an offloaded input is the only copy kept
                 x = checkpoint_name(x, "decoder_layer_input")
                 block = _cast(eqx.combine(params, static), dtype)
-                x = block(x, positions, segment_ids, plan=plan, **options)
+                x = block(x, positions, segment_ids, layer=options, plan=plan)
                 return plan.constrain(x, ("batch", "seq", "embed"))
 
             # one function per kind of the period; remat (and its named residuals) per layer
