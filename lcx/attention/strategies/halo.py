@@ -82,18 +82,27 @@ def exchange(kv: KVBlock, g: HaloGeometry, axes: tuple[str, ...]) -> KVBlock:
         ``g.rounds``' pairs).
 
     Returns:
-      :class:`KVBlock` of ``T + g.received`` keys; a round's keys on a device that receives
-      nothing in it are padding (segment id -1).
+      :class:`KVBlock` of ``T + g.received`` keys: every received tail of ``h`` keys followed
+      by ``g.piece - h`` padding keys (its last key repeated, segment id -1); a round's keys on a device that receives nothing in it
+      are padding too (segment id -1).
     """
     if not g.rounds:
         return kv
     me = lax.axis_index(axes)
     parts = [kv]
+    h, pad = g.halo, g.piece - g.halo
     for r in g.rounds:
         pairs = list(r.pairs)
-        got = jax.tree.map(lambda x, p=pairs: lax.ppermute(x, axes, p), _tails(kv, r.src_slots, g.chunk_len, g.halo))
+        got = jax.tree.map(lambda x, p=pairs: lax.ppermute(x, axes, p), _tails(kv, r.src_slots, g.chunk_len, h))
         here = jnp.asarray(r.receives(g.degree))[me]
-        parts.append(got._replace(seg=jnp.where(here, got.seg, -1)))
+        got = got._replace(seg=jnp.where(here, got.seg, -1))
+        for i in range(len(r.src_slots)):
+            tail = jax.tree.map(lambda x, i=i: x[:, i * h : (i + 1) * h], got)
+            parts.append(tail)
+            if pad:  # local padding, never sent: the tail's last token repeated as padding (segment
+                # id -1); its position keeps the tail's range, so block tests still skip the tile
+                fill = jax.tree.map(lambda x: jnp.repeat(x[:, -1:], pad, axis=1), tail)
+                parts.append(fill._replace(seg=jnp.full_like(fill.seg, -1)))
     return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *parts)
 
 

@@ -79,10 +79,19 @@ class HaloGeometry:
     degree: int
 
     @property
+    def piece(self) -> int:
+        """Tokens one received tail takes in the kernel call: ``h`` padded (locally, with padding
+        tokens that are never sent) to the least divisor of ``c`` that is ``>= h``, so the kernel's
+        ``T + received`` keys keep the divisors of ``c`` and its blocks stay whole (the xla kernel
+        shrinks a block to a divisor of the key length: 4096 + 2 x 1023 keys would give it blocks
+        of 166 tokens)."""
+        return next(d for d in range(self.halo, self.chunk_len + 1) if self.chunk_len % d == 0) if self.halo else 0
+
+    @property
     def received(self) -> int:
-        """Halo keys a device holds besides its own ``k c`` (every round's message; the kernel
-        call has ``k c + received`` keys)."""
-        return sum(len(r.src_slots) for r in self.rounds) * self.halo
+        """Halo keys a device holds besides its own ``k c`` (every round's tails, each padded to
+        :attr:`piece`; the kernel call has ``k c + received`` keys)."""
+        return sum(len(r.src_slots) for r in self.rounds) * self.piece
 
     @property
     def sent(self) -> int:
@@ -140,7 +149,8 @@ def halo_refusal(mask: Mask, layout: str, seq_len: int, degree: int, layout_bloc
             f"halo: the {mask.kind} layer's {what} = {h} keys from before each chunk, more than one {layout} layout "
             f"chunk of {c} tokens (S = {seq_len} over {degree} devices), which would take more hops than the one halo "
             f"exchange does; use a longer sequence, fewer context devices"
-            f"{' or the contiguous layout' if layout != 'contiguous' else ''}, or {fix.replace('sliding: halo', 'sliding: ring')}"
+            f"{' or the contiguous layout' if layout != 'contiguous' else ''}, or run this kind on another strategy "
+            f"(e.g. plan.attention.strategy={{global: ring, {mask.kind}: ring}})"
         )
     return None
 
