@@ -22,7 +22,9 @@ segment id as padding (:mod:`lcx.attention.masks`).
 
 Public API:
 
-- :func:`attention`: context-parallel attention on global arrays, strategy chosen by the plan.
+- :func:`attention`: context-parallel attention on global arrays, strategy chosen by the plan
+  for the mask's layer kind (``plan.attention.strategy_for(mask.kind)``).
+- :func:`check_layer_kinds`: a plan refused, before compiling, for a layer kind it cannot run.
 - :class:`Mask`, :data:`CAUSAL`, :data:`FULL`: mask predicates on global positions/segment ids.
 - :func:`reference_attention`: dense single-device float32 reference.
 - :func:`flash_attention` (and :func:`flash_blocks`, its form on blocks): local blockwise
@@ -54,6 +56,7 @@ from lcx.attention.kernels import (
     make_kernel,
 )
 from lcx.attention.masks import CAUSAL, FULL, Mask
+from lcx.attention.plan_kinds import check_layer_kinds
 from lcx.attention.reference import reference_attention
 from lcx.attention.sinks import merge_sinks, sinks_grad
 from lcx.attention.strategies import (
@@ -75,6 +78,7 @@ __all__ = [
     "attention",
     "BlockSizes",
     "build_strategy",
+    "check_layer_kinds",
     "CAUSAL",
     "Cotangent",
     "flash_attention",

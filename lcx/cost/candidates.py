@@ -1,0 +1,115 @@
+"""The planner's candidate plans: every valid (mesh, strategy per layer kind, parameter
+sharding, layout) for a model, length, batch and device count (:func:`candidate_plans`), which
+:mod:`lcx.cost.search` prices. Pure arithmetic on plans: nothing compiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+
+from lcx.attention.plan_kinds import check_layer_kinds
+from lcx.attention.strategies import STRATEGIES, SearchMesh
+from lcx.cost.kinds import layer_groups
+from lcx.sharding import Plan, PlanError
+from lcx.sharding.plan import AttentionConfig
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of ``n >= 1``, ascending (O(sqrt n)): tile counts, device counts."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def candidate_plans(
+    cfg,
+    n_devices: int,
+    seq_len: int,
+    global_batch: int,
+    *,
+    attention: AttentionConfig | None = None,
+    kernel: str | None = None,
+    packed_documents: bool = False,
+    window: int | None = None,
+) -> list[tuple[Plan, str]]:
+    """Every valid (plan, param sharding) for this model, length, batch and device count.
+
+    For every data degree ``d`` dividing the batch (``d P = n``), the meshes each registered
+    strategy proposes (:meth:`~lcx.attention.strategies.AbstractStrategy.search_meshes`:
+    ``{data: d, context: P}`` for all-gather, ring and A2A, ``{data: d, ulysses: U, ring: P/U}``
+    for USP with ``1 < U < P``), in registry order; each with parameters replicated or ZeRO-3
+    sharded along ``embed`` over every mesh axis. Plans that :meth:`~lcx.sharding.Plan.validate`
+    refuses (heads, divisibility, layout) are dropped. The layout is the first of zigzag,
+    contiguous that applies; with ``packed_documents`` the balanced layout comes first (it
+    balances packed documents, which zigzag does not: :mod:`lcx.cost.balance`).
+
+    Layer kinds (:func:`~lcx.cost.kinds.layer_groups`; ``window``: a uniform model's sliding
+    window): on each mesh of a strategy, that strategy runs the model's first kind and every
+    registered strategy is tried for each other kind (:func:`kind_assignments`), all sharing the
+    mesh; a plan some kind's strategy cannot run (``check_layer``: halo refuses global layers)
+    is dropped. A uniform model gets one strategy per mesh, as before.
+    """
+    base = attention or AttentionConfig()
+    kern = kernel or base.kernel
+    dims = cfg.dims() if hasattr(cfg, "dims") else None
+    groups = layer_groups(cfg, window=window)
+    kinds = tuple(dict.fromkeys(g.kind for g in groups))
+    job = (dims, seq_len, global_batch, tuple(g.mask for g in groups))
+    out: list[tuple[Plan, str]] = []
+    for d in divisors(n_devices):
+        if global_batch % d:
+            continue
+        for strat, sm in strategy_meshes(d, n_devices // d):
+            names = tuple(n for n, _ in sm.mesh)
+            for sharding in ("zero3", "replicated"):
+                params = (("embed", names[0] if len(names) == 1 else names),) if sharding == "zero3" else ()
+                for strategy in kind_assignments(strat, kinds):
+                    plan = _first_layout(base, sm, strategy, kern, params, packed_documents, n_devices, job)
+                    if plan is not None:
+                        out.append((plan, sharding))
+    return out
+
+
+def kind_assignments(strategy: str, kinds: Sequence[str]) -> list[str | dict[str, str]]:
+    """``plan.attention.strategy`` values tried on a mesh of ``strategy`` for a model of these
+    layer kinds (first-appearance order): ``strategy`` for the first kind and any registered
+    strategy for each other kind (one name where all agree). A uniform model: ``[strategy]``."""
+    out: list[str | dict[str, str]] = []
+    for rest in itertools.product(STRATEGIES, repeat=len(kinds) - 1):
+        names = (strategy, *rest)
+        out.append(strategy if len(set(names)) == 1 else dict(zip(kinds, names)))
+    return out
+
+
+def _first_layout(base, sm, strategy, kernel, params, packed_documents, n_devices, job) -> Plan | None:
+    """The plan of ``strategy`` on the search mesh ``sm`` in the first layout that applies (None:
+    none does). zigzag balances causal work; when S is not a multiple of 2P the contiguous layout
+    (priced with its causal imbalance) stands in rather than the plan being dropped."""
+    dims, seq_len, global_batch, masks = job
+    # a mixed plan is named by its mesh (its first kind's strategy) and the others it adds: "halo+ring"
+    names = [strategy] if isinstance(strategy, str) else list(strategy.values())  # the first kind's first
+    others = dict.fromkeys(n for n in names if n != names[0])
+    name = "+".join((sm.name, *others))
+    for layout in ("balanced", "zigzag", "contiguous")[0 if packed_documents else 1 :]:
+        att = dataclasses.replace(base, strategy=strategy, kernel=kernel, layout=layout, **dict(sm.attention))
+        try:
+            plan = Plan(
+                mesh=sm.mesh,
+                params=params,
+                activations=(("batch", "data"), ("seq", sm.seq)),
+                attention=att,
+                name=name + {"zigzag": "", "contiguous": "(contig)", "balanced": "(balanced)"}[layout],
+            )
+            plan.validate(n_devices, dims=dims, seq_len=seq_len, global_batch=global_batch)
+            check_layer_kinds(masks, plan, n_devices, seq_len)
+        except PlanError:
+            continue
+        return plan
+    return None
+
+
+def strategy_meshes(data: int, context: int) -> list[tuple[str, SearchMesh]]:
+    """``(strategy name, mesh)`` for every mesh a registered strategy proposes at these degrees,
+    in registry order (the planner's tie-break)."""
+    return [(name, sm) for name, cls in STRATEGIES.items() for sm in cls.search_meshes(data, context)]
