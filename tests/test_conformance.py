@@ -40,7 +40,7 @@ from lcx.attention import strategies as strategy_registry
 from lcx.attention.api import build_strategy
 from lcx.attention.kernels import KERNELS, KernelNotAvailableError, get_kernel
 from lcx.attention.strategies import STRATEGIES, Ring, get_strategy
-from lcx.sharding import AttentionConfig, Plan, PlanError, bind
+from lcx.sharding import AttentionConfig, MeshPlan, Plan, PlanError, bind
 from lcx.sharding.blocks import BlockSizes
 from lcx.sharding.layout import LAYOUTS
 
@@ -102,9 +102,11 @@ def original(document: bool) -> tuple[np.ndarray, ...]:
     return q, k, v, pos, seg, do, dlse
 
 
-def _vjp(fn, kind: Kind, q, k, v, pos, seg, do, dlse, sinks):
+def _vjp(fn, kind: Kind, arrays, sinks):
     """``((out, lse), (dq, dk, dv[, dsinks]))`` of ``fn`` (``attention`` or the reference) on one
-    layer kind, for the cotangents ``dout`` and ``dlse``."""
+    layer kind; ``arrays``: ``(q, k, v, positions, segment_ids, dout, dlse)``, the last two the
+    cotangents of ``out`` and ``lse``."""
+    q, k, v, pos, seg, do, dlse = arrays
 
     def f(q, k, v, *s):
         return fn(q, k, v, mask=kind.mask, positions=pos, segment_ids=seg, sinks=s[0] if s else None, return_lse=True)
@@ -116,7 +118,7 @@ def _vjp(fn, kind: Kind, q, k, v, pos, seg, do, dlse, sinks):
 def reference(kind: Kind):
     """The float32 reference of ``kind`` in the original order: ``((out, lse), grads)``."""
     fn = functools.partial(_vjp, reference_attention, kind)
-    res = jax.jit(fn, compiler_options=strategies.FAST_COMPILE)(*original(kind.document), sinks_tests.SINKS)
+    res = jax.jit(fn, compiler_options=strategies.FAST_COMPILE)(original(kind.document), sinks_tests.SINKS)
     return jax.tree.map(np.asarray, res)
 
 
@@ -190,7 +192,7 @@ def _program(mp, kinds: tuple[Kind, ...]):
     fn = functools.partial(attention, plan=mp)
 
     def f(inputs, sinks):
-        return {kind.name: _vjp(fn, kind, *inputs[kind.document], sinks) for kind in kinds}
+        return {kind.name: _vjp(fn, kind, inputs[kind.document], sinks) for kind in kinds}
 
     return jax.jit(f, compiler_options=strategies.FAST_COMPILE)
 
@@ -214,18 +216,20 @@ def run_battery(strategy: str, kernel: str, layouts=LAYOUTS, kinds=KINDS) -> Rep
       KernelNotAvailableError: the kernel cannot run here.
     """
     report = Report(strategy, kernel)
-    groups: dict[tuple, list[tuple[str, object]]] = {}  # equal strategies -> [(layout, mesh plan)]
+    groups: dict[tuple, list[tuple[str, MeshPlan]]] = {}  # equal strategies -> [(layout, mesh plan)]
     for layout in layouts:
-        plans = {kind: admit(strategy, kernel, layout, kind) for kind in kinds}
-        for kind, plan in plans.items():
-            if isinstance(plan, PlanError):
-                assert kind.kind in str(plan), f"{strategy} refuses {kind.name} without naming it: {plan}"
-                report.refused[layout, kind.name] = str(plan)
-        run = tuple(kind for kind, plan in plans.items() if isinstance(plan, Plan))
-        if not run:
+        plans: dict[Kind, Plan] = {}
+        for kind in kinds:
+            verdict = admit(strategy, kernel, layout, kind)
+            if isinstance(verdict, PlanError):
+                assert kind.kind in str(verdict), f"{strategy} refuses {kind.name} without naming it: {verdict}"
+                report.refused[layout, kind.name] = str(verdict)
+            else:
+                plans[kind] = verdict
+        if not plans:
             continue
-        mp = bind(plans[run[0]], jax.devices()[:N_DEVICES])
-        built = tuple((kind, build_strategy(mp, kind.mask, (B, T, N, H), (B, T, K, H))[0]) for kind in run)
+        mp = bind(next(iter(plans.values())), jax.devices()[:N_DEVICES])
+        built = tuple((kind, build_strategy(mp, kind.mask, (B, T, N, H), (B, T, K, H))[0]) for kind in plans)
         groups.setdefault(built, []).append((layout, mp))
     for built, members in groups.items():
         kinds_run = tuple(kind for kind, _ in built)
