@@ -169,7 +169,7 @@ def build(strategy: str, S: int, P: int, W: int, block: int):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description="One sliding-window layer under halo, ring and all-gather.")
     ap.add_argument("--seq", type=int, default=32768)
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--devices", type=int, default=8)
