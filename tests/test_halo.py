@@ -105,6 +105,18 @@ def test_halo_with_sinks_matches_reference(mesh_name, mask_name, heads):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["splash", "tokamax"])
+def test_halo_with_a_pallas_kernel_matches_reference(monkeypatch, kernel):
+    """The halo's extended keys (own, tails, padding) through a Pallas kernel (interpret mode,
+    128-token blocks), zigzag, a chunked mask with documents (tails padded to the chunk)."""
+    if kernel == "tokamax":
+        pytest.importorskip("tokamax")
+    monkeypatch.setattr(strategies, "BLOCK_Q", 128)
+    monkeypatch.setattr(strategies, "BLOCK_KV", 128)
+    strategies.check_against_reference(halo_plan("d2c4", kernel=kernel), "halo_c4_doc", "gqa4", ("zigzag",))
+
+
+@pytest.mark.slow
 def test_halo_data_in_another_layout_than_the_plans_is_wrong():
     """The check above can fail: zigzag data under a contiguous plan fetches the wrong tails."""
     with pytest.raises(AssertionError):
