@@ -188,6 +188,9 @@ def test_geometry_of_each_layout():
     assert halo_geometry(Mask(chunk=8), "contiguous", 64, 8, 16).rounds == ()
     assert halo_tokens(Mask(chunk=6), 8, 64) == 4 and halo_tokens(Mask(document=True, chunk=6), 8, 64) == 5
     assert halo_geometry(w, "zigzag", 64, 1, 16).rounds == ()  # one device: local
+    # a tail of h = 3 is padded on arrival to 4 keys (the least divisor of c = 16 >= 3), not sent
+    g = halo_geometry(Mask(window=4), "contiguous", 64, 4, 16)
+    assert (g.halo, g.piece, g.received, g.sent) == (3, 4, 4, 3)
 
 
 def _shard(**kw):
@@ -197,12 +200,14 @@ def _shard(**kw):
 
 def test_halo_price():
     """Kernel call, buffers, residuals and bytes sent, by hand: S = 32K on 8 devices (T = 4096),
-    2 kv heads of 64 in bf16, W = 1024 zigzag: two rounds of 1023 tokens."""
+    2 kv heads of 64 in bf16, W = 1024 zigzag: two rounds of 1023 tokens sent, each padded on
+    arrival to 1024 keys (the least divisor of the 2048-token chunk >= 1023)."""
     s = _shard(window=1024, layout="zigzag")
-    h, T = 1023, 4096
-    assert Halo.kernel_call(s) == (T, T + 2 * h, 8, 2)
-    assert Halo.buffer_bytes(s, backward=False) == 2 * (T + 2 * h) * 2 * 64 * 2 + 2 * (T + 2 * h) * 4
-    assert Halo.residual_bytes(s) == 2 * 2 * h * 2 * 64 * 2 + 2 * (T + 2 * h) * 4
+    h, piece, T = 1023, 1024, 4096
+    L = T + 2 * piece
+    assert Halo.kernel_call(s) == (T, L, 8, 2)
+    assert Halo.buffer_bytes(s, backward=False) == 2 * L * 2 * 64 * 2 + 2 * L * 4
+    assert Halo.residual_bytes(s) == 2 * 2 * piece * 2 * 64 * 2 + 2 * L * 4
     kv, ids = 2 * 2 * h * 2 * 64 * 2, 2 * 2 * h * 4
     t = Halo.traffic(s, layers=3, replay=1)
     assert t.ring == 3 * ((kv + ids) * 2 + kv) and t.ring_hops == 2 * 3 * 3 and t.all_gather == 0
