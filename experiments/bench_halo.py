@@ -100,9 +100,13 @@ def hlo_collective_bytes(hlo: str, degree: int) -> dict[str, float]:
                 b = _bytes(rtype)
                 if kind == "collective-permute" and op.endswith("-start"):
                     b //= 2  # (operand, result) tuple
-                out[kind] += b * {"collective-permute": 1, "all-reduce": 2 * frac, "reduce-scatter": degree - 1}.get(kind, frac)
+                out[kind] += b * {"collective-permute": 1, "all-reduce": 2 * frac, "reduce-scatter": degree - 1}.get(
+                    kind, frac
+                )
             trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
-            for callee in re.findall(r"(?:body|to_apply|calls|branch_computations|true_computation|false_computation)=\{?%?([\w.\-]+)", line):
+            for callee in re.findall(
+                r"(?:body|to_apply|calls|branch_computations|true_computation|false_computation)=\{?%?([\w.\-]+)", line
+            ):
                 calls.append((callee, int(trips.group(1)) if (op == "while" and trips) else 1))
             for callee in re.findall(r"branch_computations=\{([^}]*)\}", line):
                 calls += [(c.strip().lstrip("%"), 1) for c in callee.split(",")]
@@ -154,7 +158,9 @@ def build(strategy: str, S: int, P: int, W: int, block: int):
     k = jax.device_put(jax.random.normal(ks[1], (B, S, K, H), jnp.float32), qs)
     v = jax.device_put(jax.random.normal(ks[2], (B, S, K, H), jnp.float32), qs)
     do = jax.device_put(jax.random.normal(ks[3], (B, S, N, H), jnp.float32), qs)
-    pos = jax.device_put(apply_layout(jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S)), "zigzag", P, axis=1), ps)
+    pos = jax.device_put(
+        apply_layout(jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S)), "zigzag", P, axis=1), ps
+    )
     seg = jax.device_put(jnp.zeros((B, S), jnp.int32), ps)
     args = (q, k, v, pos, seg, do)
     t0 = time.perf_counter()
@@ -163,7 +169,7 @@ def build(strategy: str, S: int, P: int, W: int, block: int):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description="One sliding-window layer under halo, ring and all-gather.")
     ap.add_argument("--seq", type=int, default=32768)
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--devices", type=int, default=8)
@@ -172,6 +178,7 @@ def main(argv=None) -> None:
     ap.add_argument("--csv", default=str(C.RESULTS / "bench_halo.csv"))
     a = ap.parse_args(argv)
     S, P, W = a.seq, a.devices, a.window
+    commit = git_commit() or "unrecorded"  # the tree that runs, before anything else can change it
     built = {}
     for s in STRATEGIES:
         compiled, args, compile_s = build(s, S, P, W, a.block)
@@ -185,7 +192,6 @@ def main(argv=None) -> None:
             t = time.perf_counter()
             jax.block_until_ready(compiled(*args))
             times[s].append(time.perf_counter() - t)
-    commit = git_commit() or "unrecorded"
     rows = []
     med = {s: statistics.median(times[s]) for s in STRATEGIES}
     hlo = {s: hlo_collective_bytes(built[s][0].as_text(), P) for s in STRATEGIES}

@@ -124,12 +124,12 @@ def _intervals(mask: Mask, q_pos, q_seg, k_pos_sorted, k_seg_sorted, n_real):
     use_seg = mask.document
     w, c = mask.window, mask.chunk
     # int32 arithmetic clamped so that q_pos -/+ (window - 1) or a chunk's ends cannot wrap around
-    if w is not None or c is not None:
-        if w is not None:
-            low = jnp.maximum(q_pos, _I32_MIN + w) - (w - 1)
-        else:
-            qc = jnp.maximum(q_pos, _I32_MIN + c)
-            low = qc - qc % c  # floor to the chunk's first position (% is floor-mod for negatives too)
+    if w is not None:
+        low = jnp.maximum(q_pos, _I32_MIN + w) - (w - 1)
+        lo = _search(k_seg_sorted, k_pos_sorted, n_real, q_seg, low, strict=True, use_seg=use_seg)
+    elif c is not None:
+        qc = jnp.maximum(q_pos, _I32_MIN + c)
+        low = qc - qc % c  # floor to the chunk's first position (% is floor-mod for negatives too)
         lo = _search(k_seg_sorted, k_pos_sorted, n_real, q_seg, low, strict=True, use_seg=use_seg)
     elif use_seg:
         lo = _search(

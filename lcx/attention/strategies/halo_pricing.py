@@ -29,7 +29,8 @@ transfer). Balanced: who holds the chunk before a chunk depends on the row's dat
 every other device in ``P - 1`` rounds (``(P - 1) k h`` keys received; those no query sees are
 masked by the kernel, as padding is). Each round carries K and V (``2 h K H a`` bytes per row)
 and int32 positions and segment ids (``2 h 4``); the backward sends the same K/V cotangents back
-(the transpose of a ``ppermute`` is the reverse one).
+(the transpose of a ``ppermute`` is the reverse one). On arrival each tail is padded locally to
+:attr:`HaloGeometry.piece` keys (never sent) so the kernel's key length keeps ``c``'s divisors.
 """
 
 from __future__ import annotations
