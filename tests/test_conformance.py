@@ -197,11 +197,18 @@ def _program(mp, kinds: tuple[Kind, ...]):
     return jax.jit(f, compiler_options=strategies.FAST_COMPILE)
 
 
-def _compare(got, layout: str, kind: Kind, P: int) -> dict[str, float]:
+def _lay_out(mp: MeshPlan, document: bool):
+    """``x -> x`` laid out as the data pipeline lays out a batch for ``mp`` (its layout, context
+    degree and blocks), from the original ids of the (packed-)document rows."""
+    att = mp.plan.attention
+    ids = original(document)[3:5]
+    return lambda x: strategies._lay(x, att.layout, mp.context_degree, ids, max(att.block_q, att.block_kv))
+
+
+def _compare(got, mp: MeshPlan, kind: Kind) -> dict[str, float]:
     (out, lse), grads = got
     (ref_out, ref_lse), ref_grads = reference(kind)
-    ids = original(kind.document)[3:5]
-    lay = lambda x: strategies._lay(x, layout, P, ids)
+    lay = _lay_out(mp, kind.document)
     errs = {"out": _err(out, lay(ref_out)), "lse": _err(lse, lay(ref_lse))}
     errs |= {n: _err(g, lay(r)) for n, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)}
     if kind.sinks:  # per head: no sequence axis to lay out
@@ -235,15 +242,13 @@ def run_battery(strategy: str, kernel: str, layouts=LAYOUTS, kinds=KINDS) -> Rep
         kinds_run = tuple(kind for kind, _ in built)
         program = _program(members[0][1], kinds_run)
         for layout, mp in members:
-            P = mp.context_degree
             inputs = {}
             for document in {kind.document for kind in kinds_run}:
-                x = original(document)
-                laid = [strategies._lay(a, layout, P, x[3:5]) for a in x]
+                laid = [*map(_lay_out(mp, document), original(document))]
                 inputs[document] = (*strategies.sharded(mp, *laid[:6]), laid[6])
             got = program(inputs, sinks_tests.SINKS)
             for kind in kinds_run:
-                report.ran[layout, kind.name] = _compare(got[kind.name], layout, kind, P)
+                report.ran[layout, kind.name] = _compare(got[kind.name], mp, kind)
     return report
 
 
