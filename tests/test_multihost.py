@@ -95,7 +95,7 @@ from lcx.config.run import data_config
 from lcx.data import make_data
 from lcx.sharding import bind
 from lcx.sharding.config import preset
-from lcx.training.hostdata import process_shard
+from lcx.training.preflight import process_shard
 
 mp = bind(preset("ring"), jax.devices())
 shard = process_shard(mp.activation_sharding(("batch", "seq")), (4, 64))

@@ -1,7 +1,8 @@
 """Everything before the first compile: the run validated for a device count (:func:`resolve`:
 the plan against the model, batch and sequence; the step's memory, :mod:`lcx.training.memory`),
-bound to the devices (:func:`check`), and built (:func:`setup`: data, the model's structure, the
-optimizer and the sharded steps) -- phase 1 of :func:`lcx.training.loop.train`. And
+bound to the devices (:func:`check`), and built (:func:`setup`: data, of which this process
+reads the rows it holds (:func:`process_shard`), the model's structure, the optimizer and the
+sharded steps) -- phase 1 of :func:`lcx.training.loop.train`. And
 ``train.dry_run=true`` (:func:`dry_run`), which validates a run for hardware this machine does
 not have and prints the cost ledger's memory anatomy.
 """
@@ -26,12 +27,39 @@ from lcx.data.tokenizers import check_model_vocab
 from lcx.models import init_model, model_shardings
 from lcx.sharding import MeshPlan, bind
 from lcx.training.config import DistributedConfig, HardwareConfig, RunConfig
-from lcx.training.hostdata import process_shard
 from lcx.training.memory import MemoryCheck, fit_step, memory_anatomy, memory_check
 from lcx.training.optim import optimizer_from_config
 from lcx.training.step import BATCH_AXES, Steps, is_arraylike, make_steps
 
 log = logging.getLogger("lcx.training.loop")
+
+
+def process_shard(sharding: jax.sharding.Sharding, shape: tuple[int, int]) -> tuple[int, int]:
+    """``(index, count)``: the global batch's rows fall into ``count`` equal parts, each held by
+    the devices of some processes, and this process holds part ``index``.
+
+    Args:
+      sharding: the batch's sharding.
+      shape: the global batch's shape ``[B, S]``.
+
+    Returns:
+      ``(0, 1)`` on one process, or where every process holds every row; ``(p, n)`` where the
+      rows split over ``n`` groups of processes (parts in order of their first row).
+
+    Raises:
+      ValueError: processes whose rows overlap without being equal, or differ in number (no
+        sharding lcx builds does this).
+    """
+    rows: dict[int, set[int]] = {}
+    for device, index in sharding.devices_indices_map(tuple(shape)).items():
+        rows.setdefault(device.process_index, set()).update(range(shape[0])[index[0]])
+    parts = sorted({frozenset(r) for r in rows.values()}, key=min)
+    if len({len(p) for p in parts}) > 1 or len(set().union(*parts)) != sum(len(p) for p in parts):
+        raise ValueError(
+            f"the batch sharding {sharding} gives processes overlapping or unequal sets of rows; "
+            f"each process must hold one of equal, disjoint parts of the {shape[0]} rows"
+        )
+    return parts.index(frozenset(rows[jax.process_index()])), len(parts)
 
 
 def resolve(

@@ -1,6 +1,7 @@
 """Phases 3 and 4 of :func:`lcx.training.loop.train`: the step loop, then the result
 (:func:`run_steps`), and the per-step work it does. Each step (:func:`train_step`) runs the
-compiled step, puts the next batch on the devices while they work (:func:`next_batch`), refuses a
+compiled step, puts the next batch on the devices while they work (:func:`next_batch`,
+:func:`put_batch`: each process's own rows into global arrays), refuses a
 non-finite loss (:func:`lcx.training.state.nonfinite_report`) and hands a :class:`StepInfo` to
 the hooks (built before the loop, :func:`lcx.training.hooks.make_hooks`). While it runs,
 SIGTERM and SIGINT are held (:class:`StopSignals`): the step finishes and the hooks save it.
@@ -18,11 +19,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import jax
+import numpy as np
 
-from lcx.training.hostdata import put_batch
+from lcx.data.packing import BATCH_KEYS
 from lcx.training.preflight import Run
 from lcx.training.resume import Start
 from lcx.training.state import TrainResult, TrainState, nonfinite_report
@@ -108,8 +111,31 @@ class StopSignals:
         return False
 
 
+def put_batch(
+    batch: Mapping[str, np.ndarray], sharding: jax.sharding.NamedSharding, global_rows: int | None = None
+) -> dict[str, jax.Array]:
+    """Host numpy batch ``{key: [rows, S]}`` -> global arrays ``[B, S]`` with ``sharding``.
+
+    Args:
+      batch: the five :data:`BATCH_KEYS` arrays of this process: its own part of the global batch
+        (:func:`process_shard`; every row on one process), or the whole batch (evaluation).
+      sharding: the batch's sharding.
+      global_rows: B, rows of the global batch; None: ``batch`` is the whole batch (every
+        process holds the same one).
+
+    Returns:
+      the five global ``jax.Array`` ``[B, S]``, same dtypes.
+    """
+    out = {}
+    for k in BATCH_KEYS:
+        x = np.asarray(batch[k])
+        shape = (x.shape[0] if global_rows is None else int(global_rows), *x.shape[1:])
+        out[k] = jax.make_array_from_process_local_data(sharding, x, shape)
+    return out
+
+
 def next_batch(run: Run) -> tuple[dict[str, jax.Array], float]:
-    """The stream's next batch as global arrays (:func:`lcx.training.hostdata.put_batch`), and
+    """The stream's next batch as global arrays (:func:`put_batch`), and
     the seconds spent waiting for it (``data_wait_s``: the host blocked in the data stream; the
     batch itself is built ahead, by grain's prefetch thread or worker processes)."""
     t0 = time.perf_counter()
