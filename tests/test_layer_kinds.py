@@ -63,9 +63,16 @@ CASES = {
         hybrid(layer_pattern=[{"kind": "sliding", "window": 3, "rope_theta": 100.0, "repeat": 2}, {"kind": "global"}]),
         [_s(3, 100.0), _s(3, 100.0), _g(), _s(3, 100.0), _s(3, 100.0)],
     ),
-    # Llama-4-like: chunked RoPE layers and global layers without RoPE (NoPE), 4 layers
+    # Llama-4-like: chunked RoPE layers and global layers without RoPE (NoPE), 4 layers; remat
+    # per layer with the named residuals (q, k, v and the attention context) kept
     "chunked_nope_global": (
-        hybrid(n_layers=4, layer_pattern=[{"kind": "chunked", "chunk": 4}, {"kind": "global", "rope": False}]),
+        hybrid(
+            n_layers=4,
+            layer_pattern=[{"kind": "chunked", "chunk": 4}, {"kind": "global", "rope": False}],
+            remat="custom",
+            remat_qkv="device",
+            remat_context="device",
+        ),
         [_c(4), _g(None), _c(4), _g(None)],
     ),
     # gpt-oss-like sinks on the sliding kind only; the global kind with its own yarn scaling
