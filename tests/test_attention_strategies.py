@@ -128,13 +128,13 @@ def attention_vjp_fn(mp, mask, compiler_options=FAST_COMPILE):
     return jax.jit(f, compiler_options=compiler_options)
 
 
-def _lay(x, layout, degree, ids=None):
+def _lay(x, layout, degree, ids=None, block=None):
     """``x`` (``[B, T, ...]``) in ``layout``; ``ids``: the original (positions, segment_ids), which
-    the balanced layout is computed from, row by row."""
+    the balanced layout is computed from, row by row, in chunks of at least ``block`` tokens
+    where the length allows (None: ``BLOCK_KV``)."""
     pos, seg = ids if ids is not None else (None, None)
-    return np.asarray(
-        apply_layout(np.asarray(x), layout, degree, axis=1, positions=pos, segment_ids=seg, block=BLOCK_KV)
-    )
+    block = BLOCK_KV if block is None else block
+    return np.asarray(apply_layout(np.asarray(x), layout, degree, axis=1, positions=pos, segment_ids=seg, block=block))
 
 
 def check_against_reference(mp, mask_name, heads, layouts=("contiguous", "zigzag", "balanced")):

@@ -1,4 +1,4 @@
-"""Context-parallel attention: masks, per-device kernels, strategies (allgather, a2a, ring, usp).
+"""Context-parallel attention: masks, per-device kernels, strategies (allgather, a2a, ring, usp, halo).
 
 Support matrix (``plan.attention.strategy``; every mask -- causal, document, sliding window,
 full, and combinations -- in every strategy, both layouts, forward and backward):
@@ -11,6 +11,9 @@ a2a           U | N; U | K or K | U (kv heads      O(S N / U); 2 all-to-alls eac
               replicated U/K times if allowed)
 ring          any N, K                             O(S / P); P-1 K/V hops (fwd), custom VJP
 usp           U | N; U | K or K | U                O(S / P); all-to-all over U, ring over R
+halo          any N, K; causal sliding-window or   O(S / P + W); only the W - 1 keys before each
+              chunked masks, W - 1 <= a layout     layout chunk, ppermute from their holder
+              chunk (refuses global layers)
 ============  ===================================  ===========================================
 
 U: Ulysses degree, P: context degree, S: sequence length, N/K: query/kv heads per device (after
@@ -38,7 +41,7 @@ Public API:
 - :class:`AbstractKernel` (alias ``Kernel``), :class:`XlaKernel`, :func:`make_kernel`,
   :class:`BlockSizes`, :data:`KERNELS` / :func:`get_kernel`: per-device kernels.
 - :class:`AbstractStrategy` (alias ``Strategy``) and the final strategies :class:`AllGather`,
-  :class:`Ulysses`, :class:`Ring`, :class:`USP`, registered by plan name in :data:`STRATEGIES`
+  :class:`Ulysses`, :class:`Ring`, :class:`USP`, :class:`Halo`, registered by plan name in :data:`STRATEGIES`
   (:func:`get_strategy`).
 """
 
@@ -64,6 +67,7 @@ from lcx.attention.strategies import (
     USP,
     AbstractStrategy,
     AllGather,
+    Halo,
     Ring,
     Strategy,
     Ulysses,
@@ -86,6 +90,7 @@ __all__ = [
     "FULL",
     "get_kernel",
     "get_strategy",
+    "Halo",
     "Kernel",
     "KernelNotAvailableError",
     "KERNELS",
