@@ -131,9 +131,9 @@ def test_a_hybrid_model_without_a_kinds_strategy_is_not_priced():
 
 
 def test_the_planner_chooses_a_strategy_per_kind(monkeypatch):
-    """On each strategy's mesh the first kind takes it and every strategy is tried for the
-    others; a strategy whose check_layer refuses a kind (a stand-in for halo refusing global
-    layers) is never given that kind."""
+    """On each strategy's mesh every choice per kind that uses it is tried, each plan once; a
+    strategy whose check_layer refuses a kind (a stand-in for halo refusing global layers) is
+    never given that kind."""
 
     def windowed_only(cls, mask, plan, mesh_shape, seq_len):
         if mask.kind == "global":
@@ -141,9 +141,14 @@ def test_the_planner_chooses_a_strategy_per_kind(monkeypatch):
 
     monkeypatch.setattr(AllGather, "check_layer", classmethod(windowed_only))
     cfg = _hybrid([_Kind(256), _Kind(256), _Kind()])
-    plans = {p.attention.strategy: p.name for p, _ in cost.candidate_plans(cfg, N_DEV, S, B)}
+    cands = cost.candidate_plans(cfg, N_DEV, S, B)
+    keys = [(p.mesh, p.params, p.attention) for p, _ in cands]
+    assert len(keys) == len(set(keys))  # allgather, ring and a2a share their mesh: each mixed plan once
+    plans = {p.attention.strategy: p.name for p, _ in cands}
     assert plans[KindStrategies({"sliding": "allgather", "global": "ring"})] == "allgather+ring"
     assert KindStrategies({"sliding": "ring", "global": "a2a"}) in plans and "ring" in plans
+    # usp's mesh: usp for the global layers, another strategy for the sliding ones
+    assert KindStrategies({"sliding": "ring", "global": "usp"}) in plans
     assert all(not isinstance(s, str) or s != "allgather" for s in plans)  # never for global layers
     assert all(isinstance(s, str) or s["global"] != "allgather" for s in plans)
     # a uniform model: one strategy per mesh, as before (the stand-in only for windowed layers)

@@ -45,10 +45,10 @@ def candidate_plans(
     balances packed documents, which zigzag does not: :mod:`lcx.cost.balance`).
 
     Layer kinds (:func:`~lcx.cost.kinds.layer_groups`; ``window``: a uniform model's sliding
-    window): on each mesh of a strategy, that strategy runs the model's first kind and every
-    registered strategy is tried for each other kind (:func:`kind_assignments`), all sharing the
-    mesh; a plan some kind's strategy cannot run (``check_layer``: halo refuses global layers)
-    is dropped. A uniform model gets one strategy per mesh, as before.
+    window): on each mesh of a strategy, every choice of a strategy per kind that uses that
+    strategy somewhere (:func:`kind_assignments`), all sharing the mesh, each plan once; a plan
+    some kind's strategy cannot run (``check_layer``: halo refuses global layers) is dropped. A
+    uniform model gets one strategy per mesh, as before.
     """
     base = attention or AttentionConfig()
     kern = kernel or base.kernel
@@ -57,6 +57,7 @@ def candidate_plans(
     kinds = tuple(dict.fromkeys(g.kind for g in groups))
     job = (dims, seq_len, global_batch, tuple(g.mask for g in groups))
     out: list[tuple[Plan, str]] = []
+    seen = set()  # meshes several strategies propose give a mixed plan once
     for d in divisors(n_devices):
         if global_batch % d:
             continue
@@ -66,19 +67,22 @@ def candidate_plans(
                 params = (("embed", names[0] if len(names) == 1 else names),) if sharding == "zero3" else ()
                 for strategy in kind_assignments(strat, kinds):
                     plan = _first_layout(base, sm, strategy, kern, params, packed_documents, n_devices, job)
-                    if plan is not None:
+                    key = None if plan is None else (plan.mesh, plan.params, plan.activations, plan.attention)
+                    if plan is not None and key not in seen:
+                        seen.add(key)
                         out.append((plan, sharding))
     return out
 
 
 def kind_assignments(strategy: str, kinds: Sequence[str]) -> list[str | dict[str, str]]:
     """``plan.attention.strategy`` values tried on a mesh of ``strategy`` for a model of these
-    layer kinds (first-appearance order): ``strategy`` for the first kind and any registered
-    strategy for each other kind (one name where all agree). A uniform model: ``[strategy]``."""
+    layer kinds (first-appearance order): every choice of a registered strategy per kind that
+    gives ``strategy`` (the mesh's) to at least one kind; one name where all kinds agree. A
+    uniform model: ``[strategy]``."""
     out: list[str | dict[str, str]] = []
-    for rest in itertools.product(STRATEGIES, repeat=len(kinds) - 1):
-        names = (strategy, *rest)
-        out.append(strategy if len(set(names)) == 1 else dict(zip(kinds, names)))
+    for names in itertools.product(STRATEGIES, repeat=len(kinds)):
+        if strategy in names:
+            out.append(strategy if len(set(names)) == 1 else dict(zip(kinds, names)))
     return out
 
 

@@ -126,6 +126,11 @@ def kind_lines(e: Any) -> list[str]:
         span = f" (window {k.span:,})" if k.kind == "sliding" else f" (chunk {k.span:,})" if k.span else ""
         out.append(
             f"  {k.kind}{span} x{k.layers} layers: strategy {k.strategy}, attention {k.attention_flops:.3e} FLOP, "
-            f"{k.comm_bytes / 2**30:,.2f} GiB sent, {k.time:,.3f} s per device per step"
+            f"{_size(k.comm_bytes)} sent, {k.time:,.3f} s per device per step"
         )
     return out
+
+
+def _size(n: float) -> str:
+    """Bytes in GiB, or MiB below one GiB."""
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.2f} MiB"
