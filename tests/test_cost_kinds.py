@@ -11,7 +11,7 @@ import pytest
 
 from lcx import cost
 from lcx.attention import AllGather, Mask, Ulysses
-from lcx.attention.strategies import get_strategy
+from lcx.attention.strategies import STRATEGIES, get_strategy
 from lcx.cost.flops import visible_pairs
 from lcx.cost.kinds import LayerGroup, layer_groups
 from lcx.cost.local import LocalStep, StepSizes
@@ -49,6 +49,8 @@ S, B, N_DEV = 2048, 2, 8
 HW = cost.hardware_from_config({"name": "cpu", "peak_flops_per_chip": 1e12, "hbm_bytes": 2**34}, probe=False)
 POLICY = cost.ActivationPolicy("none")
 PER_KIND = {"global": "ring", "sliding": "allgather", "chunked": "a2a"}
+# strategies that propose no mesh of their own (halo): tried on the others' meshes
+PASSENGERS = {n for n, cls in STRATEGIES.items() if not cls.search_meshes(2, 4)}
 
 
 @pytest.mark.parametrize("S, C", [(10, 3), (9, 3), (5, 8), (64, 16), (7, 1)])
@@ -153,7 +155,7 @@ def test_the_planner_chooses_a_strategy_per_kind(monkeypatch):
     assert all(isinstance(s, str) or s["global"] != "allgather" for s in plans)
     # a uniform model: one strategy per mesh, as before (the stand-in only for windowed layers)
     sliding = {p.attention.strategy for p, _ in cost.candidate_plans(preset("tiny"), N_DEV, S, B, window=256)}
-    assert sliding == {"allgather", "ring", "a2a", "usp"}
+    assert sliding == {"allgather", "ring", "a2a", "usp", *PASSENGERS}
     assert {p.attention.strategy for p, _ in cost.candidate_plans(preset("tiny"), N_DEV, S, B)} == {
         "ring",
         "a2a",
