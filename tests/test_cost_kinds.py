@@ -163,3 +163,42 @@ def test_the_planner_chooses_a_strategy_per_kind(monkeypatch):
     }
     rec = cost.search(cfg, HW, N_DEV, seq_len=S, global_batch=B, dtype="float32")
     assert rec.best is not None and len(rec.best.est.kinds) == 2
+
+
+def _plan_report(tmp_path, *overrides):
+    from hydra import compose, initialize_config_module
+
+    from lcx.config import plan_query
+    from lcx.plan import run
+
+    with initialize_config_module("lcx.conf", version_base="1.3"):
+        return run(plan_query(compose("plan_config", overrides=list(overrides))), tmp_path)
+
+
+def test_lcx_plan_prints_one_line_per_kind_for_the_hybrid_tiny_model(tmp_path, capsys):
+    report = _plan_report(tmp_path, "model=tiny_hybrid", "plan=ring_halo", "train.global_batch=2")
+    out = capsys.readouterr().out
+    assert "  per layer kind (attention only):" in out
+    assert "    sliding (window 512) x4 layers: strategy halo, attention " in out
+    assert "    global x2 layers: strategy ring, attention " in out
+    kinds = report["given"]["estimate"]["kinds"]
+    assert [(k["kind"], k["layers"], k["strategy"]) for k in kinds] == [("sliding", 4, "halo"), ("global", 2, "ring")]
+
+
+def test_gemma3_like_at_128k_on_v5p_halo_saves_over_ring(tmp_path, capsys):
+    """The Gemma-3-like preset (48 layers, [sliding 1,024 x5, global]) at 131,072 tokens on 16
+    TPU v5p chips: the sliding layers under halo send far fewer bytes than under the ring (each
+    device receives W - 1 keys per chunk instead of the whole sequence's K/V) and the predicted
+    step is shorter; the global layers are priced the same either way."""
+    common = ("model=gemma3_12b_like", "hardware=tpu_v5p", "hardware.chips=16", "train.seq_len=131072")
+    ring = _plan_report(tmp_path, *common, "plan=ring_cp")["given"]["estimate"]
+    halo = _plan_report(tmp_path, *common, "plan=ring_cp", "plan.attention.strategy={global: ring, sliding: halo}")[
+        "given"
+    ]["estimate"]
+    r, h = ({k["kind"]: k for k in e["kinds"]} for e in (ring, halo))
+    assert (r["sliding"]["layers"], r["global"]["layers"]) == (40, 8)
+    assert r["sliding"]["strategy"] == "ring" and h["sliding"]["strategy"] == "halo"
+    assert h["sliding"]["comm_bytes"] * 8 < r["sliding"]["comm_bytes"]
+    assert h["sliding"]["time"] < r["sliding"]["time"] and r["global"] == h["global"]
+    assert halo["step_time_s"] < ring["step_time_s"]
+    assert halo["model_flops_per_step"] == ring["model_flops_per_step"]
