@@ -66,6 +66,46 @@ def strategy_benchmark() -> str:
     )
 
 
+def bench_halo() -> str:
+    """experiments/bench_halo.py: one sliding-window layer under halo, ring and all-gather."""
+    rows = C.read_csv(RES / "bench_halo.csv")
+    mib = lambda x: _f(float(x) / 2**20, 2)
+    return _md(
+        [
+            "strategy",
+            "sent / device, HLO (MiB)",
+            "sent / device, ledger (MiB)",
+            "HLO bytes / halo's",
+            "fwd+bwd (s, median)",
+            "time / halo's",
+            "collectives in the HLO (bytes)",
+        ],
+        [
+            [
+                r["strategy"],
+                mib(r["hlo_bytes_per_device"]),
+                mib(r["ledger_bytes_per_device"]),
+                _f(r["hlo_bytes_over_halo"], 1),
+                _f(r["fwd_bwd_s"], 2),
+                _f(r["time_over_halo"], 2),
+                r["hlo_collectives"].replace(";", ", "),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def bench_halo_setup() -> str:
+    """The shapes and provenance of bench_halo.csv (one line)."""
+    r = C.read_csv(RES / "bench_halo.csv")[0]
+    return (
+        f"S = {int(r['seq_len']):,} tokens, W = {int(r['window']):,}, P = {r['devices']} simulated CPU devices "
+        f"({r['machine']}), B = {r['batch']}, {r['heads']} query / {r['kv_heads']} kv head(s) of {r['head_dim']}, "
+        f"{r['dtype']}, {r['layout']} layout, {r['kernel']} kernel with {r['block']}-token blocks; median of "
+        f"{r['repeats']} interleaved rounds; lcx {r['git_commit']}, python {r['python']}, jax {r['jax']}."
+    )
+
+
 def strategy_memory() -> str:
     """The memory-only run of ``experiments/bench_strategies.py`` (``strategy_memory.csv``)."""
     rows = [r for r in C.read_csv(RES / "strategy_memory.csv") if r["sweep"] == "strategies"]
@@ -438,6 +478,8 @@ TABLES = {
     for f in (
         default_run,
         strategy_benchmark,
+        bench_halo,
+        bench_halo_setup,
         ring_degree,
         strategy_memory,
         ring_degree_memory,

@@ -63,14 +63,15 @@ def sinks_vjp_fn(mp, mask):
     return jax.jit(f, compiler_options=FAST_COMPILE)
 
 
-def check_sinks_against_reference(mp, mask_name, heads):
-    """Every layout through ONE compiled function; returns the max errors (out, dq/dk/dv, dsinks)."""
+def check_sinks_against_reference(mp, mask_name, heads, layouts=("contiguous", "zigzag", "balanced")):
+    """Every layout (of ``layouts``) through ONE compiled function; returns the max errors (out,
+    dq/dk/dv, dsinks)."""
     fn = sinks_vjp_fn(mp, strategies.MASKS[mask_name])
     ref_out, ref_grads = reference(mask_name, heads)
     P = mp.context_degree
     lay = strategies._lay
     errs = []
-    for layout in ("contiguous", "zigzag", "balanced"):
+    for layout in layouts:
         original = strategies.inputs(mask_name, heads)
         ids = (original[3], original[4])  # the balanced layout is computed from them, row by row
         laid = [lay(x, layout, P, ids) for x in original]

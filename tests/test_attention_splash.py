@@ -38,6 +38,8 @@ MASKS = {
     "window": Mask(window=37),
     "full_doc_window": Mask(causal=False, document=True, window=29),
     "doc_window": Mask(document=True, window=50),
+    "chunk_doc": Mask(document=True, chunk=48),
+    "full_chunk": Mask(causal=False, chunk=100),
 }
 HEADS = {"mha": (4, 4), "gqa2": (4, 2), "mqa": (4, 1)}
 
@@ -114,6 +116,8 @@ KERNEL_CASES = [
     ("window", "mqa"),
     ("full_doc_window", "gqa2"),
     ("doc_window", "mha"),
+    ("chunk_doc", "gqa2"),
+    ("full_chunk", "mqa"),
 ]
 
 
@@ -255,7 +259,12 @@ def test_intervals_equal_the_mask_predicate():
     duplicate positions, restarting documents and arbitrary query positions."""
     rng = np.random.default_rng(0)
     T, S = 50, 70
-    masks = [Mask(causal=c, document=d, window=w) for c in (True, False) for d in (True, False) for w in (None, 1, 9)]
+    masks = [
+        Mask(causal=c, document=d, window=w, chunk=n)
+        for c in (True, False)
+        for d in (True, False)
+        for w, n in ((None, None), (1, None), (9, None), (None, 1), (None, 7), (None, 16))
+    ]
     for trial in range(3):
         kp = rng.integers(-5, 30, size=S).astype(np.int32)
         ks = rng.integers(0, 4, size=S).astype(np.int32)

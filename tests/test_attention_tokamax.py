@@ -35,7 +35,7 @@ def tokamax_kernel():
 
 # Every mask predicate and head layout at least once over this file (MHA: the odd-lengths test;
 # each case ~15 s of interpret-mode compile and run on an idle core).
-KERNEL_CASES = [("causal_doc", "gqa2"), ("full_doc_window", "mqa")]
+KERNEL_CASES = [("causal_doc", "gqa2"), ("full_doc_window", "mqa"), ("chunk_doc", "gqa2")]
 
 
 @pytest.mark.parametrize("mask_name,heads", KERNEL_CASES, ids=[f"{m}-{h}" for m, h in KERNEL_CASES])

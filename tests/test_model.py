@@ -200,7 +200,7 @@ def test_scan_equals_python_loop(one_device):
         x = model.embed(tok)
         for l in range(CFG.n_layers):
             block = jax.tree.map(lambda a: a[l], model.blocks)
-            x = block(x, pos, seg, mask=model.mask, plan=one_device)
+            x = block(x, pos, seg, layer=model.layer_options(CFG.layer_kinds[l]), plan=one_device)
         x = model.final_norm(x)
         return jnp.einsum("BTD,DV->BTV", x, model.head)
 

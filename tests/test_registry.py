@@ -71,18 +71,25 @@ def _overridden_concrete_methods(cls: type) -> list[str]:
 # -------------------------------------------------------------------------- the same names everywhere
 def test_every_registry_lists_the_same_strategy_names():
     names = tuple(STRATEGIES)
-    assert names == ("allgather", "ring", "a2a", "usp")
+    assert names == ("allgather", "ring", "a2a", "usp", "halo")
     assert tuple(sh.STRATEGIES) == names and sh.STRATEGIES == names  # what the plan accepts
+    # halo serves sliding and chunked layer kinds only: no whole-model mesh, no global price
+    whole_model = tuple(n for n in names if STRATEGIES[n].search_meshes(2, 4))
+    assert whole_model == ("allgather", "ring", "a2a", "usp")
     for name in names:
         plan = _plan(name)  # the plan accepts it and runs its rules
         plan.validate(8, dims=TINY.dims(), seq_len=4096, global_batch=2)
+        assert get_strategy(name) is STRATEGIES[name]
+        if name not in whole_model:  # TINY's layers are global: refused, never priced wrongly
+            with pytest.raises(ValueError, match="global"):
+                cost.estimate(TINY, plan, HW, 8, seq_len=4096, global_batch=2, policy=POLICY)
+            continue
         # the ledger prices it (memory, communication, time) through the same class
         est = cost.estimate(TINY, plan, HW, 8, seq_len=4096, global_batch=2, policy=POLICY)
         assert est.memory.attention > 0 and est.comm.total > 0
-        assert get_strategy(name) is STRATEGIES[name]
-    # the planner tries the meshes of every registered strategy
+    # the planner tries the meshes of every registered whole-model strategy
     tried = {p.attention.strategy for p, _ in candidate_plans(TINY, 8, 4096, 2)}
-    assert tried == set(names)
+    assert tried == set(whole_model)
 
 
 def test_every_registry_lists_the_same_kernel_names_and_prices_them():
@@ -123,7 +130,7 @@ def test_unknown_strategy_raises_with_the_choices(lookup):
     with pytest.raises(
         ValueError,
         match=r"unknown attention strategy 'cp9'; choose one of \('allgather', 'ring', "
-        r"'a2a', 'usp'\)",
+        r"'a2a', 'usp', 'halo'\)",
     ):
         lookup()
 

@@ -1,4 +1,4 @@
-"""Context-parallel attention: masks, per-device kernels, strategies (allgather, a2a, ring, usp).
+"""Context-parallel attention: masks, per-device kernels, strategies (allgather, a2a, ring, usp, halo).
 
 Support matrix (``plan.attention.strategy``; every mask -- causal, document, sliding window,
 full, and combinations -- in every strategy, both layouts, forward and backward):
@@ -11,6 +11,9 @@ a2a           U | N; U | K or K | U (kv heads      O(S N / U); 2 all-to-alls eac
               replicated U/K times if allowed)
 ring          any N, K                             O(S / P); P-1 K/V hops (fwd), custom VJP
 usp           U | N; U | K or K | U                O(S / P); all-to-all over U, ring over R
+halo          any N, K; causal sliding-window or   O(S / P + W); only the W - 1 keys before each
+              chunked masks, W - 1 <= a layout     layout chunk, ppermute from their holder
+              chunk (refuses global layers)
 ============  ===================================  ===========================================
 
 U: Ulysses degree, P: context degree, S: sequence length, N/K: query/kv heads per device (after
@@ -22,7 +25,9 @@ segment id as padding (:mod:`lcx.attention.masks`).
 
 Public API:
 
-- :func:`attention`: context-parallel attention on global arrays, strategy chosen by the plan.
+- :func:`attention`: context-parallel attention on global arrays, strategy chosen by the plan
+  for the mask's layer kind (``plan.attention.strategy_for(mask.kind)``).
+- :func:`check_layer_kinds`: a plan refused, before compiling, for a layer kind it cannot run.
 - :class:`Mask`, :data:`CAUSAL`, :data:`FULL`: mask predicates on global positions/segment ids.
 - :func:`reference_attention`: dense single-device float32 reference.
 - :func:`flash_attention` (and :func:`flash_blocks`, its form on blocks): local blockwise
@@ -36,7 +41,7 @@ Public API:
 - :class:`AbstractKernel` (alias ``Kernel``), :class:`XlaKernel`, :func:`make_kernel`,
   :class:`BlockSizes`, :data:`KERNELS` / :func:`get_kernel`: per-device kernels.
 - :class:`AbstractStrategy` (alias ``Strategy``) and the final strategies :class:`AllGather`,
-  :class:`Ulysses`, :class:`Ring`, :class:`USP`, registered by plan name in :data:`STRATEGIES`
+  :class:`Ulysses`, :class:`Ring`, :class:`USP`, :class:`Halo`, registered by plan name in :data:`STRATEGIES`
   (:func:`get_strategy`).
 """
 
@@ -54,6 +59,7 @@ from lcx.attention.kernels import (
     make_kernel,
 )
 from lcx.attention.masks import CAUSAL, FULL, Mask
+from lcx.attention.plan_kinds import check_layer_kinds
 from lcx.attention.reference import reference_attention
 from lcx.attention.sinks import merge_sinks, sinks_grad
 from lcx.attention.strategies import (
@@ -61,6 +67,7 @@ from lcx.attention.strategies import (
     USP,
     AbstractStrategy,
     AllGather,
+    Halo,
     Ring,
     Strategy,
     Ulysses,
@@ -75,6 +82,7 @@ __all__ = [
     "attention",
     "BlockSizes",
     "build_strategy",
+    "check_layer_kinds",
     "CAUSAL",
     "Cotangent",
     "flash_attention",
@@ -82,6 +90,7 @@ __all__ = [
     "FULL",
     "get_kernel",
     "get_strategy",
+    "Halo",
     "Kernel",
     "KernelNotAvailableError",
     "KERNELS",

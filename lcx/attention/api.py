@@ -1,8 +1,9 @@
 """The public context-parallel attention function.
 
 ``attention(q, k, v, plan=..., mask=...)`` takes GLOBAL arrays (sharded or not), looks up the
-strategy the plan names (``plan.attention.strategy``) and the per-device kernel
-(``plan.attention.kernel``), checks every shape against the plan before anything compiles, and
+strategy the plan names for the mask's layer kind (``plan.attention.strategy_for(mask.kind)``:
+one strategy for every layer, or e.g. ring for global layers and halo for sliding ones) and the
+per-device kernel (``plan.attention.kernel``), checks every shape against the plan before anything compiles, and
 runs the strategy inside ``jax.shard_map`` on the plan's mesh. It works eagerly, inside an outer
 ``jax.jit`` whose arrays the plan shards, and under ``jax.grad``. The model calls it; so can any
 user script.
@@ -104,7 +105,8 @@ def attention(
       ValueError: inconsistent shapes (``sinks`` not ``[N]`` or not floating point); batch,
         sequence or head counts not divisible by the mesh axes the plan maps them to; a strategy
         that cannot serve these head counts (e.g. the Ulysses degree does not divide the query
-        heads). Raised before compiling.
+        heads); a per-kind plan that gives the mask's kind (``mask.kind``) no strategy
+        (:class:`~lcx.sharding.PlanError`). Raised before compiling.
         The splash kernel also refuses block sizes its Pallas kernels cannot tile: ``block_q`` not
         a multiple of 8, ``block_kv``, ``block_q_dkv``, ``block_kv_dkv`` not multiples of 128, kv
         blocks > 16384 (:mod:`lcx.attention.kernels.splash`). ``positions=None`` with a sequence
@@ -209,7 +211,8 @@ def build_strategy(
             f"{rules.get(ax.HEADS)} (size {tp}); use a tensor degree dividing {K} for the heads"
         )
     kernel = make_kernel(cfg.kernel, cfg.blocks)
-    strategy = get_strategy(cfg.strategy).from_plan(kernel, mask, plan.seq_axes, sizes, cfg)
+    # the strategy of this layer's kind (plan.attention.strategy may name one per kind)
+    strategy = get_strategy(cfg.strategy_for(mask.kind)).from_plan(kernel, mask, plan.seq_axes, sizes, cfg)
     P = degree(ax.SEQ)
     strategy.check((B // degree(ax.BATCH), T // P, N // tp, H), (B // degree(ax.BATCH), T // P, K // tp, H))
     return strategy, (q_spec, kv_spec, pos_spec)

@@ -20,7 +20,9 @@ from lcx.sharding.plan import AttentionConfig, Plan, PlanError
 
 @dataclasses.dataclass
 class AttentionSchema:
-    strategy: str = "allgather"
+    # one strategy name, or a mapping layer kind -> name ({global: ring, sliding: halo}); Any, as
+    # OmegaConf types no union of a string and a mapping (AttentionConfig checks the value)
+    strategy: Any = "allgather"
     kernel: str | None = None  # None: the hardware preset's attention_kernel (xla if none)
     layout: str = "zigzag"
     ulysses_axis: str = "ulysses"

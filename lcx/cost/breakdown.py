@@ -31,6 +31,7 @@ from lcx.cost.activations import (
 from lcx.cost.attention_memory import layer_backward_bytes, layer_forward_bytes, layer_prologue_bytes
 from lcx.cost.dtypes import dtype_bytes
 from lcx.cost.flops import ModelDims
+from lcx.cost.kinds import scan_period
 from lcx.cost.local import LocalStep, StepArgs, StepSizes, frozen_cache
 from lcx.cost.policy import ActivationPolicy
 from lcx.sharding import Plan
@@ -141,6 +142,7 @@ def memory_breakdown(
     policy: ActivationPolicy,
     optimizer_states: int = 2,
     memory_kinds: bool = True,
+    window: int | None = None,
     **step: Unpack[StepArgs],
 ) -> MemoryBreakdown:
     """Per-device memory of a training step for ``cfg`` under ``plan`` on ``n_devices``.
@@ -166,15 +168,20 @@ def memory_breakdown(
       memory_kinds: whether the compiler honours JAX memory kinds (TPU, GPU: True). False prices
         the program XLA:CPU compiles: placements stripped (above), and its fusion of the loss
         backward on tiles of 4,096 tokens or more (:func:`logits_phase_bytes` ``xla_cpu``).
+      window: a uniform model's sliding window in tokens (:func:`~lcx.cost.kinds.layer_groups`).
       **step: the step's sizes and dtypes (:class:`~lcx.cost.local.StepArgs`: ``seq_len``,
         ``global_batch``, ``dtype``, ``param_dtype``, ``tie_embeddings``).
 
+    Layer kinds (a model of several, each run by the strategy the plan gives it): the
+    transients of one layer's phases are the largest over the kinds (one layer is differentiated
+    at a time), the residuals every layer saves are summed over the kinds by their layer counts.
+
     Raises:
-      PlanError: the plan's mesh does not fit ``n_devices``.
+      PlanError: the plan's mesh does not fit ``n_devices``, or gives a kind no strategy.
     """
     st = StepSizes(**step)
     dtype, param_dtype, tie_embeddings = st.dtype, st.param_dtype, st.tie_embeddings
-    local = LocalStep.of(cfg, plan, n_devices, st)
+    local = LocalStep.of(cfg, plan, n_devices, st, window=window)
     tokens = local.tokens
     layout = param_layout(plan, n_devices, cfg, param_dtype, tie_embeddings=tie_embeddings)
     p = sum(r.bytes_per_device for r in layout)
@@ -193,24 +200,29 @@ def memory_breakdown(
     # the loss phase reads a copy of the head when its parameter is sharded (all-gathered) or cast
     head = next(r for r in layout if r.info.name == ("embed" if tie_embeddings else "head"))
     head_copy = head.bytes_per_device < head.global_bytes or dtype_bytes(dtype) != dtype_bytes(param_dtype)
-    blocks = plan.attention.blocks
-    strategy, kernel, s = local.strategy, get_kernel(plan.attention.kernel), local.attention
-    # the attention call's residuals beyond the local q/k/v (gathered K/V, post-all-to-all k/v):
-    # with remat: none every layer saves them; otherwise the replay rebuilds them for the block
-    # being differentiated, live in both of its backward phases
-    att_res = strategy.residual_bytes(s)
+    blocks, kernel = plan.attention.blocks, get_kernel(plan.attention.kernel)
+    # per layer kind (its strategy's call): the attention call's residuals beyond the local q/k/v
+    # (gathered K/V, post-all-to-all k/v) and the phases' transients; with remat: none every layer
+    # saves its residuals, otherwise the replay rebuilds them for the block being differentiated,
+    # live in both of its backward phases
+    res = [k.strategy.residual_bytes(k.attention) for k in local.kinds]
     if policy.remat == "none":
         # saved by every layer; the block being differentiated copies its slices out of the stacks
         # (see layer_working_bytes_per_token), so they are ALSO live in both backward phases
-        acts += cfg.n_layers * att_res
-        if strategy.output_all_to_all and dtype_bytes(dtype) == 4:
-            # the output returns through an all-to-all: the float32 flash output is in head
-            # layout, so the sequence-layout output ``wo`` reads is a second saved array (in
-            # 16-bit it is the cast the ``none`` set already counts)
-            acts += cfg.n_layers * tokens * cfg.n_heads // local.tensor_degree * cfg.head_dim * 4
-    att = layer_backward_bytes(strategy, kernel, s, blocks)
-    prologue = layer_prologue_bytes(strategy, kernel, s)
-    att_fwd = layer_forward_bytes(strategy, kernel, s, blocks)
+        for k, r in zip(local.kinds, res):
+            acts += k.layers * r
+            if k.strategy.output_all_to_all and dtype_bytes(dtype) == 4:
+                # the output returns through an all-to-all: the float32 flash output is in head
+                # layout, so the sequence-layout output ``wo`` reads is a second saved array (in
+                # 16-bit it is the cast the ``none`` set already counts)
+                acts += k.layers * tokens * cfg.n_heads // local.tensor_degree * cfg.head_dim * 4
+    prologue = max(r + layer_prologue_bytes(k.strategy, kernel, k.attention) for k, r in zip(local.kinds, res))
+    att = max(r + layer_backward_bytes(k.strategy, kernel, k.attention, blocks) for k, r in zip(local.kinds, res))
+    att_fwd = max(layer_forward_bytes(k.strategy, kernel, k.attention, blocks) for k in local.kinds)
+    # a scan iteration differentiates a whole pattern period: the residuals of its other P - 1
+    # layers (sliced from the stacks with remat none, rebuilt by replays XLA starts early
+    # otherwise) are live in the backward phases too (measured: tests/test_cost_compiled.py)
+    period = (scan_period(cfg) - 1) * tokens * saved_bytes_per_token_per_layer(cfg, ActivationPolicy("none"), dtype)[0]
     logits = logits_phase_bytes(
         cfg, tokens=tokens, vocab_tiling=policy.vocab_tiling, head_copy=head_copy, dtype=dtype, xla_cpu=not memory_kinds
     )
@@ -219,8 +231,8 @@ def memory_breakdown(
         grads=p,
         optimizer=opt_dev,
         activations=acts,
-        layer_working=tokens * layer_working_bytes_per_token(cfg, policy, dtype) + att_res + prologue,
-        attention=tokens * attention_residual_bytes_per_token(cfg, policy, dtype) + att_res + att,
+        layer_working=tokens * layer_working_bytes_per_token(cfg, policy, dtype) + prologue + period,
+        attention=tokens * attention_residual_bytes_per_token(cfg, policy, dtype) + att + period,
         logits=logits,
         host=host,
         attention_forward=att_fwd,

@@ -83,8 +83,47 @@ def ring_overlap_min_block(
     return c * (2 if causal else 1)
 
 
+def attention_replays(policy: ActivationPolicy) -> int:
+    """1 when ``policy`` replays attention's forward in the backward (its collectives too), else 0."""
+    return (
+        1
+        if (
+            policy.remat in ("full", "dots_with_no_batch_dims_saveable")
+            or (policy.remat == "custom" and not policy.keeps_context)
+        )
+        else 0
+    )
+
+
+def kind_traffic(local: LocalStep, policy: ActivationPolicy) -> tuple[Traffic, ...]:
+    """Bytes one device sends per step for each layer kind of ``local`` (:attr:`LocalStep.kinds`,
+    in order): the kind's strategy's :meth:`~lcx.attention.strategies.AbstractStrategy.traffic`
+    over that kind's layers."""
+    replay = attention_replays(policy)
+    return tuple(k.strategy.traffic(k.attention, layers=k.layers, replay=replay) for k in local.kinds)
+
+
+def total_traffic(parts: tuple[Traffic, ...]) -> Traffic:
+    """The layer kinds' traffic together: bytes and hops summed, the largest forward hop kept."""
+    if len(parts) == 1:
+        return parts[0]
+    return Traffic(
+        all_gather=sum(t.all_gather for t in parts),
+        all_to_all=sum(t.all_to_all for t in parts),
+        ring=sum(t.ring for t in parts),
+        ring_hops=sum(t.ring_hops for t in parts),
+        ring_hop_bytes=max(t.ring_hop_bytes for t in parts),
+    )
+
+
 def comm_bytes(
-    cfg: ModelDims, plan: Plan, n_devices: int, *, policy: ActivationPolicy, **step: Unpack[StepArgs]
+    cfg: ModelDims,
+    plan: Plan,
+    n_devices: int,
+    *,
+    policy: ActivationPolicy,
+    window: int | None = None,
+    **step: Unpack[StepArgs],
 ) -> CommBytes:
     """Bytes one device sends per training step under ``plan`` (forward, backward, recompute).
 
@@ -101,6 +140,10 @@ def comm_bytes(
     - usp: the a2a terms over U, and a ring of ``R = P / U`` on blocks of ``U T`` tokens of
       ``Kr / U`` heads.
 
+    A model of several layer kinds (``layer_kinds``, or ``window`` for a uniform one) is priced
+    per kind by the strategy the plan gives it, over that kind's layers, and summed
+    (:func:`kind_traffic`).
+
     Gradients are reduced over every mesh axis the parameters are not sharded over (a ring
     all-reduce moves ``2 (n-1)/n`` of the local gradient bytes); parameters sharded over axes
     (FSDP/ZeRO-3) are all-gathered for the forward and again for the backward and their
@@ -111,24 +154,17 @@ def comm_bytes(
       plan: the sharding plan.
       n_devices: devices of the step.
       policy: the activation policy (whether attention is replayed).
+      window: a uniform model's sliding window in tokens (:func:`~lcx.cost.kinds.layer_groups`).
       **step: the step's sizes and dtypes (:class:`~lcx.cost.local.StepArgs`).
 
     Raises:
-      PlanError: the plan's mesh does not fit ``n_devices``.
+      PlanError: the plan's mesh does not fit ``n_devices``, or gives a kind no strategy.
     """
     st = StepSizes(**step)
-    local = LocalStep.of(cfg, plan, n_devices, st)
+    local = LocalStep.of(cfg, plan, n_devices, st, window=window)
     shape = local.shape
-    replay = (
-        1
-        if (
-            policy.remat in ("full", "dots_with_no_batch_dims_saveable")
-            or (policy.remat == "custom" and not policy.keeps_context)
-        )
-        else 0
-    )
-    # the strategy's own collectives (:meth:`AbstractStrategy.traffic`; none at P = 1)
-    att = local.strategy.traffic(local.attention, layers=cfg.n_layers, replay=replay)
+    # each kind's strategy's own collectives (:meth:`AbstractStrategy.traffic`; none at P = 1)
+    att = total_traffic(kind_traffic(local, policy))
     # parameters: sharded axes -> all-gather (fwd + bwd) and reduce-scatter; replicated -> all-reduce
     p_local = param_bytes_per_device(plan, n_devices, cfg, st.param_dtype, tie_embeddings=st.tie_embeddings)
     sharded = {m for rule in plan.param_rules.values() for m in rule}

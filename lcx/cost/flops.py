@@ -23,6 +23,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Final, Protocol, TypedDict, Unpack, runtime_checkable
 
+from lcx.cost.kinds import LayerGroup, layer_groups
+
 
 @runtime_checkable
 class ModelDims(Protocol):
@@ -68,13 +70,18 @@ def linear_weights_per_token(cfg: ModelDims) -> int:
     return cfg.n_layers * (D * (N + 2 * K) * H + N * H * D + 3 * D * F) + D * cfg.vocab_size
 
 
-def visible_pairs(seq_len: int, *, causal: bool = True, window: int | None = None) -> int:
+def visible_pairs(seq_len: int, *, causal: bool = True, window: int | None = None, chunk: int | None = None) -> int:
     """Exact number of (query, key) pairs a mask keeps in one sequence of ``seq_len`` tokens.
 
     Causal: ``S (S + 1) / 2``. A causal sliding window W (``q - k < W``) keeps ``sum_i min(i + 1,
-    W)``; a bidirectional window keeps ``|q - k| < W``. Pure integer arithmetic, O(1).
+    W)``; a bidirectional window keeps ``|q - k| < W``. Chunked attention (aligned chunks of C
+    tokens, ``q // C == k // C``) keeps ``C (C + 1) / 2`` per whole chunk causal (``C^2``
+    bidirectional) and the same of the last, partial chunk. Pure integer arithmetic, O(1).
     """
     S = seq_len
+    if chunk is not None:
+        n, r = divmod(S, chunk)
+        return sum((m * (m + 1) // 2 if causal else m * m) * count for m, count in ((chunk, n), (r, 1)))
     if window is None or window >= S:
         return S * (S + 1) // 2 if causal else S * S
     W = window
@@ -87,13 +94,14 @@ def attention_pairs(
     *,
     causal: bool = True,
     window: int | None = None,
+    chunk: int | None = None,
     documents: Sequence[int] | None = None,
 ) -> float:
     """(query, key) pairs per sequence that the attention FLOP count credits.
 
-    Without a window this is MaxText's count (``S^2 / 2`` causal, ``S^2`` full), so MFU is
-    comparable with MaxText's. A sliding window uses the exact count of
-    :func:`visible_pairs`. With ``documents`` (lengths of the packed documents in tokens, summing
+    Without a window or chunks (a global layer) this is MaxText's count (``S^2 / 2`` causal,
+    ``S^2`` full), so MFU is comparable with MaxText's. A sliding window or chunks (of at most S
+    tokens) use the exact count of :func:`visible_pairs`. With ``documents`` (lengths of the packed documents in tokens, summing
     to ``seq_len``) a document mask is credited per document: ``sum_d pairs(len_d)`` with the
     same rules, since no pair crosses a document boundary.
 
@@ -104,10 +112,10 @@ def attention_pairs(
         docs = [int(d) for d in documents]
         if any(d < 1 for d in docs) or sum(docs) != seq_len:
             raise ValueError(f"document lengths {docs[:8]}... must be positive and sum to seq_len={seq_len}")
-        return sum(attention_pairs(d, causal=causal, window=window) for d in docs)
-    if window is None or window >= seq_len:
+        return sum(attention_pairs(d, causal=causal, window=window, chunk=chunk) for d in docs)
+    if (window is None or window >= seq_len) and (chunk is None or chunk >= seq_len):
         return seq_len * seq_len / (2 if causal else 1)
-    return float(visible_pairs(seq_len, causal=causal, window=window))
+    return float(visible_pairs(seq_len, causal=causal, window=window, chunk=chunk))
 
 
 class MaskArgs(TypedDict, total=False):
@@ -117,11 +125,13 @@ class MaskArgs(TypedDict, total=False):
     Keys:
       causal: causal mask (halves the attention count; default True).
       window: sliding window in tokens, or None (default).
+      chunk: attention chunk in tokens (chunked attention), or None (default).
       documents: packed document lengths (document mask), or None (default).
     """
 
     causal: bool
     window: int | None
+    chunk: int | None
     documents: Sequence[int] | None
 
 
@@ -129,15 +139,32 @@ def forward_flops(cfg: ModelDims, seq_len: int, batch: int, **mask: Unpack[MaskA
     """Model FLOPs of ONE forward pass over ``batch`` sequences of ``seq_len`` tokens under the
     mask ``**mask`` (:class:`MaskArgs`).
 
+    A model of several layer kinds (``layer_kinds``: :func:`~lcx.cost.kinds.layer_groups`)
+    counts each kind's pairs over its layers; ``window`` / ``chunk`` then must be None or the
+    kinds' own.
+
     Returns:
       :class:`StepFlops` (linear ``2 * tokens * weights``; attention ``4 * pairs * N * H * L``
-      per sequence).
+      per sequence, summed over the layer kinds: :func:`kind_attention_flops`).
     """
     tokens = seq_len * batch
     linear = 2.0 * tokens * linear_weights_per_token(cfg)
-    pairs = attention_pairs(seq_len, **mask)
-    attention = 4.0 * batch * pairs * cfg.n_heads * cfg.head_dim * cfg.n_layers
+    groups = layer_groups(cfg, window=mask.get("window"), chunk=mask.get("chunk"))
+    attention = sum(kind_attention_flops(cfg, seq_len, batch, g, **mask) for g in groups)
     return StepFlops(linear=linear, attention=attention)
+
+
+def kind_attention_flops(
+    cfg: ModelDims, seq_len: int, batch: int, group: LayerGroup, **mask: Unpack[MaskArgs]
+) -> float:
+    """Attention FLOPs of ONE forward pass through the layers of ``group`` (one kind), over
+    ``batch`` sequences of ``seq_len`` tokens: ``4 * batch * pairs * N * H * layers``, the pairs
+    those of the group's mask (its window or chunk; ``causal`` and ``documents`` from ``mask``)."""
+    causal, documents = mask.get("causal", True), mask.get("documents")
+    pairs = attention_pairs(
+        seq_len, causal=causal, window=group.mask.window, chunk=group.mask.chunk, documents=documents
+    )
+    return 4.0 * batch * pairs * cfg.n_heads * cfg.head_dim * group.layers
 
 
 def training_flops(cfg: ModelDims, seq_len: int, global_batch: int, **mask: Unpack[MaskArgs]) -> StepFlops:

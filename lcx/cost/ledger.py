@@ -14,17 +14,45 @@ import dataclasses
 import math
 from typing import Unpack
 
+from lcx.attention.strategies import Traffic
 from lcx.cost.balance import causal_imbalance
 from lcx.cost.breakdown import MemoryBreakdown, memory_breakdown
-from lcx.cost.comm import CommBytes, comm_bytes, ring_overlap_min_block
-from lcx.cost.flops import ModelDims, StepFlops, recompute_flops, training_flops
+from lcx.cost.comm import CommBytes, comm_bytes, kind_traffic, ring_overlap_min_block
+from lcx.cost.flops import ModelDims, StepFlops, kind_attention_flops, recompute_flops, training_flops
 from lcx.cost.hardware import Hardware
-from lcx.cost.local import LocalStep, StepArgs, StepSizes
+from lcx.cost.local import KindShare, LocalStep, StepArgs, StepSizes
 from lcx.cost.policy import ActivationPolicy
 from lcx.cost.timing import ROOFLINE, StepTime, StepWork
 from lcx.cost.topology import is_subtorus
-from lcx.cost.work import skipped_tiles, step_work
+from lcx.cost.work import attention_only, skipped_tiles, step_work, total_work
 from lcx.sharding import Plan
+
+
+@dataclasses.dataclass(frozen=True)
+class KindCost:
+    """One layer kind's share of a step on one device, as ``lcx.plan`` prints it per kind.
+
+    Attributes:
+      kind: ``global``, ``sliding`` or ``chunked``; span: its window or chunk in tokens (None:
+        global).
+      layers: the model's layers of this kind.
+      strategy: the strategy the plan gives the kind (``plan.attention.strategy_for(kind)``).
+      attention_flops: the kind's model attention FLOPs on this device per step (fwd + bwd,
+        with the layout's imbalance).
+      comm_bytes: bytes one device sends per step for the kind's attention (its strategy's
+        all-gathers, all-to-alls and ring hops over its layers).
+      time: seconds of the kind's attention per step: its compute (kernel calls, replay) plus
+        its attention communication not hidden behind that compute, priced alone by the
+        hardware's time model (the roofline without one).
+    """
+
+    kind: str
+    span: int | None
+    layers: int
+    strategy: str
+    attention_flops: float
+    comm_bytes: float
+    time: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +86,7 @@ class Estimate:
       time: the step's seconds by part (:class:`~lcx.cost.timing.StepTime`).
       work: what one device does (:class:`~lcx.cost.timing.StepWork`), which any
         :class:`~lcx.cost.timing.TimeModel` prices (``TimeModel.time(work, peak)``).
+      kinds: the step per layer kind of the model (:class:`KindCost`; one for a uniform model).
     """
 
     flops: StepFlops
@@ -82,6 +111,7 @@ class Estimate:
     calibrated: bool = False
     time: StepTime | None = None
     work: StepWork | None = None
+    kinds: tuple[KindCost, ...] = ()
 
     @property
     def step_time(self) -> float:
@@ -233,22 +263,21 @@ def estimate(
         vocab_tiling=policy.vocab_tiling,
         window=window,
     )
-    mem = memory_breakdown(cfg, plan, n_devices, policy=policy, **step)
-    com = comm_bytes(cfg, plan, n_devices, policy=policy, **step)
-    local = LocalStep.of(cfg, plan, n_devices, st)
-    P, U, strategy = local.context_degree, local.attention.ulysses_degree, local.strategy
-    a = plan.attention
-    # Ulysses computes all S tokens of its heads (balanced); a ring (or USP's ring of P/U ranks,
-    # each holding U consecutive chunks after the all-to-all) inherits the layout's imbalance
-    imb = causal_imbalance(
-        a.layout, strategy.imbalance_degree(P, U), packed_documents=st.packed_documents, seq_len=seq_len
-    )
+    mem = memory_breakdown(cfg, plan, n_devices, policy=policy, window=window, **step)
+    com = comm_bytes(cfg, plan, n_devices, policy=policy, window=window, **step)
+    local = LocalStep.of(cfg, plan, n_devices, st, window=window)
+    P, a = local.context_degree, plan.attention
     lin_rec = _linear_recompute(cfg, seq_len, global_batch, policy)
-    att_replay = (rec - lin_rec) / n_devices * imb
     peak = hw.peak_flops_per_device
     coll_bw = hw.collective_bandwidth_per_device or math.inf
     p2p_bw = hw.p2p_bandwidth_per_device or math.inf
-    hop = strategy.ring_hop(seq_len, P, U, cfg.n_heads, cfg.n_kv_heads)
+    host_bytes = host_transfer_bytes(mem, policy)
+    traffic = kind_traffic(local, policy)
+    # one ring hop checked for overlap: the first kind's whose strategy has a ring
+    hops = (
+        k.strategy.ring_hop(seq_len, P, k.attention.ulysses_degree, cfg.n_heads, cfg.n_kv_heads) for k in local.kinds
+    )
+    hop = next((h for h in hops if h is not None), None)
     if hop is not None:
         block = hop.block
         cmin = ring_overlap_min_block(
@@ -261,26 +290,57 @@ def estimate(
         )
     else:
         block, cmin = 0, 0.0
-    host_bytes = host_transfer_bytes(mem, policy)
-    work = step_work(
-        cfg,
-        a,
-        com,
-        seq_len,
-        window,
-        n_devices,
-        imb,
-        flops.attention,
-        att_replay,
-        P,
-        linear_flops=(flops.linear + lin_rec) / n_devices,
-        ring_size=P // max(U, 1) if hop is not None else 1,
-        p2p_bandwidth=p2p_bw,
-        collective_bandwidth=coll_bw,
-        host_bytes=host_bytes,
-        host_bandwidth=hw.host_bandwidth_per_device or 0.0,
-        a2a_split_axis=U > 1 and not is_subtorus(U, hw.physical_mesh(n_devices) or (U,)),
-        skipped_per_tile=skipped_tiles(a.layout, strategy.imbalance_degree(P, U), seq_len, window),
+    works = []
+    for i, k in enumerate(local.kinds):
+        # each kind by its own strategy: Ulysses computes all S tokens of its heads (balanced); a
+        # ring (or USP's ring of P/U ranks, each holding U consecutive chunks after the
+        # all-to-all) inherits the layout's imbalance. The linear, parameter and host parts ride
+        # with the first kind.
+        U, strategy, first = k.attention.ulysses_degree, k.strategy, i == 0
+        imb = causal_imbalance(
+            a.layout, strategy.imbalance_degree(P, U), packed_documents=st.packed_documents, seq_len=seq_len
+        )
+        att = (
+            flops.attention
+            if len(local.kinds) == 1
+            else 3.0 * kind_attention_flops(cfg, seq_len, global_batch, k.group)
+        )
+        share = att / flops.attention if flops.attention else 0.0
+        span = k.group.mask.window or k.group.mask.chunk
+        kcom = (
+            dataclasses.replace(com, **dataclasses.asdict(traffic[i]))
+            if first
+            else CommBytes(**dataclasses.asdict(traffic[i]))
+        )
+        hops_here = strategy.ring_hop(seq_len, P, U, cfg.n_heads, cfg.n_kv_heads) is not None
+        works.append(
+            step_work(
+                cfg,
+                a,
+                kcom,
+                seq_len,
+                span,
+                n_devices,
+                imb,
+                att,
+                (rec - lin_rec) * share / n_devices * imb,
+                P,
+                linear_flops=(flops.linear + lin_rec) / n_devices if first else 0.0,
+                ring_size=P // max(U, 1) if hops_here else 1,
+                p2p_bandwidth=p2p_bw,
+                collective_bandwidth=coll_bw,
+                host_bytes=host_bytes if first else 0.0,
+                host_bandwidth=hw.host_bandwidth_per_device or 0.0,
+                a2a_split_axis=U > 1 and not is_subtorus(U, hw.physical_mesh(n_devices) or (U,)),
+                skipped_per_tile=skipped_tiles(a.layout, strategy.imbalance_degree(P, U), seq_len, span),
+                layers=k.layers,
+            )
+        )
+    work = total_work(works)
+    model = ROOFLINE if hw.time_model is None else hw.time_model
+    kinds = tuple(
+        _kind_cost(k, a.strategy_for(k.kind), w, t, model.time(attention_only(w), peak))
+        for k, w, t in zip(local.kinds, works, traffic)
     )
     roof = ROOFLINE.time(work, peak)
     t = roof if hw.time_model is None else hw.time_model.time(work, peak)
@@ -307,6 +367,19 @@ def estimate(
         calibrated=hw.time_model is not None,
         time=t,
         work=work,
+        kinds=kinds,
+    )
+
+
+def _kind_cost(k: KindShare, strategy: str, w: StepWork, traffic: Traffic, t: StepTime) -> KindCost:
+    return KindCost(
+        kind=k.kind,
+        span=k.group.mask.window or k.group.mask.chunk,
+        layers=k.layers,
+        strategy=strategy,
+        attention_flops=w.attention_flops,
+        comm_bytes=traffic.all_gather + traffic.all_to_all + traffic.ring,
+        time=t.attention + t.exposed_comm,
     )
 
 

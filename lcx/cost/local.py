@@ -6,8 +6,9 @@ Two small values the ledger's functions share instead of repeating their keyword
   ``dtype=``, ...), typed once (PEP 692: ``**step: Unpack[StepArgs]``), and :class:`StepSizes`,
   the same values with their defaults filled in;
 - :class:`LocalStep`, one device's share of the step under a plan: mesh sizes, local batch and
-  tokens, the plan's strategy class and its attention layer (:class:`AttentionShard`), which the
-  memory (:mod:`lcx.cost.breakdown`), communication (:mod:`lcx.cost.comm`) and time
+  tokens, and per layer kind of the model (:class:`KindShare`) the strategy class the plan gives
+  it and its attention layer (:class:`AttentionShard`), which the memory
+  (:mod:`lcx.cost.breakdown`), communication (:mod:`lcx.cost.comm`) and time
   (:mod:`lcx.cost.ledger`) ledgers all read.
 """
 
@@ -23,6 +24,7 @@ from typing import Any, Required, TypedDict, TypeVar
 from lcx.attention.strategies import AbstractStrategy, AttentionShard, get_strategy
 from lcx.cost.dtypes import dtype_bytes
 from lcx.cost.flops import ModelDims
+from lcx.cost.kinds import LayerGroup, layer_groups
 from lcx.sharding import Plan
 from lcx.sharding import axes as ax
 
@@ -85,6 +87,31 @@ class StepSizes:
 
 
 @dataclasses.dataclass(frozen=True)
+class KindShare:
+    """The layers of one kind (one mask) on one device under a plan.
+
+    Attributes:
+      group: the layers' mask and count (:class:`~lcx.cost.kinds.LayerGroup`).
+      strategy: the registered strategy class the plan gives the kind
+        (``plan.attention.strategy_for(kind)``).
+      attention: one such attention layer on this device (U from that strategy's all-to-all
+        degree).
+    """
+
+    group: LayerGroup
+    strategy: type[AbstractStrategy]
+    attention: AttentionShard
+
+    @property
+    def kind(self) -> str:
+        return self.group.kind
+
+    @property
+    def layers(self) -> int:
+        return self.group.layers
+
+
+@dataclasses.dataclass(frozen=True)
 class LocalStep:
     """One device's share of a training step under a plan.
 
@@ -93,26 +120,38 @@ class LocalStep:
       context_degree: P, devices the sequence is split over.
       local_batch: b = max(1, B / data degree), sequences per device.
       tensor_degree: devices the heads are split over (the ``heads`` activation rule).
-      strategy: the plan's registered strategy class.
-      attention: one attention layer on this device (U from the strategy's all-to-all degree).
+      kinds: the model's layers by kind, each with its strategy and attention layer, in the
+        order the kinds first appear (one for a uniform model).
     """
 
     shape: Mapping[str, int]
     context_degree: int
     local_batch: int
     tensor_degree: int
-    strategy: type[AbstractStrategy]
-    attention: AttentionShard
+    kinds: tuple[KindShare, ...]
 
     @classmethod
-    def of(cls, cfg: ModelDims, plan: Plan, n_devices: int, step: StepSizes) -> LocalStep:
-        """The share of ``step`` one device of ``plan`` on ``n_devices`` holds.
+    def of(cls, cfg: ModelDims, plan: Plan, n_devices: int, step: StepSizes, *, window: int | None = None) -> LocalStep:
+        """The share of ``step`` one device of ``plan`` on ``n_devices`` holds; ``window``: the
+        sliding window (tokens) of a uniform model without ``layer_kinds``
+        (:func:`~lcx.cost.kinds.layer_groups`).
 
         Raises:
-          PlanError: the plan's mesh does not fit ``n_devices``.
+          PlanError: the plan's mesh does not fit ``n_devices``, or gives a kind of the model
+            no strategy.
           ValueError: an unknown strategy or dtype.
         """
-        return _local_step(cls, cfg, plan, n_devices, step)
+        return _local_step(cls, cfg, plan, n_devices, step, window)
+
+    @property
+    def strategy(self) -> type[AbstractStrategy]:
+        """The first kind's strategy class (a uniform model's one)."""
+        return self.kinds[0].strategy
+
+    @property
+    def attention(self) -> AttentionShard:
+        """The first kind's attention layer (every kind's has the same local tokens)."""
+        return self.kinds[0].attention
 
     @property
     def tokens(self) -> int:
@@ -139,7 +178,9 @@ def frozen_cache(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 @frozen_cache
-def _local_step(cls: type[LocalStep], cfg: ModelDims, plan: Plan, n_devices: int, step: StepSizes) -> LocalStep:
+def _local_step(
+    cls: type[LocalStep], cfg: ModelDims, plan: Plan, n_devices: int, step: StepSizes, window: int | None
+) -> LocalStep:
     # cached: the ledger asks for one step's share three times per estimate, and the planner
     # prices one plan under many policies (every argument is frozen)
     shape = plan.mesh_shape(n_devices)
@@ -147,14 +188,17 @@ def _local_step(cls: type[LocalStep], cfg: ModelDims, plan: Plan, n_devices: int
     data = math.prod(shape[m] for m in plan.batch_axes)
     tp = math.prod(shape[m] for m in plan.activation_rules.get(ax.HEADS, ()))
     b = max(1, step.global_batch // data)
-    strategy = get_strategy(plan.attention.strategy)
-    s = AttentionShard.from_model(
-        cfg,
-        seq_len=step.seq_len,
-        local_batch=b,
-        context_degree=P,
-        ulysses_degree=strategy.all_to_all_degree(plan.attention, shape),
-        tensor_degree=tp,
-        act_bytes=dtype_bytes(step.dtype),
-    )
-    return cls(types.MappingProxyType(shape), P, b, tp, strategy, s)  # shared: read-only
+    kinds = []
+    for g in layer_groups(cfg, window=window):
+        strategy = get_strategy(plan.attention.strategy_for(g.kind))
+        s = AttentionShard.from_model(
+            cfg,
+            seq_len=step.seq_len,
+            local_batch=b,
+            context_degree=P,
+            ulysses_degree=strategy.all_to_all_degree(plan.attention, shape),
+            tensor_degree=tp,
+            act_bytes=dtype_bytes(step.dtype),
+        )
+        kinds.append(KindShare(g, strategy, s))
+    return cls(types.MappingProxyType(shape), P, b, tp, tuple(kinds))  # shared: read-only

@@ -16,12 +16,15 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from lcx.attention.strategies import STRATEGIES, SearchMesh
+from lcx.cost.candidates import candidate_plans as candidate_plans
+from lcx.cost.candidates import divisors as divisors
+from lcx.cost.candidates import kind_assignments as kind_assignments
+from lcx.cost.candidates import strategy_meshes as strategy_meshes
 from lcx.cost.hardware import Hardware
 from lcx.cost.ledger import Estimate, estimate
 from lcx.cost.local import StepSizes
 from lcx.cost.policy import REMAT_POLICIES, ActivationPolicy
-from lcx.sharding import Plan, PlanError
+from lcx.sharding import Plan
 from lcx.sharding.plan import AttentionConfig
 
 LCX_REMAT: tuple[str, ...] = REMAT_POLICIES
@@ -156,7 +159,7 @@ class Candidate:
         e = self.est
         return {
             "plan": self.plan.to_config(),
-            "strategy": self.plan.attention.strategy,
+            "strategy": self.plan.attention.strategy_config(),
             "mesh": dict(self.plan.mesh),
             "context_degree": self.context_degree,
             "param_sharding": self.param_sharding,
@@ -175,6 +178,7 @@ class Candidate:
             "host_time_s": e.host_time,
             "exposed_host_time_s": e.exposed_host_time,
             "step_time_s": e.step_time,
+            "kinds": [dataclasses.asdict(k) for k in e.kinds],
             "ring_block_tokens": e.ring_block,
             "ring_min_block_tokens": e.ring_min_block,
             "overlap": e.overlap,
@@ -191,70 +195,6 @@ class Candidate:
 
 def _data(plan: Plan) -> int:
     return dict(plan.mesh).get("data", 1)
-
-
-def divisors(n: int) -> list[int]:
-    """Every divisor of ``n >= 1``, ascending (O(sqrt n)): tile counts, device counts."""
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
-
-
-def candidate_plans(
-    cfg,
-    n_devices: int,
-    seq_len: int,
-    global_batch: int,
-    *,
-    attention: AttentionConfig | None = None,
-    kernel: str | None = None,
-    packed_documents: bool = False,
-) -> list[tuple[Plan, str]]:
-    """Every valid (plan, param sharding) for this model, length, batch and device count.
-
-    For every data degree ``d`` dividing the batch (``d P = n``), the meshes each registered
-    strategy proposes (:meth:`~lcx.attention.strategies.AbstractStrategy.search_meshes`:
-    ``{data: d, context: P}`` for all-gather, ring and A2A, ``{data: d, ulysses: U, ring: P/U}``
-    for USP with ``1 < U < P``), in registry order; each with parameters replicated or ZeRO-3
-    sharded along ``embed`` over every mesh axis. Plans that :meth:`~lcx.sharding.Plan.validate`
-    refuses (heads, divisibility, layout) are dropped. The layout is the first of zigzag,
-    contiguous that applies; with ``packed_documents`` the balanced layout comes first (it
-    balances packed documents, which zigzag does not: :mod:`lcx.cost.balance`).
-    """
-    base = attention or AttentionConfig()
-    kern = kernel or base.kernel
-    dims = cfg.dims() if hasattr(cfg, "dims") else None
-    out: list[tuple[Plan, str]] = []
-    for d in divisors(n_devices):
-        if global_batch % d:
-            continue
-        for strat, sm in strategy_meshes(d, n_devices // d):
-            names = tuple(n for n, _ in sm.mesh)
-            for sharding in ("zero3", "replicated"):
-                params = (("embed", names[0] if len(names) == 1 else names),) if sharding == "zero3" else ()
-                # zigzag balances causal work; when S is not a multiple of 2P, fall back to the
-                # contiguous layout (priced with its causal imbalance) rather than drop the plan
-                for layout in ("balanced", "zigzag", "contiguous")[0 if packed_documents else 1 :]:
-                    att = dataclasses.replace(base, strategy=strat, kernel=kern, layout=layout, **dict(sm.attention))
-                    try:
-                        plan = Plan(
-                            mesh=sm.mesh,
-                            params=params,
-                            activations=(("batch", "data"), ("seq", sm.seq)),
-                            attention=att,
-                            name=sm.name + {"zigzag": "", "contiguous": "(contig)", "balanced": "(balanced)"}[layout],
-                        )
-                        plan.validate(n_devices, dims=dims, seq_len=seq_len, global_batch=global_batch)
-                    except PlanError:
-                        continue
-                    out.append((plan, sharding))
-                    break
-    return out
-
-
-def strategy_meshes(data: int, context: int) -> list[tuple[str, SearchMesh]]:
-    """``(strategy name, mesh)`` for every mesh a registered strategy proposes at these degrees,
-    in registry order (the planner's tie-break)."""
-    return [(name, sm) for name, cls in STRATEGIES.items() for sm in cls.search_meshes(data, context)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,7 +234,13 @@ def price(q: Query) -> list[Candidate]:
     n, st = q.n_devices, q.step
     cands: list[Candidate] = []
     for plan, sharding in candidate_plans(
-        q.cfg, n, st.seq_len, st.global_batch, attention=q.attention, packed_documents=st.packed_documents
+        q.cfg,
+        n,
+        st.seq_len,
+        st.global_batch,
+        attention=q.attention,
+        packed_documents=st.packed_documents,
+        window=q.window,
     ):
         # lcx.train tiles the local sequence: a tile count that does not divide it becomes the
         # nearest that does (a policy that then repeats another is priced once)

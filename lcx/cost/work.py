@@ -7,6 +7,9 @@ the causal kernels' block waste. :func:`lcx.cost.estimate` calls it once per pri
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 from lcx.cost.balance import causal_imbalance
 from lcx.cost.comm import CommBytes
 from lcx.cost.timing import StepWork
@@ -32,14 +35,19 @@ def step_work(
     host_bandwidth: float,
     a2a_split_axis: bool,
     skipped_per_tile: float = 0.0,
+    layers: int | None = None,
 ) -> StepWork:
     """The per-device :class:`~lcx.cost.timing.StepWork` of one step (``ring_size``: the ring's
-    devices, 1 without a ring; a kernel call per ring step, layer and pass).
+    devices, 1 without a ring; a kernel call per ring step, layer and pass). ``window``: the
+    tokens a query's keys span (a sliding window or a chunk; None: the sequence). ``layers``:
+    the attention layers ``com``'s attention traffic and ``model_attention`` cover (one layer
+    kind's; None: all ``cfg.n_layers``); the parameter collectives are always every layer's.
 
     Block waste under a causal mask: the diagonal tiles run whole, ``1 + block / S``; but a tile
     longer than the layout's chunk (zigzag ``S / 2P``, balanced ``S / kP``) holds tokens of two
     distant chunks, so the kernels' block test skips nothing and every pair runs: 2x."""
     L = cfg.n_layers
+    La = L if layers is None else layers
     passes = 2 + (replay > 0)
     block = a.block_kv or a.block_q or 512
     span = min(seq_len, window) if window else seq_len
@@ -50,16 +58,16 @@ def step_work(
         block_waste=block_waste(a.layout, block, seq_len, span, P),
         kernel=a.kernel or "xla",
         head_dim=cfg.head_dim,
-        kernel_calls=L * passes * ring_size,
+        kernel_calls=La * passes * ring_size,
         ring_bytes=com.ring,
         ring_hops=com.ring_hops,
         p2p_bandwidth=p2p_bandwidth,
         param_bytes=com.param_gather + com.grad_reduction,
         param_collectives=L * ((2 if com.param_gather else 0) + (1 if com.grad_reduction else 0)),
         kv_gather_bytes=com.all_gather,
-        kv_collectives=L * passes if com.all_gather else 0,
+        kv_collectives=La * passes if com.all_gather else 0,
         all_to_all_bytes=com.all_to_all,
-        a2a_collectives=4 * L * passes if com.all_to_all else 0,
+        a2a_collectives=4 * La * passes if com.all_to_all else 0,
         collective_bandwidth=collective_bandwidth,
         host_bytes=host_bytes,
         host_bandwidth=host_bandwidth,
@@ -71,6 +79,45 @@ def step_work(
         * (model_attention / n * imb / 3)
         / (4.0 * (a.block_q or block) * block * cfg.head_dim),
     )
+
+
+def total_work(works: Sequence[StepWork]) -> StepWork:
+    """The step's work from its layer kinds' (:func:`step_work` per kind, the linear, parameter
+    and host parts in one of them): counts, FLOPs and bytes summed; the block waste the
+    attention-FLOP-weighted mean (the time model multiplies the attention and replay FLOPs by it,
+    and a kind's replay is proportional to its attention), so the attention time is the kinds'
+    sum. Ring transfers then hide behind all kinds' attention together."""
+    if len(works) == 1:
+        return works[0]
+    att = sum(w.attention_flops for w in works)
+    waste = sum(w.attention_flops * w.block_waste for w in works) / att if att else 1.0
+    summed = {
+        f: sum(getattr(w, f) for w in works)
+        for f in (
+            "attention_flops",
+            "attention_replay_flops",
+            "linear_flops",
+            "kernel_calls",
+            "ring_bytes",
+            "ring_hops",
+            "param_bytes",
+            "param_collectives",
+            "kv_gather_bytes",
+            "kv_collectives",
+            "all_to_all_bytes",
+            "a2a_collectives",
+            "host_bytes",
+            "skipped_tiles",
+        )
+    }
+    return dataclasses.replace(
+        works[0], block_waste=waste, a2a_split_axis=any(w.a2a_split_axis for w in works), **summed
+    )
+
+
+def attention_only(w: StepWork) -> StepWork:
+    """``w`` without its linear, parameter and host parts: one layer kind's attention alone."""
+    return dataclasses.replace(w, linear_flops=0.0, param_bytes=0.0, param_collectives=0, host_bytes=0.0)
 
 
 def block_waste(layout: str, block: int, seq_len: int, span: int, P: int) -> float:

@@ -1,7 +1,8 @@
-"""Equinox Llama family: configs and presets, modules, parameter metadata (logical axes and
+"""Equinox Llama family: configs and presets, layer kinds, modules, parameter metadata (logical axes and
 weight-decay roles), parameter shardings."""
 
 from lcx.models.config import DTYPES, PRESETS, REMAT_POLICIES, ModelConfig, preset
+from lcx.models.kinds import KINDS, LayerKind
 from lcx.models.llama import (
     MLP,
     Attention,
@@ -26,6 +27,8 @@ __all__ = [
     "Embedding",
     "init_model",
     "init_sharded",
+    "KINDS",
+    "LayerKind",
     "Llama",
     "logical_axes",
     "MLP",

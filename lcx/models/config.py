@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from lcx.models.kinds import LayerKind, layer_kinds, parse_layer_pattern, pattern_to_yaml
 from lcx.models.rotary import RopeConfig
 
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "custom")
@@ -104,12 +105,22 @@ class ModelConfig:
         arXiv:2309.17453) that joins the softmax denominator as an extra key of value 0, so a
         head can attend "nowhere" (:mod:`lcx.attention.sinks`). Hydra:
         ``model.attention_sinks=true``. Default False: no sink parameters, the plain program. A
-        non-boolean value raises ValueError.
+        non-boolean value raises ValueError. With ``layer_pattern`` it is the default of the
+        kinds whose ``sinks`` is null.
+      layer_pattern: None (default): a uniform model, every layer one kind (global, or sliding
+        with ``sliding_window``). Otherwise one period of :class:`~lcx.models.kinds.LayerKind`
+        (global / sliding / chunked, each with its own RoPE and sinks) that repeats over the
+        depth, the remainder layers taking its first kinds (:attr:`layer_kinds`). YAML and
+        Hydra: a list of mappings, each may carry ``repeat: n``
+        (``[{kind: sliding, window: 512, repeat: 2}, {kind: global}]``, read by :meth:`from_dict`);
+        in code a tuple of ``LayerKind``, one per layer of the period. The forward scans over periods (:class:`lcx.models.Llama`).
 
     Raises:
       ValueError: a size is not positive, N is not a multiple of K, an unknown remat policy,
         placement or dtype, a ``remat_*`` placement changed without ``remat: custom``, or
-        ``sliding_window < 1``. The message names the field and the fix.
+        ``sliding_window < 1``, a ``layer_pattern`` that :func:`~lcx.models.kinds.parse_layer_pattern`
+        refuses, one together with ``sliding_window``, or a kind whose RoPE overrides do not make
+        a valid table with the model's. The message names the field and the fix.
     """
 
     name: str = "custom"
@@ -141,6 +152,7 @@ class ModelConfig:
     sliding_window: int | None = None
     document_mask: bool = True
     attention_sinks: bool = False
+    layer_pattern: tuple[LayerKind, ...] | None = None
 
     def __post_init__(self):
         # YAML may give 500000 for a float field; store floats so equal configs hash equal
@@ -203,12 +215,52 @@ class ModelConfig:
             )
         if not isinstance(self.attention_sinks, bool):
             raise ValueError(f"model.attention_sinks must be true or false, got {self.attention_sinks!r}")
+        self._check_layer_pattern()
+
+    def _check_layer_pattern(self) -> None:
+        object.__setattr__(self, "layer_pattern", parse_layer_pattern(self.layer_pattern))
+        if self.layer_pattern is None:
+            return
+        if self.sliding_window is not None:
+            raise ValueError(
+                f"model.layer_pattern and model.sliding_window={self.sliding_window} are both set (which "
+                "layers get the window?); put the window in the pattern ({kind: sliding, window: "
+                f"{self.sliding_window}}}) and set sliding_window: null"
+            )
+        for i, kind in enumerate(self.layer_pattern):
+            try:
+                kind.rope_config(self.rope)
+            except ValueError as e:
+                raise ValueError(f"model.layer_pattern[{i}] ({kind.kind}): RoPE overrides: {e}") from None
 
     # ------------------------------------------------------------------ derived
     @property
     def rope(self) -> RopeConfig:
         """The RoPE frequency table and attention factor this model uses."""
         return RopeConfig(head_dim=self.head_dim, **{k: getattr(self, f) for k, f in ROPE_FIELDS.items()})
+
+    @property
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """One :class:`~lcx.models.kinds.LayerKind` per layer (length ``n_layers``), ``sinks``
+        resolved to a bool (null: ``attention_sinks``). Uniform: ``n_layers`` copies of the kind
+        ``sliding_window`` and ``attention_sinks`` describe; a pattern repeats, its first kinds
+        filling the remainder (Gemma 3's rule, :func:`lcx.models.kinds.layer_kinds`)."""
+        return layer_kinds(self.period_kinds, self.n_layers)
+
+    @property
+    def period_kinds(self) -> tuple[LayerKind, ...]:
+        """The P kinds of one pattern period (``sinks`` resolved); ``(kind,)`` for a uniform model."""
+        if self.layer_pattern is None:
+            kind = "global" if self.sliding_window is None else "sliding"
+            return (LayerKind(kind, window=self.sliding_window, sinks=self.attention_sinks),)
+        return tuple(
+            k if k.sinks is not None else dataclasses.replace(k, sinks=self.attention_sinks) for k in self.layer_pattern
+        )
+
+    @property
+    def has_sinks(self) -> bool:
+        """Whether the layers hold sink logits (``[L, N]``): some kind has sinks on."""
+        return any(k.sinks for k in self.period_kinds)
 
     @property
     def group_size(self) -> int:
@@ -237,11 +289,11 @@ class ModelConfig:
 
     @property
     def n_params(self) -> int:
-        """Every parameter: embedding, blocks (with norm gains and, with ``attention_sinks``, N
-        sink logits each), final norm, untied head."""
+        """Every parameter: embedding, blocks (with norm gains and, when some kind has sinks
+        (:attr:`has_sinks`), N sink logits each), final norm, untied head."""
         D, V = self.d_model, self.vocab_size
         head = 0 if self.tie_embeddings else V * D
-        sinks = self.n_heads if self.attention_sinks else 0
+        sinks = self.n_heads if self.has_sinks else 0
         return V * D + self.n_layers * (self.params_per_layer + 2 * D + sinks) + D + head
 
     def dims(self) -> dict[str, int]:
@@ -253,6 +305,8 @@ class ModelConfig:
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
         """Config from a mapping (e.g. the Hydra ``model`` node converted to a dict).
 
+        ``layer_pattern`` may be in its YAML form (:func:`~lcx.models.kinds.parse_layer_pattern`).
+
         Raises:
           ValueError: a key is not a field of :class:`ModelConfig`, or a field check fails.
         """
@@ -260,10 +314,17 @@ class ModelConfig:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"unknown model config keys {unknown}; known keys are {sorted(names)}")
-        return cls(**dict(d))
+        d = dict(d)
+        if "layer_pattern" in d:  # the YAML form: a list of mappings, each may carry repeat
+            d["layer_pattern"] = parse_layer_pattern(d["layer_pattern"])
+        return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field, as YAML writes it (``layer_pattern`` as a list of mappings with
+        ``repeat``); :meth:`from_dict` reads it back."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["layer_pattern"] = pattern_to_yaml(self.layer_pattern)
+        return d
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -296,7 +357,9 @@ def _load_presets() -> dict[str, ModelConfig]:
 
 
 PRESETS: dict[str, ModelConfig] = _load_presets()
-"""The model presets, by name: ``tiny`` (trains on two CPU cores; here byte-level, vocab 256), ``llama3_1_8b``,
+"""The model presets, by name: ``tiny`` (trains on two CPU cores; here byte-level, vocab 256), ``tiny_hybrid``
+(tiny's sizes, 6 layers of layer kinds: per period two sliding-window layers of 512 tokens and one
+global layer, :mod:`lcx.models.kinds`), ``llama3_1_8b``,
 ``llama3_70b`` (Llama 3 paper, arXiv:2407.21783, Table 3) and ``llama3_1_8b_longctx`` (MaxText's
 long-context 8B: 16 heads of 256); the values and their reasons are in ``conf/model/*.yaml``."""
 

@@ -5,6 +5,14 @@ logits``, pre-norm with residual connections (Llama 3, arXiv:2407.21783). The L 
 module whose array leaves carry a leading ``layers`` axis (built with ``eqx.filter_vmap``) and are
 applied with ``jax.lax.scan``, so compile time does not grow with depth.
 
+Layer kinds (:mod:`lcx.models.kinds`): each layer is global, sliding or chunked, with its own RoPE
+table (or none) and sinks on or off. The parameters stay one stack ``[L, ...]`` whatever the
+kinds (checkpoints, the HF import, sharding rules and weight-decay roles do not see them); the
+forward views it as ``[L // P, P, ...]`` for a pattern of P kinds and scans over the periods,
+the scan body applying the P layers of one period in order, each with its kind's mask, RoPE and
+sinks; the ``L mod P`` remainder layers (the pattern's first kinds) run after the scan. A
+uniform model is the one-kind case, P = 1: exactly the program it was before kinds existed.
+
 Einsum letters (Gemma's convention): B batch, T query length, S key length, D model width,
 N query heads, K kv heads, G = N / K group size, H head width, F MLP width, V vocabulary.
 
@@ -26,8 +34,9 @@ an ``arange``.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias
 
 import equinox as eqx
 import jax
@@ -36,9 +45,10 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from lcx.attention import Mask, attention
-from lcx.attention.names import CONTEXT
 from lcx.models.config import ModelConfig
+from lcx.models.kinds import LayerKind
 from lcx.models.params import param
+from lcx.models.remat import REMAT_NAMES, remat_policy
 from lcx.models.rotary import RopeConfig, apply_rope, rope, rope_cos_sin, rope_frequencies
 
 __all__ = [
@@ -46,6 +56,7 @@ __all__ = [
     "Attention",
     "Block",
     "Embedding",
+    "LayerOptions",
     "Llama",
     "RMSNorm",
     "init_model",
@@ -72,62 +83,6 @@ def _normal(key: PRNGKeyArray, shape: tuple[int, ...], std: float, dtype) -> Arr
 def _cast(tree: PyTree, dtype) -> PyTree:
     """Floating-point arrays of ``tree`` cast to ``dtype`` (master weights -> compute dtype)."""
     return jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree)
-
-
-REMAT_NAMES: dict[str, tuple[str, ...]] = {
-    "remat_layer_input": ("decoder_layer_input",),
-    "remat_qkv": ("query", "key", "value"),
-    "remat_context": (CONTEXT,),
-}
-"""``checkpoint_name`` tags each ``model.remat_*`` placement (``remat: custom``) applies to: the
-block input (MaxText's name), q/k/v after RoPE, and the flash residuals (out and logsumexp,
-tagged inside attention's custom VJP, :mod:`lcx.attention.names`)."""
-
-
-def remat_policy(name: str, **placements: str):
-    """The ``jax.checkpoint`` policy for a :data:`~lcx.models.config.REMAT_POLICIES` name.
-
-    Args:
-      name: the policy.
-      placements: ``custom`` only: ``remat_layer_input``, ``remat_qkv``, ``remat_context`` ->
-        ``device | offload | remat`` (omitted: not saved). Tensors placed ``offload`` are copied
-        to ``pinned_host`` memory in the forward and back to the device in the backward
-        (``jax.checkpoint_policies.save_and_offload_only_these_names``).
-
-    Returns:
-      None for ``"full"`` (save nothing but the block inputs), a policy callable otherwise.
-
-    Raises:
-      ValueError: ``"none"`` (no checkpointing, so no policy), an unknown name, placement key or
-        placement, or placements with a policy other than ``custom``.
-    """
-    policies = {
-        "full": None,
-        # and the flash output and logsumexp: the custom VJP's residuals are no dots, so the
-        # backward would rebuild them from the kernel's saved logits tiles, O(S^2 / P) bytes
-        "dots_saveable": jax.checkpoint_policies.save_from_both_policies(
-            jax.checkpoint_policies.dots_saveable, jax.checkpoint_policies.save_only_these_names(CONTEXT)
-        ),
-        "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        "custom": None,
-    }
-    if name not in policies:
-        raise ValueError(f"no checkpoint policy for remat={name!r}; choose one of {sorted(policies)}")
-    if name != "custom":
-        if placements:
-            raise ValueError(f"placements {sorted(placements)} need remat='custom', got remat={name!r}")
-        return policies[name]
-    saved, offloaded = [], []
-    for key, where in placements.items():
-        if key not in REMAT_NAMES or where not in ("device", "offload", "remat"):
-            raise ValueError(f"placement {key}={where!r}: keys {sorted(REMAT_NAMES)}, values device|offload|remat")
-        {"device": saved, "offload": offloaded, "remat": []}[where].extend(REMAT_NAMES[key])
-    return jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=saved,
-        names_which_can_be_offloaded=offloaded,
-        offload_src="device",
-        offload_dst="pinned_host",
-    )
 
 
 class RMSNorm(eqx.Module):
@@ -163,14 +118,27 @@ class Embedding(eqx.Module):
             return jnp.take(self.weight, tokens, axis=0)
 
 
+class LayerOptions(NamedTuple):
+    """How one decoder layer runs, from its :class:`~lcx.models.kinds.LayerKind`
+    (:meth:`Llama.layer_options`)."""
+
+    mask: Mask
+    """Its attention mask (causal; document, window or chunk per the kind and the model)."""
+    rope: RopeConfig | None
+    """Its RoPE table; None: no rotary embedding (NoPE)."""
+    sinks: bool
+    """Whether it uses the sink logits (False: a model's sinks, if any, are ignored)."""
+
+
 class Attention(eqx.Module):
     """Grouped-query self-attention with RoPE (GQA: Ainslie et al. 2023, arXiv:2305.13245).
 
     The N query heads form K groups of G; K/V are computed once per kv head and never repeated
     (the attention kernels reshape q into ``[K, G]``). The score computation, masks and context
-    parallelism are delegated to :func:`lcx.attention.attention` with the given plan. With
-    ``cfg.attention_sinks`` each query head has a learnable sink logit (``sinks``, ``[N]``,
-    initialised to 0; :mod:`lcx.attention.sinks`), else ``sinks`` is None.
+    parallelism are delegated to :func:`lcx.attention.attention` with the given plan. When some
+    layer kind has sinks (``cfg.has_sinks``) each query head has a learnable sink logit
+    (``sinks``, ``[N]``, initialised to 0; :mod:`lcx.attention.sinks`), else ``sinks`` is None.
+    The mask, the RoPE table and whether the sinks are used are the layer kind's, given per call.
     """
 
     wq: Float[Array, "D N H"] = eqx.field(metadata=param("embed", "heads", "head_dim", role="weight"))
@@ -178,7 +146,6 @@ class Attention(eqx.Module):
     wv: Float[Array, "D K H"] = eqx.field(metadata=param("embed", "kv_heads", "head_dim", role="weight"))
     wo: Float[Array, "N H D"] = eqx.field(metadata=param("heads", "head_dim", "embed", role="weight"))
     sinks: Float[Array, " N"] | None = eqx.field(metadata=param("heads", role="sink"))
-    rope: RopeConfig = eqx.field(static=True)
 
     def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):
         D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -190,19 +157,33 @@ class Attention(eqx.Module):
         # residual-branch outputs scaled by 1/sqrt(2L) so the residual variance stays O(1) in depth
         self.wo = _normal(ko, (N, H, D), _INIT_STD / math.sqrt(2 * cfg.n_layers), dt)
         # zero sink logits: the sink starts as one extra key of logit 0 (value 0) per head
-        self.sinks = jnp.zeros((N,), dt) if cfg.attention_sinks else None
-        self.rope = cfg.rope
+        self.sinks = jnp.zeros((N,), dt) if cfg.has_sinks else None
 
-    def __call__(self, x: Hidden, positions: PerToken, segment_ids: PerToken, *, mask: Mask, plan: MeshPlan) -> Hidden:
+    def __call__(
+        self, x: Hidden, positions: PerToken, segment_ids: PerToken, *, layer: LayerOptions, plan: MeshPlan
+    ) -> Hidden:
+        """Attention of one layer of a kind: its mask, RoPE table or none, sinks or none
+        (:class:`LayerOptions`).
+
+        Raises:
+          ValueError: ``layer.sinks`` on a module without sink logits.
+        """
+        mask, rope, sinks = layer
+        if sinks and self.sinks is None:
+            raise ValueError("this layer kind has sinks but the model holds none: build it with the kind's config")
         with jax.named_scope("lcx.Attention"):
-            # exact phases from a float64 host table, shared by q and k (lcx.models.rotary)
-            cos, sin = rope_cos_sin(positions, self.rope)
             # named for remat: custom (model.remat_qkv); the identity otherwise
             with jax.named_scope("qkv_proj"):
-                q = checkpoint_name(apply_rope(jnp.einsum("BTD,DNH->BTNH", x, self.wq), cos, sin), "query")
-                k = checkpoint_name(apply_rope(jnp.einsum("BSD,DKH->BSKH", x, self.wk), cos, sin), "key")
+                q = jnp.einsum("BTD,DNH->BTNH", x, self.wq)
+                k = jnp.einsum("BSD,DKH->BSKH", x, self.wk)
+                if rope is not None:
+                    # exact phases from a float64 host table, shared by q and k (lcx.models.rotary)
+                    cos, sin = rope_cos_sin(positions, rope)
+                    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+                q, k = checkpoint_name(q, "query"), checkpoint_name(k, "key")
                 v = checkpoint_name(jnp.einsum("BSD,DKH->BSKH", x, self.wv), "value")
-            o = attention(q, k, v, plan=plan, mask=mask, positions=positions, segment_ids=segment_ids, sinks=self.sinks)
+            s = self.sinks if sinks else None
+            o = attention(q, k, v, plan=plan, mask=mask, positions=positions, segment_ids=segment_ids, sinks=s)
             with jax.named_scope("o_proj"):
                 return jnp.einsum("BTNH,NHD->BTD", o, self.wo)
 
@@ -244,9 +225,12 @@ class Block(eqx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dt)
         self.mlp = MLP(cfg, key=km)
 
-    def __call__(self, x: Hidden, positions: PerToken, segment_ids: PerToken, *, mask: Mask, plan: MeshPlan) -> Hidden:
+    def __call__(
+        self, x: Hidden, positions: PerToken, segment_ids: PerToken, *, layer: LayerOptions, plan: MeshPlan
+    ) -> Hidden:
+        """One layer of a kind (``layer``: :meth:`Llama.layer_options` of the model's kind)."""
         with jax.named_scope("lcx.Block"):
-            x = x + self.attn(self.attn_norm(x), positions, segment_ids, mask=mask, plan=plan)
+            x = x + self.attn(self.attn_norm(x), positions, segment_ids, layer=layer, plan=plan)
             return x + self.mlp(self.mlp_norm(x))
 
 
@@ -255,7 +239,8 @@ class Llama(eqx.Module):
 
     Build with :func:`init_model`. Parameters are stored in ``config.param_dtype``; the forward
     pass casts them to ``config.dtype`` (one block at a time, inside the scan) and computes norms,
-    softmax and logits in float32.
+    softmax and logits in float32. The blocks are one stack ``[L, ...]``; the forward scans over
+    the periods of ``config.layer_pattern`` (module docstring).
     """
 
     embed: Embedding
@@ -275,8 +260,20 @@ class Llama(eqx.Module):
 
     @property
     def mask(self) -> Mask:
-        """The attention mask every layer uses: causal, plus document and window per the config."""
-        return Mask(causal=True, document=self.config.document_mask, window=self.config.sliding_window)
+        """The attention mask every layer of a uniform model uses: causal, plus document and window
+        per the config.
+
+        Raises:
+          ValueError: the model has a ``layer_pattern`` (see :meth:`layer_options` per kind).
+        """
+        if self.config.layer_pattern is not None:
+            raise ValueError("a model with a layer_pattern has one mask per kind: use layer_options(kind)['mask']")
+        return self.config.period_kinds[0].mask(self.config.document_mask)
+
+    def layer_options(self, kind: LayerKind) -> LayerOptions:
+        """How a :class:`Block` runs a layer of ``kind`` (one of ``config.layer_kinds``) in this model."""
+        cfg = self.config
+        return LayerOptions(kind.mask(cfg.document_mask), kind.rope_config(cfg.rope), bool(kind.sinks))
 
     def __call__(
         self, tokens: PerToken, positions: PerToken, segment_ids: PerToken, *, plan: MeshPlan
@@ -307,25 +304,40 @@ class Llama(eqx.Module):
         with jax.named_scope("lcx.Llama.features"):
             cfg = self.config
             dtype = jnp.dtype(cfg.dtype)
-            mask = self.mask
             x = self.embed(tokens).astype(dtype)
             x = plan.constrain(x, ("batch", "seq", "embed"))
 
             dynamic, static = eqx.partition(self.blocks, eqx.is_array)
 
-            def layer(x: Array, params: PyTree) -> tuple[Array, None]:
+            def layer(options: LayerOptions, x: Array, params: PyTree) -> Array:
                 # every later use reads the named value, so an offloaded input is the only copy kept
                 x = checkpoint_name(x, "decoder_layer_input")
                 block = _cast(eqx.combine(params, static), dtype)
-                x = block(x, positions, segment_ids, mask=mask, plan=plan)
-                return plan.constrain(x, ("batch", "seq", "embed")), None
+                x = block(x, positions, segment_ids, layer=options, plan=plan)
+                return plan.constrain(x, ("batch", "seq", "embed"))
 
+            # one function per kind of the period; remat (and its named residuals) per layer
+            layers = [functools.partial(layer, self.layer_options(k)) for k in cfg.period_kinds]
             if cfg.remat != "none":
                 # prevent_cse=False: inside scan CSE cannot undo the rematerialisation, and the
                 # barrier it would add only slows things down (jax.checkpoint docs)
                 placements = {f: getattr(cfg, f) for f in REMAT_NAMES} if cfg.remat == "custom" else {}
-                layer = jax.checkpoint(layer, policy=remat_policy(cfg.remat, **placements), prevent_cse=False)
-            x, _ = jax.lax.scan(layer, x, dynamic)
+                policy = remat_policy(cfg.remat, **placements)
+                layers = [jax.checkpoint(f, policy=policy, prevent_cse=False) for f in layers]
+            P = len(layers)
+            n, rest = divmod(cfg.n_layers, P)
+
+            def period(x: Array, params: PyTree) -> tuple[Array, None]:
+                # leaves [P, ...]: the P layers of one period, in order (P = 1: one layer's leaves)
+                for j, f in enumerate(layers):
+                    x = f(x, params if P == 1 else jax.tree.map(lambda a, j=j: a[j], params))
+                return x, None
+
+            if n:
+                periods = dynamic if P == 1 else jax.tree.map(lambda a: a[: n * P].reshape(n, P, *a.shape[1:]), dynamic)
+                x, _ = jax.lax.scan(period, x, periods)
+            for j in range(rest):  # the remainder layers take the pattern's first kinds
+                x = layers[j](x, jax.tree.map(lambda a, i=n * P + j: a[i], dynamic))
 
             return self.final_norm(x)
 
@@ -348,7 +360,7 @@ def init_model(cfg: ModelConfig, *, key: PRNGKeyArray) -> Llama:
     Weights are normal(0, 0.02); the output projections of each residual branch (``wo``,
     ``w_down``) are scaled by ``1 / sqrt(2 L)`` (GPT-2, Radford et al. 2019) so the residual
     stream's variance does not grow with depth; RMSNorm gains are one; attention sinks (with
-    ``cfg.attention_sinks``) are zero. To create a model that is
+    ``cfg.has_sinks``) are zero. To create a model that is
     too large for one device directly sharded, use :func:`lcx.models.init_sharded`.
     """
     return Llama(cfg, key=key)

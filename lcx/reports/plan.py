@@ -21,7 +21,7 @@ from lcx.reports.candidates import table
 from lcx.reports.config import PlanQuery
 from lcx.reports.maxtext import compare_with_maxtext, recipe_differences, recipe_of
 from lcx.reports.planner import no_candidates_reason, reasons
-from lcx.reports.timing import time_words
+from lcx.reports.timing import kind_lines, time_words
 
 
 def _model_arrays(model_cfg, param_dtype: str):
@@ -178,7 +178,9 @@ def _header(job: _Job, kv: int) -> list[str]:
 def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], Any]:
     """Describe and price the given plan (``say`` each line); its report entry and estimate (None
     when the plan does not apply here: the entry says why)."""
+    from lcx.attention import check_layer_kinds
     from lcx.cost import estimate
+    from lcx.cost.kinds import layer_groups
     from lcx.cost.local import StepSizes
     from lcx.cost.memory import activation_arrays
     from lcx.sharding import PlanError
@@ -189,6 +191,7 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
     report: dict[str, Any] = {"plan": given.to_config(), "policy": dataclasses.asdict(policy)}
     try:
         given.validate(n, dims=m.dims(), seq_len=S, global_batch=B)
+        check_layer_kinds((g.mask for g in layer_groups(m, window=m.sliding_window)), given, n, S)
         # the tile count lcx.train would refuse (it must divide the local sequence) is not priced
         P = given.context_degree(n)
         check_tiling(MemoryOptions(vocab_tiling=policy.vocab_tiling), S // P, seq_len=S, context_degree=P)
@@ -219,6 +222,9 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
         f"step {e.step_time:,.2f} s, fits {e.fits}"
     )
     say("  " + time_words(e, hw, seq_len=S, strategy=plan.attention.strategy, kernel=plan.attention.kernel))
+    say("  per layer kind (attention only):")
+    for line in kind_lines(e):
+        say("  " + line)
     if e.host_bytes:
         say(
             f"  host offload: {e.host_bytes / 2**30:,.2f} GiB per device per step over the host link, "
@@ -368,6 +374,7 @@ def _est_dict(e) -> dict[str, Any]:
         "host_time_s": e.host_time,
         "exposed_host_time_s": e.exposed_host_time,
         "step_time_s": e.step_time,
+        "kinds": [dataclasses.asdict(k) for k in e.kinds],
         "fits": e.fits,
         "overlap": e.overlap,
         "predicted_mfu": e.mfu,

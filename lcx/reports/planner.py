@@ -173,8 +173,10 @@ def explain(q: Query, cands: Sequence[Candidate], choice: Choice) -> list[str]:
             + (", causal zigzag: half the pairs per hop)" if best.plan.attention.layout == "zigzag" else ")")
         )
     a = best.plan.attention
-    strategy = get_strategy(a.strategy)
-    imbalanced = strategy.imbalance_degree(p_min, strategy.all_to_all_degree(a, dict(best.plan.mesh))) > 1
+    imbalanced = any(
+        (st := get_strategy(name)).imbalance_degree(p_min, st.all_to_all_degree(a, dict(best.plan.mesh))) > 1
+        for name in a.strategy_names
+    )
     if a.layout == "contiguous" and imbalanced:
         lo = seq_len // (2 * p_min) * (2 * p_min)
         out.append(

@@ -9,18 +9,20 @@ lies outside the model's :class:`~lcx.cost.timing.CalibratedRange` is :func:`out
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lcx.cost.timing import CalibratedRange
 
 
-def time_words(e: Any, hw: Any, *, seq_len: int, strategy: str, kernel: str | None) -> str:
+def time_words(e: Any, hw: Any, *, seq_len: int, strategy: str | Mapping[str, str], kernel: str | None) -> str:
     """The predicted step of estimate ``e`` in words: the calibrated time and MFU beside the
     roofline, the preset's held-out error band, and whether the case extrapolates.
 
     Args:
       e: an :class:`lcx.cost.Estimate`; hw: its :class:`lcx.cost.Hardware`.
-      seq_len: tokens per sequence; strategy, kernel: the plan's context strategy and kernel.
+      seq_len: tokens per sequence; strategy, kernel: the plan's context strategy (one name, or
+        one per layer kind) and kernel.
     """
     roof = f"roofline {e.roofline_step_time:,.1f} s/step, MFU {100 * e.roofline_mfu:.1f}%"
     tm = hw.time_model
@@ -35,8 +37,11 @@ def time_words(e: Any, hw: Any, *, seq_len: int, strategy: str, kernel: str | No
     return out
 
 
-def outside(r: CalibratedRange, *, seq_len: int, tokens_per_device: float, strategy: str, kernel: str) -> list[str]:
-    """What of a case lies outside the calibrated range ``r``, in words (empty: inside)."""
+def outside(
+    r: CalibratedRange, *, seq_len: int, tokens_per_device: float, strategy: str | Mapping[str, str], kernel: str
+) -> list[str]:
+    """What of a case lies outside the calibrated range ``r``, in words (empty: inside);
+    ``strategy``: one name, or a mapping layer kind -> name (each name is checked)."""
     out = []
     lo, hi = r.seq_len
     if not lo <= seq_len <= hi:
@@ -44,14 +49,15 @@ def outside(r: CalibratedRange, *, seq_len: int, tokens_per_device: float, strat
     lo, hi = r.tokens_per_device
     if not lo <= tokens_per_device <= hi:
         out.append(f"{tokens_per_device:,.0f} tokens per device outside {lo:,}..{hi:,}")
-    if r.strategies and strategy not in r.strategies:
-        out.append(f"strategy {strategy} not among the measured {', '.join(r.strategies)}")
+    names = (strategy,) if isinstance(strategy, str) else tuple(dict.fromkeys(strategy.values()))
+    for name in (n for n in names if r.strategies and n not in r.strategies):
+        out.append(f"strategy {name} not among the measured {', '.join(r.strategies)}")
     if r.kernels and kernel not in r.kernels:
         out.append(f"kernel {kernel} not among the measured {', '.join(r.kernels)}")
     return out
 
 
-def _outside(tm: Any, e: Any, *, seq_len: int, strategy: str, kernel: str | None) -> list[str]:
+def _outside(tm: Any, e: Any, *, seq_len: int, strategy: str | Mapping[str, str], kernel: str | None) -> list[str]:
     """What of estimate ``e``'s case lies outside ``tm``'s calibrated range, in words."""
     return outside(
         tm.calibrated,
@@ -68,9 +74,9 @@ def versus_words(
     hw: Any,
     *,
     seq_len: int,
-    strategy: str,
+    strategy: str | Mapping[str, str],
     kernel: str | None,
-    best_strategy: str,
+    best_strategy: str | Mapping[str, str],
     best_kernel: str | None,
 ) -> tuple[str, bool]:
     """How an alternative plan's predicted step compares with the recommended one, in words.
@@ -109,3 +115,22 @@ def versus_words(
         return out + ", extrapolation: no error band", False
     tie = tm.error_median is not None and abs(gap) < round(100 * tm.error_median, 1)
     return (out + ", a tie", True) if tie else (out, False)
+
+
+def kind_lines(e: Any) -> list[str]:
+    """One line per layer kind of estimate ``e`` (:attr:`lcx.cost.Estimate.kinds`): its layers,
+    the strategy the plan gives it, its attention FLOPs and the bytes its strategy moves per
+    device per step, and its attention seconds (compute plus exposed attention communication)."""
+    out = []
+    for k in e.kinds:
+        span = f" (window {k.span:,})" if k.kind == "sliding" else f" (chunk {k.span:,})" if k.span else ""
+        out.append(
+            f"  {k.kind}{span} x{k.layers} layers: strategy {k.strategy}, attention {k.attention_flops:.3e} FLOP, "
+            f"{_size(k.comm_bytes)} sent, {k.time:,.3f} s per device per step"
+        )
+    return out
+
+
+def _size(n: float) -> str:
+    """Bytes in GiB, or MiB below one GiB."""
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.2f} MiB"

@@ -125,8 +125,30 @@ class Plan:
                             f"plan.{kind}.{logical} maps to mesh axis {m!r}, which plan.mesh does not declare "
                             f"(mesh axes: {names}); add it to plan.mesh or change the rule"
                         )
-        # the strategy's own rules on the mesh axes it needs (USP: exactly two named ones)
-        strategy_class(self.attention.strategy).check_plan_axes(self)
+        # each strategy's own rules on the mesh axes it needs (USP: exactly two named ones); the
+        # strategies of a per-kind plan share its mesh, so each must accept it
+        for name in self.attention.strategy_names:
+            self._strategy_rule(name, lambda cls: cls.check_plan_axes(self))
+
+    def _strategy_rule(self, name: str, rule) -> None:
+        """Run ``rule(strategy class)``; under a per-kind plan a refusal names the kinds the
+        strategy runs and, when several strategies share the mesh, the fix."""
+        try:
+            rule(strategy_class(name))
+        except PlanError as e:
+            strategies = self.attention.strategy
+            if isinstance(strategies, str):
+                raise
+            mine = "/".join(k for k, n in strategies.items() if n == name)
+            names = self.attention.strategy_names
+            shared = (
+                f"; the strategies of plan.attention.strategy {strategies!r} share one mesh {dict(self.mesh)}, so "
+                f"each must accept its axes: choose, for the {mine} layers, a strategy that runs on the mesh the "
+                f"others need, or a mesh all of {names} accept"
+                if len(names) > 1
+                else ""
+            )
+            raise PlanError(f"{e} [{mine} layers' strategy {name!r}{shared}]") from None
 
     # ------------------------------------------------------------------ derived properties
     @property
@@ -287,8 +309,9 @@ class Plan:
             except ValueError as e:
                 raise PlanError(str(e)) from None
         if dims is not None:
-            # the strategy's own rules on the model's head counts (Ulysses: its degree and the heads)
-            strategy_class(self.attention.strategy).check_plan_dims(self, shape, sizes, n_devices)
+            # each strategy's own rules on the model's head counts (Ulysses: its degree and the heads)
+            for name in self.attention.strategy_names:
+                self._strategy_rule(name, lambda cls: cls.check_plan_dims(self, shape, sizes, n_devices))
 
     # ------------------------------------------------------------------ Hydra round trip
     def to_config(self) -> dict[str, Any]:
@@ -298,7 +321,7 @@ class Plan:
             "mesh": dict(self.mesh),
             "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.params},
             "activations": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.activations},
-            "attention": dataclasses.asdict(self.attention),
+            "attention": {**dataclasses.asdict(self.attention), "strategy": self.attention.strategy_config()},
         }
 
     def __repr__(self) -> str:

@@ -21,7 +21,9 @@ import equinox as eqx
 import jax
 import optax
 
+from lcx.attention import check_layer_kinds
 from lcx.cost import Hardware, hardware_from_config, training_flops
+from lcx.cost.kinds import layer_groups
 from lcx.data import Data, make_data
 from lcx.data.tokenizers import check_model_vocab
 from lcx.models import init_model, model_shardings
@@ -83,11 +85,16 @@ def resolve(
       The memory estimate (None where it is not checked).
 
     Raises:
-      PlanError / ValueError: an invalid plan, batch or sequence length, or a step that does not
-        fit, with a message that names the value and the fix.
+      PlanError / ValueError: an invalid plan, batch or sequence length, a layer kind of the
+        model that the plan gives no strategy or whose strategy cannot run it
+        (:func:`lcx.attention.check_layer_kinds`), or a step that does not fit, with a message
+        that names the value and the fix.
     """
     t = config.train
     config.plan.validate(n_devices, dims=config.model.dims(), seq_len=t.seq_len, global_batch=t.global_batch)
+    # each layer kind of the model against the strategy the plan gives it (none: refused)
+    groups = layer_groups(config.model, window=config.model.sliding_window)
+    check_layer_kinds((g.mask for g in groups), config.plan, n_devices, t.seq_len)
     return fit_step(
         config.model,
         config.plan,

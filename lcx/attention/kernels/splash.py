@@ -11,9 +11,11 @@ This adapter bridges the two without any static mask and without host metadata:
 
 - key ``(segment id, position)`` (lexicographic) with a document mask, ``position`` without;
 - query ``t`` sees exactly the keys with ``lower(t) <= key <= upper(t)``, where
-  ``lower = (q_seg, q_pos - window + 1)`` (``-inf`` position without a window) and
-  ``upper = (q_seg, q_pos)`` if causal, ``(q_seg, q_pos + window - 1)`` for a bidirectional
-  window, ``(q_seg, +inf)`` otherwise (drop ``q_seg`` without a document mask).
+  ``lower = (q_seg, q_pos - window + 1)`` with a window, ``(q_seg, (q_pos // chunk) * chunk)``
+  with chunks (``-inf`` position with neither) and ``upper = (q_seg, q_pos)`` if causal,
+  ``(q_seg, q_pos + window - 1)`` for a bidirectional window, ``(q_seg, (q_pos // chunk + 1) *
+  chunk - 1)`` for bidirectional chunks, ``(q_seg, +inf)`` otherwise (drop ``q_seg`` without a
+  document mask).
 
 So once the K/V block is sorted by that key, the keys a query sees are one contiguous index
 range ``[lo(t), hi(t))``, found by binary search (``O(T log S)``). Both bounds are packed into

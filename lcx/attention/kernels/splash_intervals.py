@@ -115,12 +115,21 @@ def _search(keys_seg, keys_pos, n_real, q_seg, q_pos, *, strict: bool, use_seg: 
 
 
 def _intervals(mask: Mask, q_pos, q_seg, k_pos_sorted, k_seg_sorted, n_real):
-    """``lo, hi`` int32 ``[T]``: query t sees sorted keys ``[lo, hi)`` (see module docstring)."""
+    """``lo, hi`` int32 ``[T]``: query t sees sorted keys ``[lo, hi)`` (see module docstring).
+
+    The lower bound is ``q_pos - (window - 1)`` with a window, the first position of the query's
+    aligned chunk ``(q_pos // chunk) * chunk`` with chunks; the upper bound ``q_pos`` if causal,
+    else ``q_pos + window - 1`` or the chunk's last position ``(q_pos // chunk + 1) * chunk - 1``.
+    Positions within ``window`` / ``chunk`` of the int32 limits are clamped so nothing wraps."""
     use_seg = mask.document
-    w = mask.window
-    # int32 arithmetic clamped so that q_pos -/+ (window - 1) cannot wrap around
+    w, c = mask.window, mask.chunk
+    # int32 arithmetic clamped so that q_pos -/+ (window - 1) or a chunk's ends cannot wrap around
     if w is not None:
         low = jnp.maximum(q_pos, _I32_MIN + w) - (w - 1)
+        lo = _search(k_seg_sorted, k_pos_sorted, n_real, q_seg, low, strict=True, use_seg=use_seg)
+    elif c is not None:
+        qc = jnp.maximum(q_pos, _I32_MIN + c)
+        low = qc - qc % c  # floor to the chunk's first position (% is floor-mod for negatives too)
         lo = _search(k_seg_sorted, k_pos_sorted, n_real, q_seg, low, strict=True, use_seg=use_seg)
     elif use_seg:
         lo = _search(
@@ -132,9 +141,12 @@ def _intervals(mask: Mask, q_pos, q_seg, k_pos_sorted, k_seg_sorted, n_real):
         up = q_pos
     elif w is not None:
         up = jnp.minimum(q_pos, _I32_MAX - w) + (w - 1)
+    elif c is not None:
+        qc = jnp.minimum(q_pos, _I32_MAX - c)
+        up = qc - qc % c + (c - 1)
     else:
         up = jnp.full_like(q_pos, _I32_MAX)
-    if mask.causal or w is not None or use_seg:
+    if mask.causal or w is not None or c is not None or use_seg:
         hi = _search(k_seg_sorted, k_pos_sorted, n_real, q_seg, up, strict=False, use_seg=use_seg)
     else:
         hi = jnp.full_like(q_pos, n_real)

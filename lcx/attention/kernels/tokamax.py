@@ -14,7 +14,7 @@ module docstring), whose helpers this file reuses rather than copies: every kv c
 16384 keys) is sorted by the mask's key, so the keys a query sees are one index range
 ``[lo, hi)``; both bounds are packed into one int32 per query and handed to tokamax as
 ``MaskInfo.q_sequence``, with the mask function ``lo <= kv index < hi`` evaluated in-kernel.
-Every lcx mask (causal, document, sliding window, full, padding) and every layout and ring step
+Every lcx mask (causal, document, sliding window, chunks, full, padding) and every layout and ring step
 is therefore exact, with no static mask and no host metadata.
 
 **Block list** (:func:`_block_list`, tokamax's ``MaskInfo`` of a dynamic grid, computed on

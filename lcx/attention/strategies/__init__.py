@@ -13,6 +13,7 @@ from __future__ import annotations
 from lcx.attention.strategies.a2a import Ulysses
 from lcx.attention.strategies.allgather import AllGather
 from lcx.attention.strategies.base import AbstractContextStrategy, AbstractStrategy, Strategy
+from lcx.attention.strategies.halo import Halo
 from lcx.attention.strategies.pricing import AttentionShard, RingHop, SearchMesh, Traffic
 from lcx.attention.strategies.ring import Ring, merge_partials
 from lcx.attention.strategies.usp import USP
@@ -23,6 +24,7 @@ STRATEGIES: dict[str, type[AbstractStrategy]] = {
     "ring": Ring,
     "a2a": Ulysses,
     "usp": USP,
+    "halo": Halo,
 }
 """``plan.attention.strategy`` name -> final strategy class. The planner tries them in this order
 (a tie in its ranking goes to the earlier one)."""
@@ -42,6 +44,7 @@ __all__ = [
     "AbstractStrategy",
     "AllGather",
     "AttentionShard",
+    "Halo",
     "merge_partials",
     "Ring",
     "RingHop",

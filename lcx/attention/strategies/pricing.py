@@ -25,6 +25,13 @@ class AttentionShard:
       kv_heads: K, kv heads per device (at least 1).
       head_dim: H.
       act_bytes: a, bytes per activation element (2 for bfloat16).
+      window: the layer's sliding window in tokens (None: none). Read only by strategies that
+        price a layer kind differently (``halo``); the defaults describe today's global layer.
+      chunk: the layer's attention chunk in tokens (None: none), likewise.
+      documents: packed documents whose positions restart (a chunked layer's grid then moves
+        with each document); True, the conservative default.
+      layout: ``plan.attention.layout`` (``halo`` reads which tokens each device holds).
+      layout_block: the balanced layout's block, ``max(block_q, block_kv)`` in tokens.
     """
 
     local_batch: int
@@ -35,6 +42,11 @@ class AttentionShard:
     kv_heads: int
     head_dim: int
     act_bytes: int
+    window: int | None = None
+    chunk: int | None = None
+    documents: bool = True
+    layout: str = "zigzag"
+    layout_block: int = 512
 
     @classmethod
     def from_model(

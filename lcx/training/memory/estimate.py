@@ -123,6 +123,7 @@ def memory_check(
         dtype=model_cfg.dtype,
         param_dtype=model_cfg.param_dtype,
         tie_embeddings=model_cfg.tie_embeddings,
+        window=model_cfg.sliding_window,  # a uniform model's kind (layer_kinds carry their own)
         **kinds,
     )
     if hw.name == "cpu":
