@@ -25,27 +25,21 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
+import sys
 
 import numpy as np
 import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from make_hf_fixture import BASE  # noqa: E402 - the sibling script, run from anywhere
+
 FIX = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
-DIMS = dict(
-    vocab_size=128,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    max_position_embeddings=128,
-    rms_norm_eps=1e-5,
-    initializer_range=0.2,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    attn_implementation="eager",
-)
+# make_hf_fixture.py's model, smaller (biases and tying are set per class below)
+DIMS = {k: v for k, v in BASE.items() if k not in ("attention_bias", "mlp_bias", "tie_word_embeddings")}
+DIMS.update(vocab_size=128, hidden_size=32, intermediate_size=64, head_dim=8, max_position_embeddings=128)
+DIMS.update(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, attn_implementation="eager")
 MODELS = {
     "hf_tiny_mistral": (MistralForCausalLM, MistralConfig(**DIMS, sliding_window=8, tie_word_embeddings=False)),
     "hf_tiny_llama_tied": (LlamaForCausalLM, LlamaConfig(**DIMS, tie_word_embeddings=True)),

@@ -17,6 +17,7 @@ from safetensors import safe_open
 import lcx.models as lm
 from lcx.models.hf import load_hf_llama
 from lcx.models.hf_config import HFExportError, HFImportError, hf_config, to_hf_config
+from lcx.models.kinds import parse_layer_pattern
 from lcx.sharding import Plan, bind
 
 ONE = Plan(mesh=(("data", -1),), activations={"batch": "data"})
@@ -108,7 +109,7 @@ def test_bfloat16_export_and_tokenizer_files(tmp_path, devices):
 )
 def test_inexpressible_models_are_refused(kw, words):
     if "layer_pattern" in kw:
-        kw = {"layer_pattern": lm.kinds.parse_layer_pattern(list(kw["layer_pattern"]))}
+        kw = {"layer_pattern": parse_layer_pattern(list(kw["layer_pattern"]))}
     cfg = lm.ModelConfig(**{**BASE, **kw})
     with pytest.raises(HFExportError) as e:
         to_hf_config(cfg, torch_dtype="float32")

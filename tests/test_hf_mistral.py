@@ -29,7 +29,9 @@ TOL = 5e-5  # x max|logit|: float32 rounding; a wrong detail (window off by one,
 
 
 def _roundtrip_script():
-    spec = importlib.util.spec_from_file_location("hf_export_roundtrip", ROOT / "experiments" / "hf_export_roundtrip.py")
+    spec = importlib.util.spec_from_file_location(
+        "hf_export_roundtrip", ROOT / "experiments" / "hf_export_roundtrip.py"
+    )
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
