@@ -148,7 +148,9 @@ def batch_dataset(
       weights: the sources' mixing weights (``MapDataset.mix``; ignored for one source).
       rows: rows per batch per shard.
       offset: the shard's (mixed) row the first batch starts at.
-      layout, degree, block: the sequence layout (:func:`lcx.data.stream.lay_out`).
+      layout: the sequence layout's name (:func:`lcx.data.stream.lay_out`).
+      degree: context-parallel degree P.
+      block: the kernels' tile in tokens (``balanced`` only).
 
     Returns:
       a MapDataset of dicts: the five :data:`BATCH_KEYS` arrays ``[len(shards) * rows, S]`` and
