@@ -154,3 +154,39 @@ def test_mistral_window_maps_to_a_uniform_sliding_model():
     cfg = hf_config(mistral)
     assert cfg.sliding_window == 16 and cfg.layer_kinds == (lm.LayerKind("sliding", window=16, sinks=False),) * 2
     assert hf_config({**mistral, "sliding_window": None}).sliding_window is None
+
+
+MISTRAL_7B_V01 = {  # config.json of mistralai/Mistral-7B-v0.1
+    "architectures": ["MistralForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mistral",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.34.0.dev0",
+    "use_cache": True,
+    "vocab_size": 32000,
+}
+
+
+def test_mistral_7b_config_maps_and_round_trips():
+    cfg = hf_config(MISTRAL_7B_V01)
+    assert (cfg.d_model, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.sliding_window) == (4096, 32, 8, 128, 4096)
+    absent = {k: v for k, v in MISTRAL_7B_V01.items() if k != "sliding_window"}
+    assert hf_config(absent).sliding_window == 4096  # transformers' MistralConfig default
+    out = to_hf_config(cfg, torch_dtype="bfloat16", max_position_embeddings=32768)
+    assert {k: out[k] for k in MISTRAL_7B_V01 if k in out} == {
+        k: v for k, v in MISTRAL_7B_V01.items() if k in out and k != "transformers_version"
+    }
+    assert hf_config(out) == cfg
