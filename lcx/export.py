@@ -3,7 +3,8 @@
 Writes a training checkpoint as a Hugging Face checkpoint (:func:`lcx.models.save_pretrained`):
 ``config.json``, safetensors shards with ``model.safetensors.index.json`` when there are several,
 and the run's tokenizer files when its ``data.tokenizer`` was a ``tokenizer.json`` or a directory
-holding one (a registered name such as ``byte`` has no files to copy). The run's model and plan
+holding one (a registered name such as ``byte`` has no files to copy); ``config.json`` carries
+that tokenizer's BOS and EOS ids. The run's model and plan
 come from the checkpoint's own ``meta`` (as :mod:`lcx.eval`); parameters are restored onto that
 plan on this process's devices and gathered to the host one at a time.
 """
@@ -55,6 +56,7 @@ def run_export(query: ExportQuery, devices: list) -> pathlib.Path:
       FileNotFoundError: no checkpoint there (or no such step), or a missing tokenizer path.
       HFExportError: a layer pattern Hugging Face Llama/Mistral cannot express (named).
     """
+    from lcx.data.tokenizers import get_tokenizer
     from lcx.models.hf_export import save_pretrained
     from lcx.sharding import bind
     from lcx.sharding.config import plan_from_dict
@@ -63,6 +65,8 @@ def run_export(query: ExportQuery, devices: list) -> pathlib.Path:
     ckpt, hw = query.checkpoint.dir, query.hardware
     step, run = checkpoint_run(ckpt, query.checkpoint.step)
     tok = tokenizer_files(run.get("data"))
+    name = (run.get("data") or {}).get("tokenizer")
+    tokenizer = get_tokenizer(str(name)) if name else None
     plan = plan_from_dict(run["plan"], default_block=hw.attention_block, default_kernel=hw.attention_kernel)
     model, _ = load_model(ckpt, bind(plan, devices), step=step)
     return save_pretrained(
@@ -71,6 +75,8 @@ def run_export(query: ExportQuery, devices: list) -> pathlib.Path:
         tokenizer_files=tok,
         max_shard_bytes=query.export.max_shard_bytes,
         dtype=query.export.dtype,
+        bos_token_id=None if tokenizer is None else tokenizer.bos_id,
+        eos_token_id=None if tokenizer is None else tokenizer.eos_id,
     )
 
 

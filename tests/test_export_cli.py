@@ -15,10 +15,11 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from lcx.config import export_query, run_config
+from lcx.data.tokenizers import get_tokenizer
 from lcx.export import run_export, tokenizer_files
 from lcx.models.hf import load_hf_llama
 from lcx.sharding import Plan, bind
-from lcx.training.resume import load_model
+from lcx.training.resume import checkpoint_run, load_model
 
 
 def _compose(name: str, overrides: list[str]):
@@ -60,6 +61,8 @@ def test_export_of_a_checkpoint_imports_bitwise(checkpoint, tmp_path, devices):
     run_export(q, devices)
     hf = json.loads((out / "config.json").read_text())
     assert hf["architectures"] == ["MistralForCausalLM"] and hf["sliding_window"] == 64
+    tok = get_tokenizer(checkpoint_run(checkpoint)[1]["data"]["tokenizer"])
+    assert (hf["bos_token_id"], hf["eos_token_id"]) == (tok.bos_id, tok.eos_id)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 2
     mp = bind(Plan(mesh=(("data", -1),), activations={"batch": "data"}), devices[:1])

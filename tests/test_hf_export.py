@@ -185,7 +185,7 @@ def test_mistral_7b_config_maps_and_round_trips():
     assert (cfg.d_model, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.sliding_window) == (4096, 32, 8, 128, 4096)
     absent = {k: v for k, v in MISTRAL_7B_V01.items() if k != "sliding_window"}
     assert hf_config(absent).sliding_window == 4096  # transformers' MistralConfig default
-    out = to_hf_config(cfg, torch_dtype="bfloat16", max_position_embeddings=32768)
+    out = to_hf_config(cfg, torch_dtype="bfloat16", max_position_embeddings=32768, bos_token_id=1, eos_token_id=2)
     assert {k: out[k] for k in MISTRAL_7B_V01 if k in out} == {
         k: v for k, v in MISTRAL_7B_V01.items() if k in out and k != "transformers_version"
     }

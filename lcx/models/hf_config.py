@@ -293,7 +293,14 @@ def _export_rope(cfg: ModelConfig) -> dict[str, Any] | None:
     return out
 
 
-def to_hf_config(cfg: ModelConfig, *, torch_dtype: str, max_position_embeddings: int | None = None) -> dict[str, Any]:
+def to_hf_config(
+    cfg: ModelConfig,
+    *,
+    torch_dtype: str,
+    max_position_embeddings: int | None = None,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+) -> dict[str, Any]:
     """The ``config.json`` of ``cfg`` as transformers' LlamaForCausalLM (global attention) or
     MistralForCausalLM (every layer sliding with one window): the inverse of :func:`hf_config`.
 
@@ -302,6 +309,8 @@ def to_hf_config(cfg: ModelConfig, *, torch_dtype: str, max_position_embeddings:
       torch_dtype: the dtype the weights are stored in (``float32`` / ``bfloat16``).
       max_position_embeddings: written as given; None: ``rope_original_max_len x factor`` for
         scaled RoPE (what transformers derives YaRN's factor from), else ``rope_original_max_len``.
+      bos_token_id, eos_token_id: the tokenizer's; None is written as null (not omitted, which
+        would give transformers' Llama defaults 1 and 2, wrong for most vocabularies).
 
     Raises:
       HFExportError: a layer pattern or kind HF Llama/Mistral cannot express (mixed kinds,
@@ -342,6 +351,8 @@ def to_hf_config(cfg: ModelConfig, *, torch_dtype: str, max_position_embeddings:
         "attention_dropout": 0.0,
         "torch_dtype": torch_dtype,
         "use_cache": True,
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
     }
     if mt == "llama":
         out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)

@@ -112,6 +112,8 @@ def save_pretrained(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     dtype: str | None = None,
     max_position_embeddings: int | None = None,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
 ) -> pathlib.Path:
     """Write ``model`` as a Hugging Face checkpoint that ``AutoModelForCausalLM.from_pretrained``
     and :func:`lcx.models.hf.load_hf_llama` load.
@@ -123,7 +125,8 @@ def save_pretrained(
       tokenizer_files: files copied next to the weights (e.g. ``tokenizer.json``).
       max_shard_bytes: largest shard in bytes (a single larger tensor gets its own shard).
       dtype: stored dtype (``float32``/``bfloat16``); None: the parameters' (one dtype for all).
-      max_position_embeddings: for ``config.json`` (:func:`~lcx.models.hf_config.to_hf_config`).
+      max_position_embeddings, bos_token_id, eos_token_id: for ``config.json``
+        (:func:`~lcx.models.hf_config.to_hf_config`; the token ids: the tokenizer's, null if None).
 
     Returns:
       The output directory.
@@ -140,7 +143,13 @@ def save_pretrained(
     if dtype is None and len(dtypes) != 1:
         raise HFExportError(f"parameters have dtypes {sorted(dtypes)}; pass dtype='float32' or 'bfloat16'")
     torch_dtype = dtype or dtypes.pop()
-    hf_cfg = to_hf_config(cfg, torch_dtype=torch_dtype, max_position_embeddings=max_position_embeddings)
+    hf_cfg = to_hf_config(
+        cfg,
+        torch_dtype=torch_dtype,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+    )
     out = pathlib.Path(path)
     tok = [pathlib.Path(f) for f in tokenizer_files or ()]
     for f in tok:
