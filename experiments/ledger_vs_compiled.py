@@ -73,7 +73,12 @@ PLANS = {
     "a2a": (lambda: plan_preset("a2a").with_mesh(data=2, context=4), 2),
     "ring": (lambda: plan_preset("ring").with_mesh(data=1, context=8), 1),
     "usp": (lambda: plan_preset("usp").with_mesh(data=1, ulysses=2, ring=4), 1),
+    # a strategy per layer kind: ring for global layers, halo for windowed ones (model=tiny_hybrid;
+    # zigzag over 2 x 4 devices keeps the 512-token window's 511-token halo within a 512-token chunk)
+    "ring_halo": (lambda: plan_preset("ring_halo"), 2),
 }
+UNIFORM = ("allgather", "a2a", "ring", "usp")
+"""The rows of the committed table (``--strategy`` default): the uniform tiny model's."""
 
 
 MEMOPT = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
@@ -164,12 +169,16 @@ def live_temp_peak(dump_dir) -> tuple[int, int]:
     return size, peak
 
 
-def compare(strategy: str, seq_len: int, remat: str, n_devices: int = 8, *, diagnostics: bool = False) -> dict:
-    """One row: the ledger's and XLA's per-device bytes for the tiny model (with ``diagnostics``,
-    also XLA's live peak and the memory-optimised schedule's footprint: see the module doc)."""
+def compare(
+    strategy: str, seq_len: int, remat: str, n_devices: int = 8, *, model: str = "tiny", diagnostics: bool = False
+) -> dict:
+    """One row: the ledger's and XLA's per-device bytes for the tiny model (``model``: another
+    preset, e.g. ``tiny_hybrid``, whose layer kinds the ledger prices per kind; with
+    ``diagnostics``, also XLA's live peak and the memory-optimised schedule's footprint: see the
+    module doc)."""
     make, batch = PLANS[strategy]
     plan = make()
-    cfg = preset("tiny").replace(remat=remat)
+    cfg = preset(model).replace(remat=remat)
     mem = cost.memory_breakdown(
         cfg,
         plan,
@@ -223,7 +232,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-len", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--remat", nargs="+", default=["full", "none", "dots_saveable", "dots_with_no_batch_dims_saveable"])
-    ap.add_argument("--strategy", nargs="+", default=list(PLANS), choices=list(PLANS))
+    ap.add_argument("--strategy", nargs="+", default=list(UNIFORM), choices=list(PLANS))
+    ap.add_argument("--model", default="tiny", help="model preset (tiny_hybrid: with --strategy ring_halo)")
     ap.add_argument("--tolerance", type=float, default=0.15)
     ap.add_argument(
         "--csv",
@@ -240,7 +250,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     partial = [
         f"--{k.replace('_', '-')}"
-        for k in ("seq_len", "remat", "strategy", "diagnostics")
+        for k in ("seq_len", "remat", "strategy", "model", "diagnostics")
         if getattr(args, k) != ap.get_default(k)
     ]
     if args.csv is None:
@@ -259,7 +269,7 @@ def main(argv=None) -> int:
     for remat in args.remat:
         for S in args.seq_len:
             for name in args.strategy:
-                r = compare(name, S, remat, diagnostics=args.diagnostics)
+                r = compare(name, S, remat, model=args.model, diagnostics=args.diagnostics)
                 rows.append(r)
                 flag = "" if abs(r["ratio"] - 1) <= args.tolerance else "  <-- outside"
                 print(

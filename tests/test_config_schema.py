@@ -60,6 +60,30 @@ def test_wrong_types_are_refused(override, match):
         run_config(_compose(override))
 
 
+def test_model_layer_pattern_is_typed_from_yaml_and_the_command_line():
+    """model.layer_pattern (a list of layer kinds, lcx.models.kinds) from a preset's YAML and from
+    a Hydra override becomes a tuple of LayerKind; the resolved run stores its YAML form."""
+    from lcx.models import LayerKind
+
+    run = run_config(_compose("model=tiny_hybrid"))
+    assert run.model.layer_pattern == (LayerKind("sliding", window=512),) * 2 + (LayerKind(),)
+    assert run.resolved["model"]["layer_pattern"] == [
+        {"kind": "sliding", "window": 512, "repeat": 2},
+        {"kind": "global"},
+    ]
+    run = run_config(
+        _compose(
+            "model=tiny", "model.layer_pattern=[{kind: chunked, chunk: 64, repeat: 3}, {kind: global, rope: false}]"
+        )
+    )
+    assert run.model.layer_pattern == (LayerKind("chunked", chunk=64),) * 3 + (LayerKind(rope=False),)
+    assert run_config(_compose("model=tiny")).model.layer_pattern is None
+    with pytest.raises(ValueError, match=r"model.layer_pattern\[0\]: layer kind sliding needs window"):
+        run_config(_compose("model=tiny", "model.layer_pattern=[{kind: sliding}]"))
+    with pytest.raises(ValueError, match=r"model.layer_pattern\[1\].windw: unknown key; did you mean window\?"):
+        run_config(_compose("model=tiny", "model.layer_pattern=[{kind: global}, {kind: sliding, windw: 8}]"))
+
+
 def test_every_shipped_config_fits_its_schema():
     run_config(_compose())
     for data in ("stdlib", "passkey"):

@@ -11,7 +11,7 @@ import pytest
 
 from lcx import cost
 from lcx.attention import AllGather, Mask, Ulysses
-from lcx.attention.strategies import get_strategy
+from lcx.attention.strategies import STRATEGIES, get_strategy
 from lcx.cost.flops import visible_pairs
 from lcx.cost.kinds import LayerGroup, layer_groups
 from lcx.cost.local import LocalStep, StepSizes
@@ -49,6 +49,8 @@ S, B, N_DEV = 2048, 2, 8
 HW = cost.hardware_from_config({"name": "cpu", "peak_flops_per_chip": 1e12, "hbm_bytes": 2**34}, probe=False)
 POLICY = cost.ActivationPolicy("none")
 PER_KIND = {"global": "ring", "sliding": "allgather", "chunked": "a2a"}
+# strategies that propose no mesh of their own (halo): tried on the others' meshes
+PASSENGERS = {n for n, cls in STRATEGIES.items() if not cls.search_meshes(2, 4)}
 
 
 @pytest.mark.parametrize("S, C", [(10, 3), (9, 3), (5, 8), (64, 16), (7, 1)])
@@ -153,7 +155,7 @@ def test_the_planner_chooses_a_strategy_per_kind(monkeypatch):
     assert all(isinstance(s, str) or s["global"] != "allgather" for s in plans)
     # a uniform model: one strategy per mesh, as before (the stand-in only for windowed layers)
     sliding = {p.attention.strategy for p, _ in cost.candidate_plans(preset("tiny"), N_DEV, S, B, window=256)}
-    assert sliding == {"allgather", "ring", "a2a", "usp"}
+    assert sliding == {"allgather", "ring", "a2a", "usp", *PASSENGERS}
     assert {p.attention.strategy for p, _ in cost.candidate_plans(preset("tiny"), N_DEV, S, B)} == {
         "ring",
         "a2a",
@@ -161,3 +163,42 @@ def test_the_planner_chooses_a_strategy_per_kind(monkeypatch):
     }
     rec = cost.search(cfg, HW, N_DEV, seq_len=S, global_batch=B, dtype="float32")
     assert rec.best is not None and len(rec.best.est.kinds) == 2
+
+
+def _plan_report(tmp_path, *overrides):
+    from hydra import compose, initialize_config_module
+
+    from lcx.config import plan_query
+    from lcx.plan import run
+
+    with initialize_config_module("lcx.conf", version_base="1.3"):
+        return run(plan_query(compose("plan_config", overrides=list(overrides))), tmp_path)
+
+
+def test_lcx_plan_prints_one_line_per_kind_for_the_hybrid_tiny_model(tmp_path, capsys):
+    report = _plan_report(tmp_path, "model=tiny_hybrid", "plan=ring_halo", "train.global_batch=2")
+    out = capsys.readouterr().out
+    assert "  per layer kind (attention only):" in out
+    assert "    sliding (window 512) x4 layers: strategy halo, attention " in out
+    assert "    global x2 layers: strategy ring, attention " in out
+    kinds = report["given"]["estimate"]["kinds"]
+    assert [(k["kind"], k["layers"], k["strategy"]) for k in kinds] == [("sliding", 4, "halo"), ("global", 2, "ring")]
+
+
+def test_gemma3_like_at_128k_on_v5p_halo_saves_over_ring(tmp_path, capsys):
+    """The Gemma-3-like preset (48 layers, [sliding 1,024 x5, global]) at 131,072 tokens on 16
+    TPU v5p chips: the sliding layers under halo send far fewer bytes than under the ring (each
+    device receives W - 1 keys per chunk instead of the whole sequence's K/V) and the predicted
+    step is shorter; the global layers are priced the same either way."""
+    common = ("model=gemma3_12b_like", "hardware=tpu_v5p", "hardware.chips=16", "train.seq_len=131072")
+    ring = _plan_report(tmp_path, *common, "plan=ring_cp")["given"]["estimate"]
+    halo = _plan_report(tmp_path, *common, "plan=ring_cp", "plan.attention.strategy={global: ring, sliding: halo}")[
+        "given"
+    ]["estimate"]
+    r, h = ({k["kind"]: k for k in e["kinds"]} for e in (ring, halo))
+    assert (r["sliding"]["layers"], r["global"]["layers"]) == (40, 8)
+    assert r["sliding"]["strategy"] == "ring" and h["sliding"]["strategy"] == "halo"
+    assert h["sliding"]["comm_bytes"] * 8 < r["sliding"]["comm_bytes"]
+    assert h["sliding"]["time"] < r["sliding"]["time"] and r["global"] == h["global"]
+    assert halo["step_time_s"] < ring["step_time_s"]
+    assert halo["model_flops_per_step"] == ring["model_flops_per_step"]

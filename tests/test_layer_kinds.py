@@ -63,9 +63,16 @@ CASES = {
         hybrid(layer_pattern=[{"kind": "sliding", "window": 3, "rope_theta": 100.0, "repeat": 2}, {"kind": "global"}]),
         [_s(3, 100.0), _s(3, 100.0), _g(), _s(3, 100.0), _s(3, 100.0)],
     ),
-    # Llama-4-like: chunked RoPE layers and global layers without RoPE (NoPE), 4 layers
+    # Llama-4-like: chunked RoPE layers and global layers without RoPE (NoPE), 4 layers; remat
+    # per layer with the named residuals (q, k, v and the attention context) kept
     "chunked_nope_global": (
-        hybrid(n_layers=4, layer_pattern=[{"kind": "chunked", "chunk": 4}, {"kind": "global", "rope": False}]),
+        hybrid(
+            n_layers=4,
+            layer_pattern=[{"kind": "chunked", "chunk": 4}, {"kind": "global", "rope": False}],
+            remat="custom",
+            remat_qkv="device",
+            remat_context="device",
+        ),
         [_c(4), _g(None), _c(4), _g(None)],
     ),
     # gpt-oss-like sinks on the sliding kind only; the global kind with its own yarn scaling
@@ -332,27 +339,10 @@ def test_pattern_with_sliding_window_is_refused():
         hybrid(sliding_window=64, layer_pattern=[{"kind": "global"}])
 
 
-def test_yaml_hydra_and_code_forms():
-    from hydra import compose, initialize_config_module
-
-    from lcx.config.run import model_config
-
+def test_yaml_and_code_forms():
+    """The YAML form (from_dict) and the code form are one config; Hydra's: test_config_schema."""
     yaml = [{"kind": "sliding", "window": 512, "repeat": 2}, {"kind": "global"}]
     code = BASE.replace(layer_pattern=(LayerKind("sliding", window=512),) * 2 + (LayerKind(),))
     assert hybrid(layer_pattern=yaml) == code
     assert code.to_dict()["layer_pattern"] == yaml
     assert lm.ModelConfig.from_dict(code.to_dict()) == code and hash(code) == hash(hybrid(layer_pattern=yaml))
-    with initialize_config_module("lcx.conf", version_base="1.3"):
-        node = compose(
-            "config",
-            overrides=[
-                "model=tiny",
-                "model.layer_pattern=[{kind: chunked, chunk: 64, repeat: 3}, {kind: global, rope: false}]",
-            ],
-        ).model
-    cfg = model_config(node)
-    assert cfg.layer_pattern == (LayerKind("chunked", chunk=64),) * 3 + (LayerKind(rope=False),)
-    with initialize_config_module("lcx.conf", version_base="1.3"):
-        node = compose("config", overrides=["model=tiny", "model.layer_pattern=[{kind: sliding}]"]).model
-    with pytest.raises(ValueError, match=r"layer_pattern\[0\]: layer kind sliding needs window"):
-        model_config(node)

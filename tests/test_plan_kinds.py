@@ -144,3 +144,16 @@ def test_each_kind_is_asked_of_its_strategy(monkeypatch):
     assert seen == [("Ring", Mask(window=16), {"data": 2, "context": 4}, 256)]
     with pytest.raises(PlanError, match="sliding window 128 exceeds a chunk"):
         check_layer_kinds([Mask(window=128)], plan, 8, 256)
+
+
+def test_the_hybrid_tiny_model_under_ring_halo_and_its_refusals():
+    from lcx.training.preflight import resolve
+
+    assert preset("ring_halo").attention.strategy == {"global": "ring", "sliding": "halo", "chunked": "halo"}
+    hybrid = ("model=tiny_hybrid", "train.seq_len=4096")
+    resolve(run_config(_compose(*hybrid, "plan=ring_halo")), 8, check_memory=False)
+    with pytest.raises(PlanError, match=r"sliding layers have no strategy: add sliding: <name>"):
+        resolve(run_config(_compose(*hybrid, "plan=ring", "plan.attention.strategy={global: ring}")), 8)
+    # halo runs windowed layers only: given the global layers, it refuses before compile
+    with pytest.raises(PlanError, match=r"global"):
+        resolve(run_config(_compose(*hybrid, "plan=ring", "plan.attention.strategy=halo")), 8, check_memory=False)

@@ -21,8 +21,8 @@ def param_arrays(cfg: ModelDims, param_dtype: str = "float32", *, tie_embeddings
     """Every parameter kind of the Llama model with its logical axes and global shape.
 
     Mirrors ``lcx.models.llama`` (Embedding, stacked Blocks with a leading ``layers`` axis and,
-    if ``cfg.attention_sinks``, their ``[layers, heads]`` sink logits, final RMSNorm, untied
-    head), so :func:`lcx.sharding.describe.describe` can lay them out
+    if some layer kind has sinks (``cfg.has_sinks``), their ``[layers, heads]`` sink logits,
+    final RMSNorm, untied head), so :func:`lcx.sharding.describe.describe` can lay them out
     without building a model.
     """
     D, N, K, H, F, V, L = (
@@ -51,7 +51,8 @@ def param_arrays(cfg: ModelDims, param_dtype: str = "float32", *, tie_embeddings
     ]
     if not tie_embeddings:
         out.append(ArrayInfo("head", "param", (E, Vo), (D, V), b))
-    if getattr(cfg, "attention_sinks", False):  # one sink logit per query head and layer
+    # one sink logit per query head and layer, when some layer kind has sinks
+    if getattr(cfg, "has_sinks", getattr(cfg, "attention_sinks", False)):
         out.append(ArrayInfo("sinks", "param", (Ly, Hs), (L, N), b))
     return out
 

@@ -31,6 +31,7 @@ from lcx.cost.activations import (
 from lcx.cost.attention_memory import layer_backward_bytes, layer_forward_bytes, layer_prologue_bytes
 from lcx.cost.dtypes import dtype_bytes
 from lcx.cost.flops import ModelDims
+from lcx.cost.kinds import scan_period
 from lcx.cost.local import LocalStep, StepArgs, StepSizes, frozen_cache
 from lcx.cost.policy import ActivationPolicy
 from lcx.sharding import Plan
@@ -218,6 +219,10 @@ def memory_breakdown(
     prologue = max(r + layer_prologue_bytes(k.strategy, kernel, k.attention) for k, r in zip(local.kinds, res))
     att = max(r + layer_backward_bytes(k.strategy, kernel, k.attention, blocks) for k, r in zip(local.kinds, res))
     att_fwd = max(layer_forward_bytes(k.strategy, kernel, k.attention, blocks) for k in local.kinds)
+    # a scan iteration differentiates a whole pattern period: the residuals of its other P - 1
+    # layers (sliced from the stacks with remat none, rebuilt by replays XLA starts early
+    # otherwise) are live in the backward phases too (measured: tests/test_cost_compiled.py)
+    period = (scan_period(cfg) - 1) * tokens * saved_bytes_per_token_per_layer(cfg, ActivationPolicy("none"), dtype)[0]
     logits = logits_phase_bytes(
         cfg, tokens=tokens, vocab_tiling=policy.vocab_tiling, head_copy=head_copy, dtype=dtype, xla_cpu=not memory_kinds
     )
@@ -226,8 +231,8 @@ def memory_breakdown(
         grads=p,
         optimizer=opt_dev,
         activations=acts,
-        layer_working=tokens * layer_working_bytes_per_token(cfg, policy, dtype) + prologue,
-        attention=tokens * attention_residual_bytes_per_token(cfg, policy, dtype) + att,
+        layer_working=tokens * layer_working_bytes_per_token(cfg, policy, dtype) + prologue + period,
+        attention=tokens * attention_residual_bytes_per_token(cfg, policy, dtype) + att + period,
         logits=logits,
         host=host,
         attention_forward=att_fwd,

@@ -46,9 +46,10 @@ def candidate_plans(
 
     Layer kinds (:func:`~lcx.cost.kinds.layer_groups`; ``window``: a uniform model's sliding
     window): on each mesh of a strategy, every choice of a strategy per kind that uses that
-    strategy somewhere (:func:`kind_assignments`), all sharing the mesh, each plan once; a plan
-    some kind's strategy cannot run (``check_layer``: halo refuses global layers) is dropped. A
-    uniform model gets one strategy per mesh, as before.
+    strategy somewhere, or only strategies proposing no mesh of their own (halo)
+    (:func:`kind_assignments`), all sharing the mesh, each plan once; a plan some kind's strategy
+    cannot run (``check_layer``: halo refuses global layers) is dropped. A uniform model gets one
+    strategy per mesh, as before, plus such mesh-less ones.
     """
     base = attention or AttentionConfig()
     kern = kernel or base.kernel
@@ -61,12 +62,13 @@ def candidate_plans(
     for d in divisors(n_devices):
         if global_batch % d:
             continue
+        passengers = [n for n, cls in STRATEGIES.items() if not cls.search_meshes(d, n_devices // d)]
         for strat, sm in strategy_meshes(d, n_devices // d):
             names = tuple(n for n, _ in sm.mesh)
             for sharding in ("zero3", "replicated"):
                 params = (("embed", names[0] if len(names) == 1 else names),) if sharding == "zero3" else ()
-                for strategy in kind_assignments(strat, kinds):
-                    plan = _first_layout(base, sm, strategy, kern, params, packed_documents, n_devices, job)
+                for strategy in kind_assignments(strat, kinds, passengers):
+                    plan = _first_layout(base, sm, strat, strategy, kern, params, packed_documents, n_devices, job)
                     key = None if plan is None else (plan.mesh, plan.params, plan.activations, plan.attention)
                     if plan is not None and key not in seen:
                         seen.add(key)
@@ -74,27 +76,33 @@ def candidate_plans(
     return out
 
 
-def kind_assignments(strategy: str, kinds: Sequence[str]) -> list[str | dict[str, str]]:
+def kind_assignments(strategy: str, kinds: Sequence[str], passengers: Sequence[str] = ()) -> list[str | dict[str, str]]:
     """``plan.attention.strategy`` values tried on a mesh of ``strategy`` for a model of these
     layer kinds (first-appearance order): every choice of a registered strategy per kind that
-    gives ``strategy`` (the mesh's) to at least one kind; one name where all kinds agree. A
-    uniform model: ``[strategy]``."""
+    gives ``strategy`` (the mesh's) to at least one kind, and every choice among ``passengers``
+    alone (strategies that propose no mesh of their own, such as halo, which rides on the
+    others'); one name where all kinds agree. A uniform model: ``[strategy, *passengers]``."""
     out: list[str | dict[str, str]] = []
     for names in itertools.product(STRATEGIES, repeat=len(kinds)):
-        if strategy in names:
-            out.append(strategy if len(set(names)) == 1 else dict(zip(kinds, names)))
+        if strategy in names or all(n in passengers for n in names):
+            out.append(names[0] if len(set(names)) == 1 else dict(zip(kinds, names)))
     return out
 
 
-def _first_layout(base, sm, strategy, kernel, params, packed_documents, n_devices, job) -> Plan | None:
-    """The plan of ``strategy`` on the search mesh ``sm`` in the first layout that applies (None:
-    none does). zigzag balances causal work; when S is not a multiple of 2P the contiguous layout
-    (priced with its causal imbalance) stands in rather than the plan being dropped."""
+def _first_layout(base, sm, strat, strategy, kernel, params, packed_documents, n_devices, job) -> Plan | None:
+    """The plan of ``strategy`` on the search mesh ``sm`` of strategy ``strat`` in the first
+    layout that applies (None: none does). zigzag balances causal work; when S is not a multiple
+    of 2P the contiguous layout (priced with its causal imbalance) stands in rather than the plan
+    being dropped."""
     dims, seq_len, global_batch, masks = job
-    # a mixed plan is named by its mesh (its first kind's strategy) and the others it adds: "halo+ring"
-    names = [strategy] if isinstance(strategy, str) else list(strategy.values())  # the first kind's first
-    others = dict.fromkeys(n for n in names if n != names[0])
-    name = "+".join((sm.name, *others))
+    # named by its mesh and the strategies it adds ("ring+halo"), or, on a mesh whose strategy it
+    # does not use, by its strategies, and the mesh where it has more than a context axis
+    # ("halo", "halo@usp2x4")
+    names = dict.fromkeys([strategy] if isinstance(strategy, str) else strategy.values())
+    if strat in names:
+        name = "+".join((sm.name, *(n for n in names if n != strat)))
+    else:
+        name = "+".join(names) + ("" if sm.seq == "context" else f"@{sm.name}")
     for layout in ("balanced", "zigzag", "contiguous")[0 if packed_documents else 1 :]:
         att = dataclasses.replace(base, strategy=strategy, kernel=kernel, layout=layout, **dict(sm.attention))
         try:

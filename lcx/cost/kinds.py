@@ -39,20 +39,22 @@ def layer_groups(cfg: Any, *, window: int | None = None, chunk: int | None = Non
     """The layers of a model config grouped by mask, in the order their kinds first appear.
 
     A config with ``layer_kinds`` (``lcx.models.ModelConfig``: one kind per layer, each with
-    ``mask(document)``) gives one group per distinct mask; one without (a plain
-    :class:`~lcx.cost.flops.ModelDims`) is uniform: ``n_layers`` layers of a causal mask with
-    ``window`` or ``chunk`` (tokens, or None). ``document`` comes from the config's
-    ``document_mask`` (default False).
+    ``mask(document)``) of several kinds gives one group per distinct mask; a uniform one (one
+    kind, or a plain :class:`~lcx.cost.flops.ModelDims` without ``layer_kinds``) is ``n_layers``
+    layers of a causal mask with ``window`` or ``chunk`` (tokens, or None) when either is given,
+    else of its one kind. ``document`` comes from the config's ``document_mask`` (default False).
 
     Raises:
-      ValueError: ``window`` given for a config whose layers carry their own kinds and windows
-        (the kinds say it; drop ``window=``) when it differs from them.
+      ValueError: ``window`` or ``chunk`` given for a model of several kinds, differing from
+        them (the kinds say it; drop the argument).
     """
     document = bool(getattr(cfg, "document_mask", False))
     kinds = getattr(cfg, "layer_kinds", None)
-    if kinds is None:
+    counts = collections.Counter(k.mask(document) for k in kinds) if kinds is not None else collections.Counter()
+    if len(counts) <= 1 and (kinds is None or window is not None or chunk is not None):
+        # uniform: n_layers layers of the mask window= / chunk= describe (a caller pricing a
+        # uniform model with another window, as before layer kinds existed)
         return (LayerGroup(Mask(causal=True, document=document, window=window, chunk=chunk), int(cfg.n_layers)),)
-    counts = collections.Counter(k.mask(document) for k in kinds)
     groups = tuple(LayerGroup(m, n) for m, n in counts.items())
     if (window is not None and any(g.mask.window != window for g in groups)) or (
         chunk is not None and any(g.mask.chunk != chunk for g in groups)
@@ -62,3 +64,11 @@ def layer_groups(cfg: Any, *, window: int | None = None, chunk: int | None = Non
             f"{[(g.kind, g.mask.window or g.mask.chunk) for g in groups]}; drop them (the kinds set them)"
         )
     return groups
+
+
+def scan_period(cfg: Any) -> int:
+    """Layers the model's scan applies in one iteration: its pattern's period (``period_kinds``
+    of ``lcx.models.ModelConfig``: Gemma 3's six), 1 for a uniform model or a plain
+    :class:`~lcx.cost.flops.ModelDims`."""
+    period = getattr(cfg, "period_kinds", None)
+    return len(period) if period else 1

@@ -200,5 +200,16 @@ def _local_step(
             tensor_degree=tp,
             act_bytes=dtype_bytes(step.dtype),
         )
+        # the layer kind and the layout, which a strategy pricing kinds differently reads (halo)
+        a = plan.attention
+        m = g.mask
+        s = dataclasses.replace(
+            s,
+            window=m.window,
+            chunk=m.chunk,
+            documents=m.document,
+            layout=a.layout,
+            layout_block=max(a.block_q, a.block_kv),
+        )
         kinds.append(KindShare(g, strategy, s))
     return cls(types.MappingProxyType(shape), P, b, tp, tuple(kinds))  # shared: read-only
