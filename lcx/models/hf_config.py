@@ -309,8 +309,9 @@ def to_hf_config(
       torch_dtype: the dtype the weights are stored in (``float32`` / ``bfloat16``).
       max_position_embeddings: written as given; None: ``rope_original_max_len x factor`` for
         scaled RoPE (what transformers derives YaRN's factor from), else ``rope_original_max_len``.
-      bos_token_id, eos_token_id: the tokenizer's; None is written as null (not omitted, which
-        would give transformers' Llama defaults 1 and 2, wrong for most vocabularies).
+      bos_token_id: the tokenizer's BOS id; None is written as null (not omitted, which would
+        give transformers' Llama default 1, wrong for most vocabularies).
+      eos_token_id: the tokenizer's EOS id; None is written as null (omitted: the default 2).
 
     Raises:
       HFExportError: a layer pattern or kind HF Llama/Mistral cannot express (mixed kinds,

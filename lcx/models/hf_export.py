@@ -125,8 +125,9 @@ def save_pretrained(
       tokenizer_files: files copied next to the weights (e.g. ``tokenizer.json``).
       max_shard_bytes: largest shard in bytes (a single larger tensor gets its own shard).
       dtype: stored dtype (``float32``/``bfloat16``); None: the parameters' (one dtype for all).
-      max_position_embeddings, bos_token_id, eos_token_id: for ``config.json``
-        (:func:`~lcx.models.hf_config.to_hf_config`; the token ids: the tokenizer's, null if None).
+      max_position_embeddings: for ``config.json`` (:func:`~lcx.models.hf_config.to_hf_config`).
+      bos_token_id: the tokenizer's BOS id for ``config.json`` (None: null).
+      eos_token_id: the tokenizer's EOS id for ``config.json`` (None: null).
 
     Returns:
       The output directory.
