@@ -50,7 +50,8 @@ def test_import_matches_transformers(devices, name):
     model, cfg = load_hf_llama(d, mp)
     ref = np.load(d / "logits.npy")
     got = _logits(model, mp, d)
-    # measured max |got - ref| / max|ref|: 1.2e-6 (mistral), 1.0e-6 (llama tied)
+    # measured max |got - ref| / max|ref|: 1.7e-6 (mistral, 8.1e-6 of 4.85), 8.9e-7 (llama tied);
+    # the mistral without its window: 1.19, with window 9: 1.07
     np.testing.assert_allclose(got, ref, rtol=0, atol=TOL * np.abs(ref).max())
     if name == "hf_tiny_mistral":
         assert cfg.layer_kinds == (lm.LayerKind("sliding", window=8, sinks=False),) * 2
