@@ -84,8 +84,20 @@ PLACEHOLDERS = {
 }
 """What a page's ``<...>`` placeholder stands for when its command is validated."""
 
-ENTRY = {"lcx.train": "train", "lcx.plan": "plan", "lcx.extend": "extend", "lcx.eval": "evaluate"}
-CONFIG = {"lcx.train": "config", "lcx.plan": "plan_config", "lcx.extend": "config", "lcx.eval": "eval_config"}
+ENTRY = {
+    "lcx.train": "train",
+    "lcx.plan": "plan",
+    "lcx.extend": "extend",
+    "lcx.eval": "evaluate",
+    "lcx.export": "export",
+}
+CONFIG = {
+    "lcx.train": "config",
+    "lcx.plan": "plan_config",
+    "lcx.extend": "config",
+    "lcx.eval": "eval_config",
+    "lcx.export": "export_config",
+}
 COMMAND = re.compile(r"python -m (lcx\.\w+)(.*)")
 NOT_RUN = re.compile(r"^\s*(pip install|python -m pytest|gcloud|cd |#|$)")
 

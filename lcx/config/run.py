@@ -4,7 +4,8 @@
 - :func:`schedule_config`: ``lcx.extend`` -> :class:`lcx.training.schedule.Schedule` (the base
   run and its :func:`stages`);
 - :func:`plan_query`: ``lcx.plan`` -> :class:`lcx.reports.config.PlanQuery`;
-- :func:`eval_query`: ``lcx.eval`` -> :class:`lcx.reports.config.EvalQuery`.
+- :func:`eval_query`: ``lcx.eval`` -> :class:`lcx.reports.config.EvalQuery`;
+- :func:`export_query`: ``lcx.export`` -> :class:`lcx.reports.config.ExportQuery`.
 
 Every error is raised here, before any device starts or anything compiles, naming the key, the
 value and the fix (:mod:`lcx.config.schema`).
@@ -30,7 +31,16 @@ from lcx.data.tokenizers import (
     padded_vocab_size,
 )
 from lcx.models import ModelConfig
-from lcx.reports.config import EvalCheckpointConfig, EvalConfig, EvalQuery, PlannerConfig, PlanQuery, Published
+from lcx.reports.config import (
+    EvalCheckpointConfig,
+    EvalConfig,
+    EvalQuery,
+    ExportOptions,
+    ExportQuery,
+    PlannerConfig,
+    PlanQuery,
+    Published,
+)
 from lcx.sharding.plan import Plan
 from lcx.training.config import (
     NO_CHECKPOINTS,
@@ -236,21 +246,49 @@ def plan_query(cfg: DictConfig, tool: str = "lcx.plan") -> PlanQuery:
     )
 
 
+def _checkpoint_to_read(cfg: DictConfig, tool: str, usage: str) -> EvalCheckpointConfig:
+    """``checkpoint:`` of a tool that reads a training checkpoint (``dir`` absolute)."""
+    node = cfg.get("checkpoint")
+    if not node or not node.get("dir") or node.get("dir") == "???":
+        raise ValueError(f"{tool} needs a checkpoint: {usage} (the checkpoint.dir of a python -m lcx.train run)")
+    return typed(node, EvalCheckpointConfig, "checkpoint", tool=tool, resolve={"dir": resolve_dir})
+
+
 def eval_query(cfg: DictConfig, tool: str = "lcx.eval") -> EvalQuery:
     """What ``lcx.eval`` evaluates: ``eval``, the checkpoint (``dir`` absolute) and ``hardware``.
 
     Raises:
       ValueError: no ``checkpoint.dir``, or a key unknown or mistyped.
     """
-    node = cfg.get("checkpoint")
-    if not node or not node.get("dir") or node.get("dir") == "???":
-        raise ValueError(
-            "lcx.eval needs a checkpoint to evaluate: python -m lcx.eval checkpoint.dir=DIR "
-            "(the checkpoint.dir of a python -m lcx.train run)"
-        )
     return EvalQuery(
         eval=typed(cfg.get("eval"), EvalConfig, "eval", tool=tool),
-        checkpoint=typed(node, EvalCheckpointConfig, "checkpoint", tool=tool, resolve={"dir": resolve_dir}),
+        checkpoint=_checkpoint_to_read(cfg, tool, "python -m lcx.eval checkpoint.dir=DIR"),
+        hardware=typed(cfg.get("hardware"), HardwareConfig, "hardware", tool=tool),
+    )
+
+
+def export_query(cfg: DictConfig, tool: str = "lcx.export") -> ExportQuery:
+    """What ``lcx.export`` writes: the checkpoint read, ``out`` (absolute), ``export`` options
+    and ``hardware``.
+
+    Raises:
+      ValueError: no ``checkpoint.dir`` or ``out``; ``export.max_shard_bytes`` below 1;
+        ``export.dtype`` not float32 / bfloat16 / null; a key unknown or mistyped.
+    """
+    usage = "python -m lcx.export checkpoint.dir=DIR out=OUT"
+    ckpt = _checkpoint_to_read(cfg, tool, usage)
+    out = cfg.get("out")
+    if out in (None, "", "???"):
+        raise ValueError(f"{tool} needs out=<directory> for the Hugging Face checkpoint: {usage}")
+    opts = typed(cfg.get("export"), ExportOptions, "export", tool=tool)
+    if opts.max_shard_bytes < 1:
+        raise ValueError(f"export.max_shard_bytes={opts.max_shard_bytes}: must be >= 1 (bytes per safetensors file)")
+    if opts.dtype not in (None, "float32", "bfloat16"):
+        raise ValueError(f"export.dtype={opts.dtype!r}: use float32, bfloat16 or null (the parameters' dtype)")
+    return ExportQuery(
+        checkpoint=ckpt,
+        out=resolve_dir(str(out)) or pathlib.Path(str(out)),
+        export=opts,
         hardware=typed(cfg.get("hardware"), HardwareConfig, "hardware", tool=tool),
     )
 
@@ -259,6 +297,7 @@ __all__ = [
     "checkpoint_config",
     "data_config",
     "eval_query",
+    "export_query",
     "plain",
     "plan_query",
     "run_config",

@@ -194,6 +194,7 @@ TOOL_CONFIGS = {
     "lcx.extend": "config",
     "lcx.plan": "plan_config",
     "lcx.eval": "eval_config",
+    "lcx.export": "export_config",
 }
 """The primary config (``conf/<name>.yaml``) each entry point composes."""
 
@@ -248,7 +249,7 @@ def check_overrides(argv: Sequence[str], tool: str = "lcx") -> None:
         section, leaf = parts[0], parts[1]
         if section == "data":
             valid = sorted({f.name for s in DATA_CONFIGS.values() for f in dataclasses.fields(s)})
-        elif section == "checkpoint" and tool == "lcx.eval":
+        elif section == "checkpoint" and tool in ("lcx.eval", "lcx.export"):
             valid = [f.name for f in dataclasses.fields(EvalCheckpointConfig)]
         else:
             valid = [f.name for f in dataclasses.fields(SECTIONS[section])]

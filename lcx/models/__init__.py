@@ -2,6 +2,7 @@
 weight-decay roles), parameter shardings."""
 
 from lcx.models.config import DTYPES, PRESETS, REMAT_POLICIES, ModelConfig, preset
+from lcx.models.hf_export import save_pretrained
 from lcx.models.kinds import KINDS, LayerKind
 from lcx.models.llama import (
     MLP,
@@ -48,5 +49,6 @@ __all__ = [
     "rope_frequencies",
     "ROPE_SCALING_TYPES",
     "RopeConfig",
+    "save_pretrained",
     "shard_model",
 ]

@@ -1,4 +1,4 @@
-"""Import Hugging Face Llama checkpoints (``config.json`` + ``*.safetensors``) into :class:`Llama`.
+"""Import Hugging Face Llama and Mistral checkpoints (``config.json`` + ``*.safetensors``) into :class:`Llama`.
 
 Every parameter is created directly in its shards: ``jax.make_array_from_callback`` asks, per
 device, for the slice of the global array that device holds under the plan, and the callback
@@ -28,16 +28,9 @@ RoPE needs no permutation: Hugging Face's Llama weights are already in the "rota
 (the conversion from Meta's interleaved checkpoints permutes q/k rows once), which pairs feature
 ``i`` with ``i + H/2`` exactly as :func:`lcx.models.rope` does.
 
-Config mapping (``config.json``; transformers 4.x ``rope_theta``/``rope_scaling`` and 5.x
-``rope_parameters`` are both read): hidden_size -> d_model, num_hidden_layers -> n_layers,
-num_attention_heads -> n_heads, num_key_value_heads -> n_kv_heads, head_dim (default
-hidden_size / heads), intermediate_size -> mlp_dim, rms_norm_eps -> norm_eps,
-tie_word_embeddings -> tie_embeddings, rope type ``default``/``llama3``/``yarn`` with their
-parameters (yarn: ``factor`` as given, or ``max_position_embeddings /
-original_max_position_embeddings`` when absent, as transformers 5 does; ``attention_factor``
-from ``mscale``/``mscale_all_dim`` when those are given). Anything lcx's Llama cannot represent
-(biases, another activation, another RoPE type, partial rotary, yarn ``truncate: false``) is
-refused with a message naming the key.
+Config mapping: :func:`lcx.models.hf_config.hf_config` (Llama and Mistral; every key of
+``config.json`` mapped, checked to be a no-op, or refused). Export, the inverse:
+:mod:`lcx.models.hf_export`.
 """
 
 from __future__ import annotations
@@ -57,114 +50,13 @@ import numpy as np
 from safetensors import safe_open
 
 from lcx.models.config import ModelConfig
+from lcx.models.hf_config import HFImportError, hf_config
 from lcx.models.llama import Llama, init_model
-from lcx.models.rotary import yarn_mscale
 from lcx.models.sharding import model_shardings
 from lcx.sharding import MeshPlan
 
 # names present in some checkpoints that carry no parameter (recomputed buffers)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class HFImportError(ValueError):
-    """A Hugging Face checkpoint that lcx cannot import as it stands (the message says why)."""
-
-
-# ------------------------------------------------------------------------------------------ config
-def _rope_params(hf: Mapping[str, Any]) -> dict[str, Any]:
-    """transformers 5 ``rope_parameters`` or 4.x ``rope_theta`` + ``rope_scaling``, as one dict."""
-    rp = dict(hf.get("rope_parameters") or {})
-    if rp and any(isinstance(v, Mapping) for v in rp.values()):
-        raise HFImportError("per-layer-type rope_parameters are not supported (one RoPE for all layers)")
-    # transformers 5 writes rope_parameters (theta inside); 4.x wrote rope_theta + rope_scaling
-    out = rp if rp else dict(hf.get("rope_scaling") or {})
-    out.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
-    out["rope_type"] = out.get("rope_type", out.get("type")) or "default"
-    return out
-
-
-def hf_config(path_or_config: str | os.PathLike | Mapping[str, Any], **overrides: Any) -> ModelConfig:
-    """The :class:`ModelConfig` of a Hugging Face Llama ``config.json`` (a path to it, to its
-    directory, or the parsed dict).
-
-    Args:
-      path_or_config: checkpoint directory, ``config.json`` path, or its contents.
-      **overrides: ModelConfig fields to set on top (e.g. ``dtype="bfloat16"``, ``remat="full"``,
-        ``document_mask=False``). ``param_dtype`` defaults to float32.
-
-    Raises:
-      HFImportError: the config describes something lcx's Llama cannot represent, or the
-        overrides ask for ``attention_sinks`` (Llama checkpoints have none, and zero-initialised
-        sinks would change the pretrained model's outputs).
-    """
-    if isinstance(path_or_config, Mapping):
-        hf, name = dict(path_or_config), "hf"
-    else:
-        p = pathlib.Path(path_or_config)
-        p = p / "config.json" if p.is_dir() else p
-        hf, name = json.loads(p.read_text()), f"hf:{p.parent.name}"
-    mt = hf.get("model_type", "llama")
-    if mt != "llama":
-        raise HFImportError(f"config.json has model_type={mt!r}; only 'llama' checkpoints are supported")
-    for key in ("attention_bias", "mlp_bias"):
-        if hf.get(key):
-            raise HFImportError(f"config.json sets {key}=true; lcx's Llama has no biases")
-    if hf.get("hidden_act", "silu") != "silu":
-        raise HFImportError(f"config.json has hidden_act={hf['hidden_act']!r}; lcx's MLP is SwiGLU (silu)")
-    D, N = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-    rp = _rope_params(hf)
-    if float(rp.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) or 1.0) != 1.0:
-        raise HFImportError("partial_rotary_factor != 1 is not supported (lcx rotates every feature pair)")
-    kind = rp["rope_type"]
-    rope: dict[str, Any] = {"rope_theta": float(rp["rope_theta"])}
-    if kind == "llama3":
-        rope.update(
-            rope_scaling_type="llama3",
-            rope_scaling_factor=float(rp["factor"]),
-            rope_original_max_len=int(rp["original_max_position_embeddings"]),
-            rope_low_freq_factor=float(rp.get("low_freq_factor", 1.0)),
-            rope_high_freq_factor=float(rp.get("high_freq_factor", 4.0)),
-        )
-    elif kind == "yarn":
-        orig = int(rp.get("original_max_position_embeddings") or hf["max_position_embeddings"])
-        factor = rp.get("factor")
-        factor = float(factor) if factor is not None else hf["max_position_embeddings"] / orig
-        if rp.get("truncate", True) is False:
-            raise HFImportError("yarn with truncate=false is not supported (lcx truncates the ramp like the paper)")
-        att = rp.get("attention_factor")
-        if att is None and rp.get("mscale") and rp.get("mscale_all_dim"):
-            att = yarn_mscale(factor, rp["mscale"]) / yarn_mscale(factor, rp["mscale_all_dim"])
-        rope.update(
-            rope_scaling_type="yarn",
-            rope_scaling_factor=factor,
-            rope_original_max_len=orig,
-            rope_beta_fast=float(rp.get("beta_fast") or 32.0),
-            rope_beta_slow=float(rp.get("beta_slow") or 1.0),
-            rope_attention_factor=None if att is None else float(att),
-        )
-    elif kind != "default":
-        raise HFImportError(f"RoPE type {kind!r} is not supported; lcx has default, llama3 and yarn")
-    fields: dict[str, Any] = dict(
-        name=name,
-        vocab_size=int(hf["vocab_size"]),
-        d_model=D,
-        n_layers=int(hf["num_hidden_layers"]),
-        n_heads=N,
-        n_kv_heads=int(hf.get("num_key_value_heads") or N),
-        head_dim=int(hf.get("head_dim") or D // N),
-        mlp_dim=int(hf["intermediate_size"]),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        **rope,
-    )
-    fields.update(overrides)
-    if fields.get("attention_sinks"):
-        # zero sinks would change a pretrained model's outputs (every head gains a logit-0 key)
-        raise HFImportError(
-            "attention_sinks=true: Hugging Face Llama checkpoints have no attention sinks; load without it "
-            "(attention_sinks=false)"
-        )
-    return ModelConfig(**fields)
 
 
 # ------------------------------------------------------------------------------------------ files

@@ -118,4 +118,37 @@ class EvalQuery:
     hardware: HardwareConfig
 
 
-__all__ = ["EvalCheckpointConfig", "EvalConfig", "EvalQuery", "PlanQuery", "PlannerConfig", "Published"]
+@dataclasses.dataclass(frozen=True)
+class ExportOptions:
+    """``export:`` of ``conf/export_config.yaml`` (:func:`lcx.models.save_pretrained`'s options).
+
+    Attributes:
+      max_shard_bytes: largest safetensors file in bytes (a larger single tensor gets its own).
+      dtype: ``float32`` / ``bfloat16`` to store the weights in; None: the parameters' dtype.
+    """
+
+    max_shard_bytes: int
+    dtype: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportQuery:
+    """What one ``python -m lcx.export`` writes: ``checkpoint`` (read), ``out`` (the directory
+    written, absolute), ``export`` options and ``hardware``."""
+
+    checkpoint: EvalCheckpointConfig
+    out: pathlib.Path
+    export: ExportOptions
+    hardware: HardwareConfig
+
+
+__all__ = [
+    "EvalCheckpointConfig",
+    "EvalConfig",
+    "EvalQuery",
+    "ExportOptions",
+    "ExportQuery",
+    "PlanQuery",
+    "PlannerConfig",
+    "Published",
+]

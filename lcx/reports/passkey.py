@@ -24,20 +24,11 @@ def run_eval(query: EvalQuery, out_dir: str | pathlib.Path, devices) -> dict:
     """
     from lcx.sharding import bind
     from lcx.sharding.config import plan_from_dict
-    from lcx.training.checkpoint import Checkpoints
-    from lcx.training.resume import load_model
+    from lcx.training.resume import checkpoint_run, load_model
     from lcx.training.retrieval import grid, passkey_grid, write_heatmap
 
     ckpt, e, hw = query.checkpoint.dir, query.eval, query.hardware
-    c = Checkpoints(ckpt, read_only=True)
-    try:
-        steps = c.steps()
-        if not steps:
-            raise FileNotFoundError(f"no checkpoint in {ckpt}")
-        step = query.checkpoint.step if query.checkpoint.step is not None else steps[-1]
-        run = c.read_meta(step)["config"]
-    finally:
-        c.close()
+    step, run = checkpoint_run(ckpt, query.checkpoint.step)
     # a checkpoint stores its plan as a mapping; null blocks and kernel: this hardware's
     plan = plan_from_dict(run["plan"], default_block=hw.attention_block, default_kernel=hw.attention_kernel)
     mp = bind(plan, devices)

@@ -123,6 +123,24 @@ def train_state_target(config: Mapping[str, Any], mp: Any) -> tuple[TrainState, 
     return target, static
 
 
+def checkpoint_run(directory: str | os.PathLike, step: int | None = None) -> tuple[int, dict[str, Any]]:
+    """``(step, config)``: the step (default the newest) and the resolved run config stored in
+    the ``meta`` of a checkpoint, read without restoring anything.
+
+    Raises:
+      FileNotFoundError: no checkpoint in ``directory``.
+    """
+    c = Checkpoints(directory, read_only=True)
+    try:
+        steps = c.steps()
+        if not steps:
+            raise FileNotFoundError(f"no checkpoint in {directory}")
+        step = step if step is not None else steps[-1]
+        return step, c.read_meta(step)["config"]
+    finally:
+        c.close()
+
+
 def load_model(directory: str | os.PathLike, mp: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
     """The model of a checkpoint, placed on the bound plan ``mp`` (any plan, any device count).
 

@@ -1,0 +1,179 @@
+"""Export an lcx :class:`Llama` as a Hugging Face checkpoint: the inverse of :mod:`lcx.models.hf`.
+
+:func:`save_pretrained` writes what transformers' ``save_pretrained`` writes for
+LlamaForCausalLM / MistralForCausalLM: ``config.json`` (:func:`lcx.models.hf_config.to_hf_config`)
+and the weights as safetensors, one ``model.safetensors`` when they fit ``max_shard_bytes``, else
+``model-0000i-of-0000n.safetensors`` shards plus ``model.safetensors.index.json``
+(``{"metadata": {"total_size": bytes}, "weight_map": {tensor: file}}``). Shards are filled in
+transformers' tensor order (embeddings, layers 0..L-1, final norm, head), a new shard starting
+when the next tensor would overflow the current one (huggingface_hub's
+``split_torch_state_dict_into_shards`` rule: a tensor larger than the limit gets a shard of its
+own). Every file carries safetensors metadata ``{"format": "pt"}``, which transformers requires.
+
+The layout mapping is :mod:`lcx.models.hf`'s table read right to left: each lcx per-layer array
+is transposed back (inverse of the import permutation) and flattened to the HF ``[out, in]``
+``nn.Linear`` weight; a tied model writes no ``lm_head.weight``. Values are copied unchanged (the
+parameter dtype is the stored dtype unless ``dtype`` asks for another), so importing an export
+gives the original parameters bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+from collections.abc import Iterator, Sequence
+
+import jax
+import ml_dtypes  # noqa: F401 - bfloat16 NumPy arrays for safetensors
+import numpy as np
+from safetensors.numpy import save_file
+
+from lcx.models.config import ModelConfig
+from lcx.models.hf import _Source, _sources
+from lcx.models.hf_config import HFExportError, to_hf_config
+from lcx.models.llama import Llama
+
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+"""transformers' default ``max_shard_size`` ("5GB", decimal in transformers 4.x docs; 5 GiB here)."""
+
+_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _hf_order(cfg: ModelConfig, sources: dict[str, _Source]) -> list[tuple[str, str, int | None]]:
+    """``(lcx leaf path, HF name, layer)`` in transformers' state-dict order."""
+    stacked = [(p, s) for p, s in sources.items() if s.stacked]
+    out: list[tuple[str, str, int | None]] = [(".embed.weight", sources[".embed.weight"].name, None)]
+    for l in range(cfg.n_layers):
+        out += [(p, s.name.format(l=l), l) for p, s in stacked]
+    out.append((".final_norm.weight", sources[".final_norm.weight"].name, None))
+    if ".head" in sources:
+        out.append((".head", sources[".head"].name, None))
+    return out
+
+
+def hf_tensors(model: Llama, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """``(HF name, array)`` for every weight of ``model``, in transformers' order, on the host.
+
+    Args:
+      model: an lcx Llama whose parameters this process can address in full (one process;
+        any sharding: each leaf is gathered to the host one at a time).
+      dtype: ``float32`` / ``bfloat16`` to cast to; None: each parameter's own dtype.
+
+    Yields:
+      HF name and its ``[out, in]`` (or ``[D]``) NumPy array, C-contiguous.
+
+    Raises:
+      HFExportError: a parameter spread over several processes, or a dtype lcx does not store.
+    """
+    cfg = model.config
+    sources = _sources(cfg)
+    leaves = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(model)[0]}
+    unknown = sorted(set(leaves) - set(sources))
+    if unknown:  # e.g. attention sinks; to_hf_config refuses such models first
+        raise HFExportError(f"lcx parameters {unknown} have no place in a Hugging Face Llama/Mistral checkpoint")
+    host: dict[str, np.ndarray] = {}
+    for path, name, layer in _hf_order(cfg, sources):
+        if path not in host:
+            leaf = leaves[path]
+            if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+                raise HFExportError(f"{path} spans several processes; export from a single process")
+            host[path] = np.asarray(jax.device_get(leaf))
+        src = sources[path]
+        x = host[path][layer] if src.stacked else host[path]
+        view = np.transpose(x, np.argsort(src.perm))  # lcx dim i = view dim perm[i]
+        stored = (int(np.prod(src.rows_shape)),) + ((int(np.prod(src.cols_shape)),) if src.cols_shape else ())
+        out = np.ascontiguousarray(view.reshape(stored))
+        if dtype is not None:
+            if dtype not in _DTYPES:
+                raise HFExportError(f"dtype={dtype!r}: export writes one of {sorted(_DTYPES)}")
+            out = out.astype(_DTYPES[dtype])
+        yield name, out
+
+
+def _shards(tensors: list[tuple[str, np.ndarray]], max_shard_bytes: int) -> list[dict[str, np.ndarray]]:
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, x in tensors:
+        if shards[-1] and size + x.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = x
+        size += x.nbytes
+    return shards
+
+
+def save_pretrained(
+    model: Llama,
+    path: str | os.PathLike,
+    *,
+    tokenizer_files: Sequence[str | os.PathLike] | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    dtype: str | None = None,
+    max_position_embeddings: int | None = None,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+) -> pathlib.Path:
+    """Write ``model`` as a Hugging Face checkpoint that ``AutoModelForCausalLM.from_pretrained``
+    and :func:`lcx.models.hf.load_hf_llama` load.
+
+    Args:
+      model: an lcx :class:`Llama` (uniform global attention -> LlamaForCausalLM; uniform sliding
+        window -> MistralForCausalLM).
+      path: output directory (created; existing checkpoint files in it are overwritten).
+      tokenizer_files: files copied next to the weights (e.g. ``tokenizer.json``).
+      max_shard_bytes: largest shard in bytes (a single larger tensor gets its own shard).
+      dtype: stored dtype (``float32``/``bfloat16``); None: the parameters' (one dtype for all).
+      max_position_embeddings: for ``config.json`` (:func:`~lcx.models.hf_config.to_hf_config`).
+      bos_token_id: the tokenizer's BOS id for ``config.json`` (None: null).
+      eos_token_id: the tokenizer's EOS id for ``config.json`` (None: null).
+
+    Returns:
+      The output directory.
+
+    Raises:
+      HFExportError: a layer pattern HF Llama/Mistral cannot express (named), mixed parameter
+        dtypes without ``dtype``, or a parameter spread over several processes.
+      ValueError: ``max_shard_bytes`` not positive. FileNotFoundError: a missing tokenizer file.
+    """
+    if max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes={max_shard_bytes} must be positive (bytes per safetensors file)")
+    cfg: ModelConfig = model.config
+    dtypes = {str(x.dtype) for x in jax.tree.leaves(model)}
+    if dtype is None and len(dtypes) != 1:
+        raise HFExportError(f"parameters have dtypes {sorted(dtypes)}; pass dtype='float32' or 'bfloat16'")
+    torch_dtype = dtype or dtypes.pop()
+    hf_cfg = to_hf_config(
+        cfg,
+        torch_dtype=torch_dtype,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+    )
+    out = pathlib.Path(path)
+    tok = [pathlib.Path(f) for f in tokenizer_files or ()]
+    for f in tok:
+        if not f.is_file():
+            raise FileNotFoundError(f"tokenizer file {f} does not exist")
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = list(hf_tensors(model, dtype))
+    shards = _shards(tensors, max_shard_bytes)
+    n = len(shards)
+    for old in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
+        old.unlink(missing_ok=True)
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards, 1):
+        fname = "model.safetensors" if n == 1 else f"model-{i:05d}-of-{n:05d}.safetensors"
+        save_file(shard, out / fname, metadata={"format": "pt"})
+        weight_map.update({k: fname for k in shard})
+    if n > 1:
+        index = {"metadata": {"total_size": sum(x.nbytes for _, x in tensors)}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    (out / "config.json").write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")
+    for f in tok:
+        shutil.copy(f, out / f.name)
+    return out
+
+
+__all__ = ["DEFAULT_MAX_SHARD_BYTES", "HFExportError", "hf_tensors", "save_pretrained"]
