@@ -266,7 +266,7 @@ def test_ledger_vs_compiled_partial_run_writes_no_csv(tmp_path, monkeypatch, cap
     monkeypatch.setattr(
         lvc,
         "compare",
-        lambda name, S, remat, diagnostics: dict(
+        lambda name, S, remat, model, diagnostics: dict(
             strategy=name,
             seq_len=S,
             remat=remat,
