@@ -99,8 +99,8 @@ from lcx.training.preflight import process_shard
 
 mp = bind(preset("ring"), jax.devices())
 shard = process_shard(mp.activation_sharding(("batch", "seq")), (4, 64))
-cfg = {"name": "text", "paths": [corpus], "text_field": "text", "tokenizer": "byte", "val_fraction": 0.1,
-       "split_seed": 0, "workers": 0, "prefetch": 2, "shards": None, "mixture": None}
+cfg = {"name": "text", "paths": [corpus], "format": "auto", "text_field": "text", "document": "file",
+       "document_separator": "\\n\\n", "tokenizer": "byte", "val_fraction": 0.1, "split_seed": 0, "workers": 0, "prefetch": 2, "shards": None, "mixture": None}
 data = make_data(data_config(cfg), seq_len=64, global_batch=4, process_shard=shard)
 p = data.train.packer
 docs = [data.tokenizer.decode(p.tokens[s : s + n]) for s, n in zip(p.starts, p.lengths)]
@@ -140,7 +140,7 @@ def test_each_process_reads_its_own_documents(tmp_path):
     assert [g["shard"] for g in got] == [[0, 2], [1, 2]] and [g["rows"] for g in got] == [2, 2]
     a, b = ({*g["docs"]} for g in got)
     cfg = {"name": "text", "paths": [str(corpus)], "text_field": "text", "tokenizer": "byte", "val_fraction": 0.1}
-    cfg |= {"split_seed": 0}
+    cfg |= {"split_seed": 0, "format": "auto", "document": "file", "document_separator": "\n\n"}
     one = make_data(data_config(cfg), seq_len=64, global_batch=4).train.packer
     everything = {one.tokens[s : s + n].tobytes().decode() for s, n in zip(one.starts, one.lengths)}
     assert a and b and not a & b, "the processes' documents are disjoint"
