@@ -267,7 +267,7 @@ class Llama(eqx.Module):
           ValueError: the model has a ``layer_pattern`` (see :meth:`layer_options` per kind).
         """
         if self.config.layer_pattern is not None:
-            raise ValueError("a model with a layer_pattern has one mask per kind: use layer_options(kind)['mask']")
+            raise ValueError("a model with a layer_pattern has one mask per kind: use layer_options(kind).mask")
         return self.config.period_kinds[0].mask(self.config.document_mask)
 
     def layer_options(self, kind: LayerKind) -> LayerOptions:
