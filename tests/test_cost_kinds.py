@@ -190,7 +190,7 @@ def test_gemma3_like_at_128k_on_v5p_halo_saves_over_ring(tmp_path, capsys):
     TPU v5p chips: the sliding layers under halo send far fewer bytes than under the ring (each
     device receives W - 1 keys per chunk instead of the whole sequence's K/V) and the predicted
     step is shorter; the global layers are priced the same either way."""
-    common = ("model=gemma3_12b_like", "hardware=tpu_v5p", "hardware.chips=16", "train.seq_len=131072")
+    common = ("model=gemma3_12b", "hardware=tpu_v5p", "hardware.chips=16", "train.seq_len=131072")
     ring = _plan_report(tmp_path, *common, "plan=ring_cp")["given"]["estimate"]
     halo = _plan_report(tmp_path, *common, "plan=ring_cp", "plan.attention.strategy={global: ring, sliding: halo}")[
         "given"

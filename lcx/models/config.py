@@ -34,6 +34,10 @@ from."""
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 
+MLP_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu_tanh")
+"""The gate activations of the gated MLP: ``silu`` (SwiGLU; Llama, Mistral, Qwen) and ``gelu_tanh``
+(GeGLU with GELU's tanh approximation, Hendrycks & Gimpel 2016; Gemma's ``gelu_pytorch_tanh``)."""
+
 ROPE_FIELDS: dict[str, str] = {
     f.name: "rope_scaling_factor" if f.name == "factor" else f"rope_{f.name}"
     for f in dataclasses.fields(RopeConfig)
@@ -114,6 +118,20 @@ class ModelConfig:
         Hydra: a list of mappings, each may carry ``repeat: n``
         (``[{kind: sliding, window: 512, repeat: 2}, {kind: global}]``, read by :meth:`from_dict`);
         in code a tuple of ``LayerKind``, one per layer of the period. The forward scans over periods (:class:`lcx.models.Llama`).
+      attention_bias: q, k and v projections have biases (``[N, H]``, ``[K, H]``; Qwen2.5); the
+        output projection has none.
+      qk_norm: an RMSNorm with a learned ``[H]`` gain over each head's features of q and of k,
+        before RoPE (Qwen3; Gemma 3).
+      query_pre_attn_scalar: attention logits are scaled by ``query_pre_attn_scalar ** -0.5``
+        instead of ``head_dim ** -0.5`` (Gemma 2/3's config field); None: the head size.
+      norm_gain_offset: every RMSNorm multiplies by ``norm_gain_offset + w`` (Gemma's ``(1 + w)``
+        with 1.0, gains initialised to 0; Llama's ``w`` with 0.0, gains initialised to 1).
+      post_norms: an RMSNorm also on the outputs of attention and of the MLP, before each
+        residual add (Gemma 2/3's "sandwich": pre- and post-norms around both).
+      mlp_activation: the gate activation, one of :data:`MLP_ACTIVATIONS`.
+      scale_embeddings: the embeddings are multiplied by ``sqrt(d_model)`` (rounded to the compute
+        dtype, as Gemma does) before the first block. The family options (``attention_bias`` to
+        here) default to Llama's; docs/model_families.md lists each family's values.
 
     Raises:
       ValueError: a size is not positive, N is not a multiple of K, an unknown remat policy,
@@ -153,6 +171,13 @@ class ModelConfig:
     document_mask: bool = True
     attention_sinks: bool = False
     layer_pattern: tuple[LayerKind, ...] | None = None
+    attention_bias: bool = False
+    qk_norm: bool = False
+    query_pre_attn_scalar: float | None = None
+    norm_gain_offset: float = 0.0
+    post_norms: bool = False
+    mlp_activation: str = "silu"
+    scale_embeddings: bool = False
 
     def __post_init__(self):
         # YAML may give 500000 for a float field; store floats so equal configs hash equal
@@ -213,9 +238,26 @@ class ModelConfig:
             raise ValueError(
                 f"model.sliding_window must be a positive number of tokens or null, got {self.sliding_window!r}"
             )
-        if not isinstance(self.attention_sinks, bool):
-            raise ValueError(f"model.attention_sinks must be true or false, got {self.attention_sinks!r}")
+        for f in ("attention_sinks", "attention_bias", "qk_norm", "post_norms", "scale_embeddings"):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f"model.{f} must be true or false, got {getattr(self, f)!r}")
+        self._check_family_options()
         self._check_layer_pattern()
+
+    def _check_family_options(self) -> None:
+        if self.mlp_activation not in MLP_ACTIVATIONS:
+            raise ValueError(
+                f"model.mlp_activation={self.mlp_activation!r} is unknown; choose one of {MLP_ACTIVATIONS}"
+            )
+        q = self.query_pre_attn_scalar
+        if q is not None and (isinstance(q, bool) or not isinstance(q, (int, float)) or q <= 0):
+            raise ValueError(f"model.query_pre_attn_scalar must be a positive number or null (head_dim), got {q!r}")
+        if q is not None:
+            object.__setattr__(self, "query_pre_attn_scalar", float(q))
+        g = self.norm_gain_offset
+        if isinstance(g, bool) or not isinstance(g, (int, float)):
+            raise ValueError(f"model.norm_gain_offset must be a number (0.0: w, 1.0: Gemma's 1 + w), got {g!r}")
+        object.__setattr__(self, "norm_gain_offset", float(g))
 
     def _check_layer_pattern(self) -> None:
         object.__setattr__(self, "layer_pattern", parse_layer_pattern(self.layer_pattern))
@@ -289,12 +331,16 @@ class ModelConfig:
 
     @property
     def n_params(self) -> int:
-        """Every parameter: embedding, blocks (with norm gains and, when some kind has sinks
-        (:attr:`has_sinks`), N sink logits each), final norm, untied head."""
+        """Every parameter: embedding, blocks (with norm gains, and per the family options q/k/v
+        biases, q/k norm gains, post-norm gains; when some kind has sinks (:attr:`has_sinks`) N
+        sink logits each), final norm, untied head."""
         D, V = self.d_model, self.vocab_size
         head = 0 if self.tie_embeddings else V * D
-        sinks = self.n_heads if self.has_sinks else 0
-        return V * D + self.n_layers * (self.params_per_layer + 2 * D + sinks) + D + head
+        per_layer = self.params_per_layer + (4 if self.post_norms else 2) * D
+        per_layer += self.n_heads if self.has_sinks else 0
+        per_layer += (self.n_heads + 2 * self.n_kv_heads) * self.head_dim if self.attention_bias else 0
+        per_layer += 2 * self.head_dim if self.qk_norm else 0
+        return V * D + self.n_layers * per_layer + D + head
 
     def dims(self) -> dict[str, int]:
         """Sizes of the logical axes the parameters use, for :meth:`lcx.sharding.Plan.validate`."""

@@ -53,7 +53,7 @@ class LayerKind:
       rope: False: no rotary embedding at all in this kind's layers (NoPE; Llama 4's global
         layers).
       rope_theta: this kind's RoPE base wavelength; None: the model's ``rope_theta``.
-      rope_scaling_type: this kind's RoPE scaling (None, ``llama3``, ``yarn``); None: the
+      rope_scaling_type: this kind's RoPE scaling (None, ``linear``, ``llama3``, ``yarn``); None: the
         model's. Set on the kinds that scale when the model itself uses plain RoPE.
       rope_scaling_factor: this kind's stretch factor (>= 1); None: the model's. A factor with
         neither this kind nor the model naming a type means ``llama3``, as for the model.

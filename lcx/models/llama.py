@@ -47,6 +47,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 from lcx.attention import Mask, attention
 from lcx.models.config import ModelConfig
 from lcx.models.kinds import LayerKind
+from lcx.models.layers import INIT_STD, MLP, Embedding, HeadRMSNorm, Hidden, RMSNorm, normal
 from lcx.models.params import param
 from lcx.models.remat import REMAT_NAMES, remat_policy
 from lcx.models.rotary import RopeConfig, apply_rope, rope, rope_cos_sin, rope_frequencies
@@ -56,6 +57,7 @@ __all__ = [
     "Attention",
     "Block",
     "Embedding",
+    "HeadRMSNorm",
     "LayerOptions",
     "Llama",
     "RMSNorm",
@@ -67,55 +69,18 @@ __all__ = [
 ]
 from lcx.sharding import MeshPlan
 
-_INIT_STD = 0.02
-
 PerToken: TypeAlias = Int[Array, "B T"]
 """int32 ``[B, T]``, one value per token: token ids, global positions or segment ids."""
 
-Hidden: TypeAlias = Float[Array, "B T D"]
-"""The residual stream ``[B, T, D]`` a block reads and writes."""
 
-
-def _normal(key: PRNGKeyArray, shape: tuple[int, ...], std: float, dtype) -> Array:
-    return std * jax.random.normal(key, shape, dtype)
+def _plus(x: Array, bias: Array | None) -> Array:
+    """``x + bias`` (broadcast over the leading axes), or ``x`` for a module without the bias."""
+    return x if bias is None else x + bias
 
 
 def _cast(tree: PyTree, dtype) -> PyTree:
     """Floating-point arrays of ``tree`` cast to ``dtype`` (master weights -> compute dtype)."""
     return jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree)
-
-
-class RMSNorm(eqx.Module):
-    """Root-mean-square layer norm with a learned gain (Zhang & Sennrich 2019, arXiv:1910.07467).
-
-    Computed in float32 whatever the input dtype; returns the input dtype.
-    """
-
-    weight: Float[Array, " D"] = eqx.field(metadata=param("embed", role="norm"))
-    eps: float = eqx.field(static=True)
-
-    def __init__(self, d_model: int, *, eps: float, dtype=jnp.float32):
-        self.weight = jnp.ones((d_model,), dtype)
-        self.eps = eps
-
-    def __call__(self, x: Float[Array, "*b D"]) -> Float[Array, "*b D"]:
-        with jax.named_scope("lcx.RMSNorm"):
-            x32 = x.astype(jnp.float32)
-            y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + jnp.float32(self.eps))
-            return (y * self.weight.astype(jnp.float32)).astype(x.dtype)
-
-
-class Embedding(eqx.Module):
-    """Token embedding table ``[V, D]``; also the output head when embeddings are tied."""
-
-    weight: Float[Array, "V D"] = eqx.field(metadata=param("vocab", "embed", role="embedding"))
-
-    def __init__(self, vocab_size: int, d_model: int, *, key: PRNGKeyArray, dtype=jnp.float32):
-        self.weight = _normal(key, (vocab_size, d_model), _INIT_STD, dtype)
-
-    def __call__(self, tokens: Int[Array, "*b T"]) -> Float[Array, "*b T D"]:
-        with jax.named_scope("lcx.Embedding"):
-            return jnp.take(self.weight, tokens, axis=0)
 
 
 class LayerOptions(NamedTuple):
@@ -146,18 +111,31 @@ class Attention(eqx.Module):
     wv: Float[Array, "D K H"] = eqx.field(metadata=param("embed", "kv_heads", "head_dim", role="weight"))
     wo: Float[Array, "N H D"] = eqx.field(metadata=param("heads", "head_dim", "embed", role="weight"))
     sinks: Float[Array, " N"] | None = eqx.field(metadata=param("heads", role="sink"))
+    bq: Float[Array, "N H"] | None = eqx.field(metadata=param("heads", "head_dim", role="bias"))
+    bk: Float[Array, "K H"] | None = eqx.field(metadata=param("kv_heads", "head_dim", role="bias"))
+    bv: Float[Array, "K H"] | None = eqx.field(metadata=param("kv_heads", "head_dim", role="bias"))
+    q_norm: HeadRMSNorm | None
+    k_norm: HeadRMSNorm | None
+    q_scale: float = eqx.field(static=True)
 
     def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):
         D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         dt = jnp.dtype(cfg.param_dtype)
         kq, kk, kv, ko = jax.random.split(key, 4)
-        self.wq = _normal(kq, (D, N, H), _INIT_STD, dt)
-        self.wk = _normal(kk, (D, K, H), _INIT_STD, dt)
-        self.wv = _normal(kv, (D, K, H), _INIT_STD, dt)
+        self.wq = normal(kq, (D, N, H), INIT_STD, dt)
+        self.wk = normal(kk, (D, K, H), INIT_STD, dt)
+        self.wv = normal(kv, (D, K, H), INIT_STD, dt)
         # residual-branch outputs scaled by 1/sqrt(2L) so the residual variance stays O(1) in depth
-        self.wo = _normal(ko, (N, H, D), _INIT_STD / math.sqrt(2 * cfg.n_layers), dt)
+        self.wo = normal(ko, (N, H, D), INIT_STD / math.sqrt(2 * cfg.n_layers), dt)
         # zero sink logits: the sink starts as one extra key of logit 0 (value 0) per head
         self.sinks = jnp.zeros((N,), dt) if cfg.has_sinks else None
+        bias = cfg.attention_bias
+        self.bq, self.bk, self.bv = (jnp.zeros(shape, dt) if bias else None for shape in ((N, H), (K, H), (K, H)))
+        norm = functools.partial(HeadRMSNorm, H, eps=cfg.norm_eps, offset=cfg.norm_gain_offset, dtype=dt)
+        self.q_norm, self.k_norm = (norm(), norm()) if cfg.qk_norm else (None, None)
+        # the kernels scale logits by H ** -0.5; another scale is folded into q (1.0: none)
+        qpas = cfg.query_pre_attn_scalar
+        self.q_scale = 1.0 if qpas is None or qpas == H else math.sqrt(H / qpas)
 
     def __call__(
         self, x: Hidden, positions: PerToken, segment_ids: PerToken, *, layer: LayerOptions, plan: MeshPlan
@@ -174,64 +152,56 @@ class Attention(eqx.Module):
         with jax.named_scope("lcx.Attention"):
             # named for remat: custom (model.remat_qkv); the identity otherwise
             with jax.named_scope("qkv_proj"):
-                q = jnp.einsum("BTD,DNH->BTNH", x, self.wq)
-                k = jnp.einsum("BSD,DKH->BSKH", x, self.wk)
+                q = _plus(jnp.einsum("BTD,DNH->BTNH", x, self.wq), self.bq)
+                k = _plus(jnp.einsum("BSD,DKH->BSKH", x, self.wk), self.bk)
+                v = _plus(jnp.einsum("BSD,DKH->BSKH", x, self.wv), self.bv)
+                if self.q_norm is not None and self.k_norm is not None:
+                    q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3, Gemma 3)
                 if rope is not None:
                     # exact phases from a float64 host table, shared by q and k (lcx.models.rotary)
                     cos, sin = rope_cos_sin(positions, rope)
                     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+                if self.q_scale != 1.0:
+                    q = q * jnp.asarray(self.q_scale, q.dtype)
                 q, k = checkpoint_name(q, "query"), checkpoint_name(k, "key")
-                v = checkpoint_name(jnp.einsum("BSD,DKH->BSKH", x, self.wv), "value")
+                v = checkpoint_name(v, "value")
             s = self.sinks if sinks else None
             o = attention(q, k, v, plan=plan, mask=mask, positions=positions, segment_ids=segment_ids, sinks=s)
             with jax.named_scope("o_proj"):
                 return jnp.einsum("BTNH,NHD->BTD", o, self.wo)
 
 
-class MLP(eqx.Module):
-    """SwiGLU feed-forward ``w_down(silu(x w_gate) * (x w_up))`` (Shazeer 2020, arXiv:2002.05202)."""
-
-    w_gate: Float[Array, "D F"] = eqx.field(metadata=param("embed", "mlp", role="weight"))
-    w_up: Float[Array, "D F"] = eqx.field(metadata=param("embed", "mlp", role="weight"))
-    w_down: Float[Array, "F D"] = eqx.field(metadata=param("mlp", "embed", role="weight"))
-
-    def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):
-        D, F = cfg.d_model, cfg.mlp_dim
-        dt = jnp.dtype(cfg.param_dtype)
-        kg, ku, kd = jax.random.split(key, 3)
-        self.w_gate = _normal(kg, (D, F), _INIT_STD, dt)
-        self.w_up = _normal(ku, (D, F), _INIT_STD, dt)
-        self.w_down = _normal(kd, (F, D), _INIT_STD / math.sqrt(2 * cfg.n_layers), dt)
-
-    def __call__(self, x: Hidden) -> Hidden:
-        with jax.named_scope("lcx.MLP"):
-            h = jax.nn.silu(jnp.einsum("BTD,DF->BTF", x, self.w_gate)) * jnp.einsum("BTD,DF->BTF", x, self.w_up)
-            return jnp.einsum("BTF,FD->BTD", h, self.w_down)
-
-
 class Block(eqx.Module):
-    """One pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+    """One pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; with
+    ``post_norms`` (Gemma 2/3) ``x + post(attn(norm(x)))``, then ``x + post(mlp(norm(x)))``."""
 
     attn_norm: RMSNorm
     attn: Attention
     mlp_norm: RMSNorm
     mlp: MLP
+    attn_post_norm: RMSNorm | None
+    mlp_post_norm: RMSNorm | None
 
     def __init__(self, cfg: ModelConfig, *, key: PRNGKeyArray):
         ka, km = jax.random.split(key)
-        dt = jnp.dtype(cfg.param_dtype)
-        self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dt)
+        norm = functools.partial(
+            RMSNorm, cfg.d_model, eps=cfg.norm_eps, offset=cfg.norm_gain_offset, dtype=jnp.dtype(cfg.param_dtype)
+        )
+        self.attn_norm = norm()
         self.attn = Attention(cfg, key=ka)
-        self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dt)
+        self.mlp_norm = norm()
         self.mlp = MLP(cfg, key=km)
+        self.attn_post_norm, self.mlp_post_norm = (norm(), norm()) if cfg.post_norms else (None, None)
 
     def __call__(
         self, x: Hidden, positions: PerToken, segment_ids: PerToken, *, layer: LayerOptions, plan: MeshPlan
     ) -> Hidden:
         """One layer of a kind (``layer``: :meth:`Llama.layer_options` of the model's kind)."""
         with jax.named_scope("lcx.Block"):
-            x = x + self.attn(self.attn_norm(x), positions, segment_ids, layer=layer, plan=plan)
-            return x + self.mlp(self.mlp_norm(x))
+            a = self.attn(self.attn_norm(x), positions, segment_ids, layer=layer, plan=plan)
+            x = x + (a if self.attn_post_norm is None else self.attn_post_norm(a))
+            m = self.mlp(self.mlp_norm(x))
+            return x + (m if self.mlp_post_norm is None else self.mlp_post_norm(m))
 
 
 class Llama(eqx.Module):
@@ -254,8 +224,8 @@ class Llama(eqx.Module):
         dt = jnp.dtype(cfg.param_dtype)
         self.embed = Embedding(cfg.vocab_size, cfg.d_model, key=ke, dtype=dt)
         self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(jax.random.split(kb, cfg.n_layers))
-        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dt)
-        self.head = None if cfg.tie_embeddings else _normal(kh, (cfg.d_model, cfg.vocab_size), _INIT_STD, dt)
+        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, offset=cfg.norm_gain_offset, dtype=dt)
+        self.head = None if cfg.tie_embeddings else normal(kh, (cfg.d_model, cfg.vocab_size), INIT_STD, dt)
         self.config = cfg
 
     @property
@@ -305,6 +275,8 @@ class Llama(eqx.Module):
             cfg = self.config
             dtype = jnp.dtype(cfg.dtype)
             x = self.embed(tokens).astype(dtype)
+            if cfg.scale_embeddings:  # Gemma: sqrt(D), rounded to the compute dtype first
+                x = x * jnp.asarray(math.sqrt(cfg.d_model), dtype)
             x = plan.constrain(x, ("batch", "seq", "embed"))
 
             dynamic, static = eqx.partition(self.blocks, eqx.is_array)

@@ -28,6 +28,9 @@ elementwise float32 operations per (token, frequency), negligible next to attent
 Scaling methods (``RopeConfig.scaling_type``):
 
 - ``None``: plain RoPE (Su et al., RoFormer, arXiv:2104.09864).
+- ``"linear"``: position interpolation (Chen et al. 2023, arXiv:2306.15595; transformers'
+  ``_compute_linear_scaling_rope_parameters``): every frequency divided by the factor (Gemma 3's
+  global layers, factor 8).
 - ``"llama3"``: Llama 3.1 (Meta llama-models ``apply_scaling``; Hugging Face
   ``_compute_llama3_parameters``): wavelengths longer than ``original_max_len / low_freq_factor``
   are stretched by ``factor``, those shorter than ``original_max_len / high_freq_factor`` are
@@ -52,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-ROPE_SCALING_TYPES: tuple[str | None, ...] = (None, "llama3", "yarn")
+ROPE_SCALING_TYPES: tuple[str | None, ...] = (None, "linear", "llama3", "yarn")
 
 _DIGIT_BITS = 8  # position digits: 4 x 8 bits cover every int32
 _N_DIGITS = 4
@@ -69,7 +72,8 @@ class RopeConfig:
     Attributes:
       head_dim: H, features per head (even); H/2 rotated pairs.
       theta: base wavelength.
-      scaling_type: None, ``"llama3"`` or ``"yarn"`` (module docstring).
+      scaling_type: None, ``"linear"`` (position interpolation: every frequency divided by the
+        factor), ``"llama3"`` or ``"yarn"`` (module docstring).
       factor: context stretch factor s (>= 1) for the scaled types; None for plain RoPE.
       original_max_len: tokens the unscaled model was trained at.
       low_freq_factor, high_freq_factor: Llama 3.1 band edges (Meta's defaults 1 and 4).
@@ -110,6 +114,10 @@ class RopeConfig:
         assert self.factor is not None  # __post_init__: a scaling type needs a factor
         s = float(self.factor)
         L = float(self.original_max_len)
+        if self.scaling_type == "linear":
+            # position interpolation (Chen et al. 2023, arXiv:2306.15595): every frequency / s;
+            # transformers' "linear" rope_type (Gemma 3's global layers, factor 8)
+            return freq / s
         if self.scaling_type == "llama3":
             ratio = L * freq / (2 * math.pi)  # = original_max_len / wavelength
             lo, hi = float(self.low_freq_factor), float(self.high_freq_factor)
