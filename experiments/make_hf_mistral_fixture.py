@@ -1,5 +1,5 @@
 """Generate tests/fixtures/hf_tiny_{mistral,llama_tied}/: random transformers MistralForCausalLM
-(sliding window 8, sequence 24) and LlamaForCausalLM (tied embeddings) with their reference
+(sliding window 8, sequence 64) and LlamaForCausalLM (tied embeddings) with their reference
 logits, for tests/test_hf_mistral.py (which needs neither torch nor transformers).
 
 Run only when the fixtures must change, where torch and transformers are installed (not lcx's
@@ -11,12 +11,13 @@ dependencies):
 
 Made with torch 2.13.0+cpu and transformers 5.25.0 (VERSIONS.json). Each directory (~100 KB):
 ``config.json`` + ``model.safetensors`` from ``save_pretrained`` (float32), ``tokens.npy`` /
-``positions.npy`` (int32 ``[2, 24]``: row 0 at positions 0..23, row 1 at 40..63; transformers
+``positions.npy`` (int32 ``[2, 64]``: row 0 at positions 0..63, row 1 at 40..103; transformers
 masks by index and lcx by position, equal for increasing rows) and ``logits.npy`` (float32
-``[2, 24, 128]``, the model run in float64 with eager attention). Both models: vocab 128, hidden
+``[2, 64, 128]``, the model run in float64 with eager attention; 64 tokens split into 8 shards of
+8 for the context-parallel parity test of tests/test_hf_families.py). Both models: vocab 128, hidden
 32, 2 layers, 4 query heads and 2 KV heads of 8 (GQA), MLP 64, weights normal(0, 0.2), RMSNorm
 gains 1 + 0.2 normal (so a swapped gain or a transposed projection cannot match). Mistral's
-window of 8 makes 16 of 24 positions see a truncated context: a model that ignored the window,
+window of 8 makes 56 of 64 positions see a truncated context: a model that ignored the window,
 or placed it one token off, differs at those positions by far more than the tolerance.
 """
 
@@ -61,8 +62,8 @@ def make(name: str, seed: int) -> None:
     model.save_pretrained(out)
     (out / "generation_config.json").unlink(missing_ok=True)
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, DIMS["vocab_size"], (2, 24)).astype(np.int32)
-    positions = np.stack([np.arange(24), 40 + np.arange(24)]).astype(np.int32)
+    tokens = rng.integers(0, DIMS["vocab_size"], (2, 64)).astype(np.int32)
+    positions = np.stack([np.arange(64), 40 + np.arange(64)]).astype(np.int32)
     np.save(out / "tokens.npy", tokens)
     np.save(out / "positions.npy", positions)
     m = model.double()

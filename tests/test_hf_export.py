@@ -16,7 +16,8 @@ from safetensors import safe_open
 
 import lcx.models as lm
 from lcx.models.hf import load_hf_llama
-from lcx.models.hf_config import HFExportError, HFImportError, hf_config, to_hf_config
+from lcx.models.hf_config import HFExportError, HFImportError, hf_config
+from lcx.models.hf_export import to_hf_config
 from lcx.models.kinds import parse_layer_pattern
 from lcx.sharding import Plan, bind
 

@@ -1,14 +1,18 @@
-"""Equinox Llama family: configs and presets, layer kinds, modules, parameter metadata (logical axes and
-weight-decay roles), parameter shardings."""
+"""Equinox decoder for the Llama, Mistral, Qwen2.5, Qwen3 and Gemma 3 families: configs and presets,
+layer kinds, family options, modules, parameter metadata (logical axes and weight-decay roles),
+parameter shardings, Hugging Face import (:func:`from_pretrained`) and export (:func:`save_pretrained`)."""
 
 from lcx.models.config import DTYPES, PRESETS, REMAT_POLICIES, ModelConfig, preset
-from lcx.models.hf_export import save_pretrained
+from lcx.models.hf import from_pretrained
+from lcx.models.hf_config import hf_config
+from lcx.models.hf_export import save_pretrained, to_hf_config
 from lcx.models.kinds import KINDS, LayerKind
 from lcx.models.llama import (
     MLP,
     Attention,
     Block,
     Embedding,
+    HeadRMSNorm,
     Llama,
     RMSNorm,
     init_model,
@@ -26,6 +30,9 @@ __all__ = [
     "decay_mask",
     "DTYPES",
     "Embedding",
+    "from_pretrained",
+    "hf_config",
+    "HeadRMSNorm",
     "init_model",
     "init_sharded",
     "KINDS",
@@ -51,4 +58,5 @@ __all__ = [
     "RopeConfig",
     "save_pretrained",
     "shard_model",
+    "to_hf_config",
 ]

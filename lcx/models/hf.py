@@ -1,4 +1,6 @@
-"""Import Hugging Face Llama and Mistral checkpoints (``config.json`` + ``*.safetensors``) into :class:`Llama`.
+"""Import Hugging Face checkpoints (``config.json`` + ``*.safetensors``) of the families of
+:mod:`lcx.models.hf_families` (Llama, Mistral, Qwen2.5, Qwen3, Gemma 3) into lcx's decoder
+(:class:`Llama`): :func:`from_pretrained`.
 
 Every parameter is created directly in its shards: ``jax.make_array_from_callback`` asks, per
 device, for the slice of the global array that device holds under the plan, and the callback
@@ -22,20 +24,33 @@ axis; ``W`` is the HF ``nn.Linear`` weight ``[out, in]``):
 ``model.layers.{l}.mlp.down_proj.weight``  ``[D, F]``           ``blocks.mlp.w_down [L, F, D]``
 ``model.norm.weight``                      ``[D]``              ``final_norm.weight [D]``
 ``lm_head.weight``                         ``[V, D]``           ``head [D, V]`` (absent when tied)
+``model.layers.{l}.self_attn.q_proj.bias``   ``[N*H]``          ``blocks.attn.bq [L, N, H]`` (Qwen2.5)
+``model.layers.{l}.self_attn.k_proj.bias``   ``[K*H]``          ``blocks.attn.bk [L, K, H]`` (Qwen2.5)
+``model.layers.{l}.self_attn.v_proj.bias``   ``[K*H]``          ``blocks.attn.bv [L, K, H]`` (Qwen2.5)
+``model.layers.{l}.self_attn.q_norm.weight`` ``[H]``            ``blocks.attn.q_norm.weight [L, H]``
+``model.layers.{l}.self_attn.k_norm.weight`` ``[H]``            ``blocks.attn.k_norm.weight [L, H]``
 =============================================================  =====================================
+
+With ``post_norms`` (Gemma 3) ``post_attention_layernorm`` is the attention output's norm
+(``blocks.attn_post_norm``), and ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``
+are ``blocks.mlp_norm`` / ``blocks.mlp_post_norm``. Gemma's ``(1 + w)`` gains are stored as
+``w`` on both sides (``ModelConfig.norm_gain_offset``). A multimodal Gemma 3 checkpoint keeps the
+language model under ``model.language_model.`` (transformers 5) or ``language_model.model.``
+(the original checkpoints); its vision tensors are not read.
 
 RoPE needs no permutation: Hugging Face's Llama weights are already in the "rotate half" layout
 (the conversion from Meta's interleaved checkpoints permutes q/k rows once), which pairs feature
 ``i`` with ``i + H/2`` exactly as :func:`lcx.models.rope` does.
 
-Config mapping: :func:`lcx.models.hf_config.hf_config` (Llama and Mistral; every key of
-``config.json`` mapped, checked to be a no-op, or refused). Export, the inverse:
+Config mapping: :func:`lcx.models.hf_config.hf_config` (every key of ``config.json`` mapped,
+checked to be a no-op, or refused). Export, the inverse:
 :mod:`lcx.models.hf_export`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -50,10 +65,11 @@ import numpy as np
 from safetensors import safe_open
 
 from lcx.models.config import ModelConfig
-from lcx.models.hf_config import HFImportError, hf_config
+from lcx.models.hf_config import HFImportError, hf_config, read_config, text_model
+from lcx.models.hf_families import Multimodal
 from lcx.models.llama import Llama, init_model
 from lcx.models.sharding import model_shardings
-from lcx.sharding import MeshPlan
+from lcx.sharding import MeshPlan, Plan, bind
 
 # names present in some checkpoints that carry no parameter (recomputed buffers)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -112,13 +128,13 @@ class _Source:
 
 
 def _sources(cfg: ModelConfig) -> dict[str, _Source]:
+    """lcx leaf path -> its Hugging Face tensor, for the family options of ``cfg`` (module table)."""
     D, N, K, H, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim, cfg.vocab_size
     lay = "model.layers.{l}."
     s = {
         ".embed.weight": _Source("model.embed_tokens.weight", (V,), (D,), (0, 1), False),
         ".final_norm.weight": _Source("model.norm.weight", (D,), (), (0,), False),
         ".blocks.attn_norm.weight": _Source(lay + "input_layernorm.weight", (D,), (), (0,), True),
-        ".blocks.mlp_norm.weight": _Source(lay + "post_attention_layernorm.weight", (D,), (), (0,), True),
         # [N*H, D] viewed [N, H, D] -> [D, N, H]
         ".blocks.attn.wq": _Source(lay + "self_attn.q_proj.weight", (N, H), (D,), (2, 0, 1), True),
         ".blocks.attn.wk": _Source(lay + "self_attn.k_proj.weight", (K, H), (D,), (2, 0, 1), True),
@@ -129,6 +145,20 @@ def _sources(cfg: ModelConfig) -> dict[str, _Source]:
         ".blocks.mlp.w_up": _Source(lay + "mlp.up_proj.weight", (F,), (D,), (1, 0), True),
         ".blocks.mlp.w_down": _Source(lay + "mlp.down_proj.weight", (D,), (F,), (1, 0), True),
     }
+    norm = functools.partial(_Source, rows_shape=(D,), cols_shape=(), perm=(0,), stacked=True)
+    if cfg.post_norms:  # Gemma 2/3: post_attention_layernorm is the attention output's norm
+        s[".blocks.attn_post_norm.weight"] = norm(lay + "post_attention_layernorm.weight")
+        s[".blocks.mlp_norm.weight"] = norm(lay + "pre_feedforward_layernorm.weight")
+        s[".blocks.mlp_post_norm.weight"] = norm(lay + "post_feedforward_layernorm.weight")
+    else:  # Llama: post_attention_layernorm is the MLP's input norm
+        s[".blocks.mlp_norm.weight"] = norm(lay + "post_attention_layernorm.weight")
+    if cfg.attention_bias:  # [N*H] viewed [N, H]
+        s[".blocks.attn.bq"] = _Source(lay + "self_attn.q_proj.bias", (N, H), (), (0, 1), True)
+        s[".blocks.attn.bk"] = _Source(lay + "self_attn.k_proj.bias", (K, H), (), (0, 1), True)
+        s[".blocks.attn.bv"] = _Source(lay + "self_attn.v_proj.bias", (K, H), (), (0, 1), True)
+    if cfg.qk_norm:
+        s[".blocks.attn.q_norm.weight"] = _Source(lay + "self_attn.q_norm.weight", (H,), (), (0,), True)
+        s[".blocks.attn.k_norm.weight"] = _Source(lay + "self_attn.k_norm.weight", (H,), (), (0,), True)
     if not cfg.tie_embeddings:
         s[".head"] = _Source("lm_head.weight", (V,), (D,), (1, 0), False)
     return s
@@ -179,7 +209,9 @@ def _callback(files: _Files, src: _Source, global_shape: tuple[int, ...], dtype)
     return read
 
 
-def _check_names_and_shapes(files: _Files, cfg: ModelConfig, sources: Mapping[str, _Source]) -> None:
+def _check_names_and_shapes(
+    files: _Files, cfg: ModelConfig, sources: Mapping[str, _Source], other: tuple[str, ...] = ()
+) -> None:
     expected: dict[str, tuple[int, ...]] = {}
     for src in sources.values():
         stored = (math.prod(src.rows_shape),) + ((math.prod(src.cols_shape),) if src.cols_shape else ())
@@ -187,12 +219,16 @@ def _check_names_and_shapes(files: _Files, cfg: ModelConfig, sources: Mapping[st
             expected[src.name.format(l=l)] = stored
     missing = sorted(set(expected) - set(files.where))
     if missing:
-        hint = " (the config says tie_word_embeddings=false)" if "lm_head.weight" in missing else ""
+        hint = (
+            " (the config says tie_word_embeddings=false)" if any(m.endswith("lm_head.weight") for m in missing) else ""
+        )
         raise HFImportError(f"{len(missing)} tensors missing from {files.directory}: {', '.join(missing[:5])}{hint}")
-    extra = sorted(k for k in set(files.where) - set(expected) if not k.endswith(_IGNORED_SUFFIXES))
+    extra = sorted(
+        k for k in set(files.where) - set(expected) if not k.endswith(_IGNORED_SUFFIXES) and not k.startswith(other)
+    )
     if extra:
         raise HFImportError(
-            f"{len(extra)} tensors in {files.directory} have no place in lcx's Llama: {', '.join(extra[:5])}"
+            f"{len(extra)} tensors in {files.directory} have no place in lcx's {cfg.name} model: {', '.join(extra[:5])}"
         )
     for name, shape in expected.items():
         got = files.shape(name)
@@ -200,14 +236,38 @@ def _check_names_and_shapes(files: _Files, cfg: ModelConfig, sources: Mapping[st
             raise HFImportError(f"{name} has shape {list(got)} but config.json implies {list(shape)}")
 
 
-def load_hf_llama(path: str | os.PathLike, plan: MeshPlan, **overrides: Any) -> tuple[Llama, ModelConfig]:
-    """A Hugging Face Llama checkpoint as an lcx :class:`Llama`, sharded by ``plan``.
+def _language_model(files: _Files, sources: dict[str, _Source], mm: Multimodal) -> dict[str, _Source]:
+    """``sources`` renamed to where a multimodal checkpoint keeps its language model."""
+    for prefix, head in mm.prefixes:
+        if prefix + "embed_tokens.weight" in files.where:
+            return {
+                p: dataclasses.replace(
+                    s, name=head if s.name == "lm_head.weight" else prefix + s.name.removeprefix("model.")
+                )
+                for p, s in sources.items()
+            }
+    tried = ", ".join(p + "embed_tokens.weight" for p, _ in mm.prefixes)
+    raise HFImportError(f"{files.directory} holds no language model: none of {tried}")
+
+
+def single_device_plan() -> MeshPlan:
+    """The plan of ``plan=None``: one device (the first), everything replicated."""
+    return bind(Plan(mesh=(("data", 1),), activations={"batch": "data"}), jax.devices()[:1])
+
+
+def from_pretrained(
+    path: str | os.PathLike, plan: MeshPlan | None = None, **overrides: Any
+) -> tuple[Llama, ModelConfig]:
+    """A Hugging Face checkpoint of a family lcx implements (:mod:`lcx.models.hf_families`) as an
+    lcx model, sharded by ``plan``.
 
     Args:
       path: directory with ``config.json`` and ``*.safetensors`` (one file, or shards with
-        ``model.safetensors.index.json``).
+        ``model.safetensors.index.json``). A multimodal Gemma 3 checkpoint loads its language
+        model (the vision tower is not read).
       plan: bound plan; each parameter is placed by its parameter rules
-        (:func:`lcx.models.model_shardings`), each device reading only its own slice.
+        (:func:`lcx.models.model_shardings`), each device reading only its own slice. None: one
+        device (:func:`single_device_plan`).
       **overrides: :class:`ModelConfig` fields on top of ``config.json`` (:func:`hf_config`),
         e.g. ``dtype="bfloat16"``, ``param_dtype="bfloat16"``, ``remat="full"``.
 
@@ -216,17 +276,21 @@ def load_hf_llama(path: str | os.PathLike, plan: MeshPlan, **overrides: Any) -> 
       default, so BF16 checkpoints load exactly).
 
     Raises:
-      HFImportError: unsupported config, missing / unexpected tensors, or wrong shapes; checked
-        before any tensor data is read.
+      HFImportError: unsupported config, missing / unexpected tensors, or wrong shapes (name,
+        expected, got); checked before any tensor data is read.
       PlanError: the plan cannot shard this model (e.g. a dimension its mesh axes do not divide).
       FileNotFoundError: no config.json or safetensors files.
     """
     directory = pathlib.Path(path)
+    plan = single_device_plan() if plan is None else plan
+    _, _, mm = text_model(read_config(directory)[0])
     cfg = hf_config(directory, **overrides)
     plan.plan.validate(plan.n_devices, dims=cfg.dims())
     files = _Files(directory)
     sources = _sources(cfg)
-    _check_names_and_shapes(files, cfg, sources)
+    if mm is not None:
+        sources = _language_model(files, sources, mm)
+    _check_names_and_shapes(files, cfg, sources, mm.other if mm is not None else ())
 
     abstract = eqx.filter_eval_shape(init_model, cfg, key=jax.random.key(0))
     shardings = model_shardings(abstract, plan)
@@ -245,4 +309,9 @@ def load_hf_llama(path: str | os.PathLike, plan: MeshPlan, **overrides: Any) -> 
     return jax.tree_util.tree_unflatten(treedef, out), cfg
 
 
-__all__ = ["HFImportError", "hf_config", "load_hf_llama"]
+def load_hf_llama(path: str | os.PathLike, plan: MeshPlan, **overrides: Any) -> tuple[Llama, ModelConfig]:
+    """:func:`from_pretrained` with a plan (the name of lcx's first, Llama-only import)."""
+    return from_pretrained(path, plan, **overrides)
+
+
+__all__ = ["HFImportError", "from_pretrained", "hf_config", "load_hf_llama", "single_device_plan"]

@@ -1,31 +1,41 @@
-"""``config.json`` <-> :class:`ModelConfig` for Hugging Face Llama and Mistral, both directions.
+"""``config.json`` -> :class:`ModelConfig` for the Hugging Face families of :mod:`lcx.models.hf_families`.
 
 Every key of ``config.json`` is one of three things (:func:`hf_config` checks them all; nothing
 is silently ignored):
 
-- **mapped** (:data:`MAPPED`): hidden_size -> d_model, num_hidden_layers -> n_layers,
-  num_attention_heads -> n_heads, num_key_value_heads -> n_kv_heads, head_dim (default
-  hidden_size / heads), intermediate_size -> mlp_dim, rms_norm_eps -> norm_eps,
-  tie_word_embeddings -> tie_embeddings, vocab_size, RoPE (transformers 4.x ``rope_theta`` +
-  ``rope_scaling`` or 5.x ``rope_parameters``; types ``default``/``llama3``/``yarn``) and, for
-  Mistral only, ``sliding_window`` -> a uniform sliding model;
-- **checked to be a no-op** (:data:`NO_OP`): a value lcx's model equals by construction
-  (``hidden_act: silu``, ``attention_bias: false``, ``mlp_bias: false``, ``pretraining_tp: 1``,
-  ``attention_dropout: 0.0``, ``partial_rotary_factor: 1``) — another value is refused;
-- **metadata** (:data:`METADATA`): keys that do not change the forward pass (token ids,
-  dtype, ``use_cache``, ``max_position_embeddings`` outside YaRN, ``initializer_range``,
-  generation defaults, ``transformers_version``, ...);
+- **mapped**: the common keys (:data:`~lcx.models.hf_families.COMMON_KEYS`: hidden_size ->
+  d_model, num_hidden_layers -> n_layers, num_attention_heads -> n_heads, num_key_value_heads ->
+  n_kv_heads, head_dim (default hidden_size / heads), intermediate_size -> mlp_dim, rms_norm_eps
+  -> norm_eps, tie_word_embeddings, vocab_size, RoPE) and the family's own (``Family.keys``:
+  windows and layer types, Gemma's local RoPE base and ``query_pre_attn_scalar``);
+- **checked to be a no-op** (``Family.no_op``): a value lcx's model equals by construction
+  (``hidden_act: silu``, ``attention_dropout: 0.0``, Gemma's null soft-caps, ...) — another
+  value is refused;
+- **metadata** (:data:`~lcx.models.hf_families.METADATA`): keys that do not change the forward
+  pass (token ids, dtype, ``use_cache``, generation defaults, provenance);
 
 and any other key is refused, naming it and its value.
 
-Sliding window (Mistral). transformers' ``sliding_window_overlay`` (masking_utils.py, 4.53+ and
-5.x) keeps key ``kv_idx`` for query ``q_idx`` iff ``kv_idx > q_idx - sliding_window``, i.e.
-``q_idx - kv_idx < sliding_window`` (and causal): exactly lcx's ``Mask(window=W)`` (visible iff
-``q_pos - k_pos < W``), so ``sliding_window: W`` maps to ``ModelConfig.sliding_window = W``
-unchanged (tests/test_hf_mistral.py checks the logits of a 40-token sequence with window 16).
-A Mistral config without the key has transformers' default window, 4,096; ``sliding_window:
-null`` is global attention. A ``model_type: llama`` config carrying a ``sliding_window`` is refused: LlamaForCausalLM
-ignores it in transformers, so lcx cannot tell which model the author meant.
+RoPE: transformers 4.x ``rope_theta`` + ``rope_scaling`` (Gemma 3 adds ``rope_local_base_freq``
+for its sliding layers, the scaling applying to the global ones) or 5.x ``rope_parameters``
+(one dict, or one per layer type); types ``default``, ``linear``, ``llama3`` and ``yarn``.
+
+Layers. Each layer is ``full_attention`` or ``sliding_attention``: transformers 5's
+``layer_types`` where given, else what the family derives (Mistral: every layer sliding; Qwen:
+sliding from layer ``max_window_layers`` on when ``use_sliding_window``; Gemma 3: every
+``sliding_window_pattern``-th layer global). One kind for all layers is a uniform model
+(``sliding_window`` set or not); mixed types become a ``layer_pattern``: the shortest period
+that, repeated with the remainder taking its first kinds, gives every layer's type (refused when
+none does). The model-level RoPE is the sliding layers' (else the global ones'); a kind whose
+RoPE differs overrides base, type and factor (:class:`~lcx.models.kinds.LayerKind`).
+
+Sliding window. transformers' ``sliding_window_overlay`` (masking_utils.py, 4.53+ and 5.x) keeps
+key ``kv_idx`` for query ``q_idx`` iff ``q_idx - kv_idx < sliding_window`` (and causal): exactly
+lcx's ``Mask(window=W)``, so the window maps unchanged (tests/test_hf_mistral.py and
+tests/test_hf_families.py check logits longer than the window). A Mistral config without the key
+has transformers' default window, 4,096; ``sliding_window: null`` is global attention. A
+``model_type: llama`` config carrying a ``sliding_window`` is refused: LlamaForCausalLM ignores
+it in transformers, so lcx cannot tell which model the author meant.
 """
 
 from __future__ import annotations
@@ -37,88 +47,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from lcx.models.config import ModelConfig
+from lcx.models.hf_families import (
+    ARCHITECTURES,
+    COMMON_KEYS,
+    FAMILIES,
+    METADATA,
+    MULTIMODAL,
+    Family,
+    Multimodal,
+)
+from lcx.models.kinds import LayerKind
 from lcx.models.rotary import yarn_mscale
 
-ARCHITECTURES: dict[str, str] = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
-"""Supported ``architectures`` entry -> its ``model_type``."""
-
-MISTRAL_DEFAULT_WINDOW = 4096
-"""``sliding_window`` of a Mistral ``config.json`` without the key (transformers' default)."""
-
-MAPPED: frozenset[str] = frozenset(
-    {
-        "architectures",
-        "model_type",
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "intermediate_size",
-        "rms_norm_eps",
-        "tie_word_embeddings",
-        "rope_theta",
-        "rope_scaling",
-        "rope_parameters",
-        "sliding_window",
-        "max_position_embeddings",  # read by YaRN when the factor is implied; metadata otherwise
-    }
-)
-"""Keys :func:`hf_config` reads into the :class:`ModelConfig`."""
-
-NO_OP: dict[str, Any] = {
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "mlp_bias": False,
-    "pretraining_tp": 1,
-    "attention_dropout": 0.0,
-    "partial_rotary_factor": 1.0,
-}
-"""Keys whose only accepted value (or null) is the one lcx's Llama computes; others are refused."""
-
-_WHY = {
-    "hidden_act": "lcx's MLP is SwiGLU (silu)",
-    "attention_bias": "lcx's Llama has no biases",
-    "mlp_bias": "lcx's Llama has no biases",
-    "pretraining_tp": "tensor-parallel slicing of the projections changes their rounding",
-    "attention_dropout": "lcx has no attention dropout",
-    "partial_rotary_factor": "lcx rotates every feature pair",
-}
-
-METADATA: frozenset[str] = frozenset(
-    {
-        "_name_or_path",
-        "transformers_version",
-        "torch_dtype",
-        "dtype",
-        "use_cache",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "initializer_range",
-        "output_attentions",
-        "output_hidden_states",
-        "return_dict",
-        "use_return_dict",
-        "id2label",
-        "label2id",
-        "tokenizer_class",
-        "max_length",
-        "min_length",
-        "do_sample",
-        "temperature",
-        "top_k",
-        "top_p",
-        "num_beams",
-        "repetition_penalty",
-        "auto_map",
-        "_attn_implementation_autoset",
-        "torchscript",
-    }
-)
-"""Keys that change nothing lcx computes (token ids, dtype of the stored weights, runtime and
-generation defaults, provenance)."""
+LAYER_TYPES: tuple[str, ...] = ("full_attention", "sliding_attention")
+"""transformers' ``layer_types`` values lcx implements (global and sliding-window layers)."""
 
 
 class HFImportError(ValueError):
@@ -126,28 +68,108 @@ class HFImportError(ValueError):
 
 
 class HFExportError(ValueError):
-    """An lcx model that Hugging Face Llama/Mistral cannot represent (the message says why)."""
+    """An lcx model that no Hugging Face family lcx writes can represent (the message says why)."""
 
 
-def _rope_params(hf: Mapping[str, Any]) -> dict[str, Any]:
-    """transformers 5 ``rope_parameters`` or 4.x ``rope_theta`` + ``rope_scaling``, as one dict."""
-    rp = dict(hf.get("rope_parameters") or {})
-    if rp and any(isinstance(v, Mapping) for v in rp.values()):
-        raise HFImportError("per-layer-type rope_parameters are not supported (one RoPE for all layers)")
-    out = rp if rp else dict(hf.get("rope_scaling") or {})
-    out.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
-    out["rope_type"] = out.get("rope_type", out.get("type")) or "default"
+# ------------------------------------------------------------------------------------------ family
+def read_config(path_or_config: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """``(config.json contents, model name)`` of a checkpoint directory, config path or dict."""
+    if isinstance(path_or_config, Mapping):
+        return dict(path_or_config), "hf"
+    p = pathlib.Path(path_or_config)
+    p = p / "config.json" if p.is_dir() else p
+    if not p.is_file():
+        raise FileNotFoundError(f"no config.json at {p}: give a Hugging Face checkpoint directory")
+    return json.loads(p.read_text()), f"hf:{p.parent.name}"
+
+
+def text_model(hf: Mapping[str, Any]) -> tuple[dict[str, Any], Family, Multimodal | None]:
+    """The language model's config, its :class:`Family` and, for a multimodal checkpoint, its
+    :class:`Multimodal` entry.
+
+    Raises:
+      HFImportError: an unknown or ambiguous architecture or model_type (the message lists the
+        supported ones), or a multimodal wrapper key lcx does not know.
+    """
+    archs = list(hf.get("architectures") or [])
+    supported = ", ".join([*ARCHITECTURES, *MULTIMODAL])
+    if len(archs) == 1 and archs[0] in MULTIMODAL:
+        mm = MULTIMODAL[archs[0]]
+        if hf.get("model_type", mm.model_type) != mm.model_type or not isinstance(hf.get("text_config"), Mapping):
+            raise HFImportError(
+                f"config.json has architectures {archs!r} but model_type={hf.get('model_type')!r} / no text_config; "
+                f"{archs[0]} checkpoints have model_type {mm.model_type!r} and a text_config"
+            )
+        for key, value in hf.items():
+            if key not in {"architectures", "model_type", "text_config"} | mm.keys | METADATA:
+                raise HFImportError(f"config.json key {key}={value!r} is not supported for {archs[0]}")
+        text = dict(hf["text_config"])
+        text.setdefault("model_type", mm.text_model_type)
+        text["architectures"] = [FAMILIES[mm.text_model_type].architecture]
+        _, fam, _ = text_model(text)
+        return text, fam, mm
+    unknown = [a for a in archs if a not in ARCHITECTURES]
+    if unknown or len(archs) > 1:
+        raise HFImportError(f"config.json has architectures={archs!r}; lcx imports one of {supported}")
+    mt = hf.get("model_type", ARCHITECTURES[archs[0]] if archs else "llama")
+    if mt not in FAMILIES or (archs and ARCHITECTURES[archs[0]] != mt):
+        known = ", ".join(f"{f.model_type!r} ({f.architecture})" for f in FAMILIES.values())
+        raise HFImportError(f"config.json has model_type={mt!r} (architectures {archs!r}); lcx imports {known}")
+    return dict(hf), FAMILIES[mt], None
+
+
+def _check_keys(hf: Mapping[str, Any], fam: Family) -> None:
+    """Refuse every key that is neither mapped, a no-op at its value, nor metadata."""
+    mt = fam.model_type
+    for key, value in hf.items():
+        if key in fam.no_op:
+            want, why = fam.no_op[key]
+            if value is not None and value != want:
+                raise HFImportError(f"config.json has {key}={value!r}; lcx's {mt} supports only {key}={want!r} ({why})")
+        elif key == "sliding_window" and not fam.windowed and value is not None:
+            raise HFImportError(
+                f"config.json has model_type={mt!r} with sliding_window={value!r}: transformers' {mt} ignores "
+                "the window, so the checkpoint is ambiguous; remove the key (global attention) or declare "
+                "model_type 'mistral' / architectures ['MistralForCausalLM'] (windowed)"
+            )
+        elif key not in COMMON_KEYS and key not in fam.keys and key not in METADATA:
+            raise HFImportError(
+                f"config.json key {key}={value!r} is not supported for {mt} (lcx neither maps it nor knows it to "
+                "be a no-op); remove it if it changes nothing, or use a model lcx implements"
+            )
+
+
+# ------------------------------------------------------------------------------------------ RoPE
+def _rope_by_type(hf: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """One RoPE parameter dict per layer type, with ``rope_theta`` and ``rope_type``."""
+    rp = hf.get("rope_parameters") or {}
+    if rp and all(isinstance(v, Mapping) for v in rp.values()):  # 5.x, per layer type (Gemma 3)
+        unknown = sorted(set(rp) - set(LAYER_TYPES))
+        if unknown:
+            raise HFImportError(f"rope_parameters for layer types {unknown}: lcx has {LAYER_TYPES}")
+        out = {t: dict(v) for t, v in rp.items()}
+    elif rp and any(isinstance(v, Mapping) for v in rp.values()):
+        raise HFImportError(f"rope_parameters={rp!r} mixes per-layer-type dicts and values")
+    else:
+        one = dict(rp) if rp else dict(hf.get("rope_scaling") or {})
+        one.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
+        out = {"full_attention": one, "sliding_attention": dict(one)}
+        if "rope_local_base_freq" in hf:  # Gemma 3 4.x: the sliding layers' base, never scaled
+            out["sliding_attention"] = {"rope_theta": hf["rope_local_base_freq"], "rope_type": "default"}
+    for v in out.values():
+        v["rope_type"] = v.get("rope_type", v.get("type")) or "default"
     return out
 
 
-def _rope_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
-    """The ModelConfig RoPE fields of ``config.json``. Raises HFImportError for what lcx lacks."""
-    rp = _rope_params(hf)
+def _rope_fields(rp: Mapping[str, Any], hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The ModelConfig RoPE fields of one RoPE parameter dict. Raises HFImportError for what lcx lacks."""
     if float(rp.get("partial_rotary_factor", 1.0) or 1.0) != 1.0:
         raise HFImportError("partial_rotary_factor != 1 is not supported (lcx rotates every feature pair)")
     kind = rp["rope_type"]
     rope: dict[str, Any] = {"rope_theta": float(rp["rope_theta"])}
-    if kind == "llama3":
+    if kind == "linear":
+        rope.update(rope_scaling_type="linear", rope_scaling_factor=float(rp["factor"]))
+    elif kind == "llama3":
         rope.update(
             rope_scaling_type="llama3",
             rope_scaling_factor=float(rp["factor"]),
@@ -173,50 +195,90 @@ def _rope_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
             rope_attention_factor=None if att is None else float(att),
         )
     elif kind != "default":
-        raise HFImportError(f"RoPE type {kind!r} is not supported; lcx has default, llama3 and yarn")
+        raise HFImportError(f"RoPE type {kind!r} is not supported; lcx has default, linear, llama3 and yarn")
     return rope
 
 
-def _check_keys(hf: Mapping[str, Any], model_type: str) -> None:
-    """Refuse every key that is neither mapped, a no-op at its value, nor metadata."""
-    for key, value in hf.items():
-        if key in NO_OP:
-            if value is not None and value != NO_OP[key]:
-                raise HFImportError(
-                    f"config.json has {key}={value!r}; lcx's {model_type} supports only {key}={NO_OP[key]!r} "
-                    f"({_WHY[key]})"
-                )
-        elif key == "sliding_window" and model_type != "mistral" and value is not None:
-            raise HFImportError(
-                f"config.json has model_type={model_type!r} with sliding_window={value!r}: transformers' "
-                f"{model_type} ignores the window, so the checkpoint is ambiguous; remove the key (global "
-                "attention) or declare model_type 'mistral' / architectures ['MistralForCausalLM'] (windowed)"
-            )
-        elif key not in MAPPED and key not in METADATA:
-            raise HFImportError(
-                f"config.json key {key}={value!r} is not supported for {model_type} (lcx neither maps it nor "
-                "knows it to be a no-op); remove it if it changes nothing, or use a model lcx implements"
-            )
+# ------------------------------------------------------------------------------------------ layers
+def _layer_types(hf: Mapping[str, Any], fam: Family, n_layers: int, window: int | None) -> list[str]:
+    """Each layer's type: ``layer_types`` if given, else the family's rule (module docstring)."""
+    if hf.get("layer_types") is not None:
+        lt = list(hf["layer_types"])
+        if len(lt) != n_layers:
+            raise HFImportError(f"layer_types has {len(lt)} entries for num_hidden_layers={n_layers}")
+        bad = sorted({t for t in lt if t not in LAYER_TYPES})
+        if bad:
+            raise HFImportError(f"layer_types {bad} are not supported; lcx implements {LAYER_TYPES}")
+        return lt
+    if window is None:
+        return ["full_attention"] * n_layers
+    if fam.model_type == "gemma3_text":
+        every = int(hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6)))
+        return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n_layers)]
+    if fam.model_type in ("qwen2", "qwen3"):
+        first = int(hf.get("max_window_layers") or 0)
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+    return ["sliding_attention"] * n_layers
 
 
-def _model_type(hf: Mapping[str, Any]) -> str:
-    archs = list(hf.get("architectures") or [])
-    supported = ", ".join(ARCHITECTURES)
-    unknown = [a for a in archs if a not in ARCHITECTURES]
-    if unknown or len(archs) > 1:
-        raise HFImportError(f"config.json has architectures={archs!r}; lcx imports one of {supported}")
-    mt = hf.get("model_type", ARCHITECTURES[archs[0]] if archs else "llama")
-    if mt not in ARCHITECTURES.values() or (archs and ARCHITECTURES[archs[0]] != mt):
+def _period(types: list[str]) -> list[str]:
+    """The shortest pattern that :func:`lcx.models.kinds.layer_kinds` repeats into ``types``."""
+    for P in range(1, len(types) + 1):
+        if all(t == types[i % P] for i, t in enumerate(types)):
+            return types[:P]
+    raise AssertionError("unreachable: the whole list is a period")  # pragma: no cover
+
+
+def _layers(hf: Mapping[str, Any], fam: Family, n_layers: int) -> dict[str, Any]:
+    """The ModelConfig fields of the layers: RoPE, and ``sliding_window`` or ``layer_pattern``."""
+    if fam.windowed:
+        window = hf.get("sliding_window", fam.window_default)
+        if fam.model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
+            window = None  # transformers' Qwen: the window applies only with use_sliding_window
+    else:
+        window = None
+    types = _layer_types(hf, fam, n_layers, window)
+    if "sliding_attention" in types and window is None:
         raise HFImportError(
-            f"config.json has model_type={mt!r} (architectures {archs!r}); lcx imports model_type "
-            f"'llama' (LlamaForCausalLM) and 'mistral' (MistralForCausalLM) ({supported})"
+            f"layer_types has sliding_attention layers but no sliding_window (use_sliding_window="
+            f"{hf.get('use_sliding_window')!r}, sliding_window={hf.get('sliding_window')!r}): transformers runs "
+            "them as global layers; make them full_attention, or set the window"
         )
-    return mt
+    ropes = {t: _rope_fields(rp, hf) for t, rp in _rope_by_type(hf).items() if t in types}
+    period = _period(types)
+    if len(set(period)) == 1:
+        only = ropes[period[0]]
+        return dict(only, sliding_window=None if period[0] == "full_attention" else int(window))  # type: ignore[arg-type]
+    # the model-level RoPE: an unscaled type's (a kind can add scaling, not remove it), sliding first
+    order = sorted(ropes, key=lambda t: (ropes[t].get("rope_scaling_type") is not None, t != "sliding_attention"))
+    model_rope = dict(ropes[order[0]])
+    for t in order[1:]:
+        rest = {k: v for k, v in ropes[t].items() if k not in _KIND_ROPE}
+        if model_rope.get("rope_scaling_type") and any(model_rope.get(k) != v for k, v in rest.items()):
+            raise HFImportError(
+                f"the RoPE of {t} layers {ropes[t]} and of {order[0]} layers {model_rope} differ beyond base, type "
+                "and factor; lcx's layer kinds override only those"
+            )
+        model_rope.update(rest)  # a scaled kind's ramp parameters live at model level
+    kinds = {}
+    for t, rope in ropes.items():
+        differs = {k: rope.get(k) for k in _KIND_ROPE if rope.get(k) != model_rope.get(k)}
+        if t == "sliding_attention":
+            kinds[t] = LayerKind("sliding", window=int(window), **differs)  # type: ignore[arg-type]
+        else:
+            kinds[t] = LayerKind("global", **differs)
+    return dict(model_rope, sliding_window=None, layer_pattern=tuple(kinds[t] for t in period))
 
 
+_KIND_ROPE = ("rope_theta", "rope_scaling_type", "rope_scaling_factor")
+"""The RoPE fields a :class:`~lcx.models.kinds.LayerKind` overrides."""
+
+
+# ------------------------------------------------------------------------------------------ entry
 def hf_config(path_or_config: str | os.PathLike | Mapping[str, Any], **overrides: Any) -> ModelConfig:
-    """The :class:`ModelConfig` of a Hugging Face Llama or Mistral ``config.json`` (a path to it,
-    to its directory, or the parsed dict).
+    """The :class:`ModelConfig` of a Hugging Face ``config.json`` of a family lcx implements (a
+    path to it, to its directory, or the parsed dict; a multimodal Gemma 3 config gives its
+    language model's).
 
     Args:
       path_or_config: checkpoint directory, ``config.json`` path, or its contents.
@@ -226,149 +288,50 @@ def hf_config(path_or_config: str | os.PathLike | Mapping[str, Any], **overrides
     Raises:
       HFImportError: an unknown architecture or model_type (the message lists the supported
         ones); a key lcx neither maps nor knows to be a no-op, or a no-op key at another value
-        (biases, another activation, another RoPE type, partial rotary, yarn ``truncate:
-        false``, a ``sliding_window`` on a llama config); or overrides asking for
-        ``attention_sinks`` (these checkpoints have none). The message names key and value.
+        (another activation, soft-capping, another RoPE type, partial rotary, a
+        ``sliding_window`` on a llama config, a layer type lcx lacks, layer types with no
+        period); a missing required key; or overrides asking for ``attention_sinks`` (these
+        checkpoints have none). The message names key and value.
+      FileNotFoundError: no config.json at the path.
     """
-    if isinstance(path_or_config, Mapping):
-        hf, name = dict(path_or_config), "hf"
-    else:
-        p = pathlib.Path(path_or_config)
-        p = p / "config.json" if p.is_dir() else p
-        hf, name = json.loads(p.read_text()), f"hf:{p.parent.name}"
-    mt = _model_type(hf)
-    _check_keys(hf, mt)
-    rope = _rope_fields(hf)
-    D, N = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-    # transformers' MistralConfig defaults sliding_window to 4096 (every version): an absent key is that
-    window = hf.get("sliding_window", MISTRAL_DEFAULT_WINDOW) if mt == "mistral" else None
+    raw, name = read_config(path_or_config)
+    hf, fam, _ = text_model(raw)
+    _check_keys(hf, fam)
+    hf = {**fam.defaults, **hf}
+    missing = [
+        k
+        for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+        if k not in hf
+    ]
+    if missing:
+        raise HFImportError(
+            f"config.json of {fam.model_type} lacks {missing} (transformers has no default lcx can use)"
+        )
+    D, N, L = int(hf["hidden_size"]), int(hf["num_attention_heads"]), int(hf["num_hidden_layers"])
     fields: dict[str, Any] = dict(
         name=name,
         vocab_size=int(hf["vocab_size"]),
         d_model=D,
-        n_layers=int(hf["num_hidden_layers"]),
+        n_layers=L,
         n_heads=N,
         n_kv_heads=int(hf.get("num_key_value_heads") or N),
         head_dim=int(hf.get("head_dim") or D // N),
         mlp_dim=int(hf["intermediate_size"]),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        sliding_window=None if window is None else int(window),
-        **rope,
+        **fam.options,
+        **_layers(hf, fam, L),
     )
+    if "query_pre_attn_scalar" in fam.keys and hf.get("query_pre_attn_scalar") is not None:
+        fields["query_pre_attn_scalar"] = float(hf["query_pre_attn_scalar"])
     fields.update(overrides)
     if fields.get("attention_sinks"):
         # zero sinks would change a pretrained model's outputs (every head gains a logit-0 key)
         raise HFImportError(
-            "attention_sinks=true: Hugging Face Llama checkpoints have no attention sinks; load without it "
-            "(attention_sinks=false)"
+            f"attention_sinks=true: Hugging Face {fam.architecture} checkpoints have no attention sinks; load "
+            "without it (attention_sinks=false)"
         )
     return ModelConfig(**fields)
 
 
-# ------------------------------------------------------------------------------------------ export
-def _export_rope(cfg: ModelConfig) -> dict[str, Any] | None:
-    """transformers 4.x ``rope_scaling`` (read by 5.x too) of ``cfg``, or None for plain RoPE."""
-    r = cfg.rope
-    if r.scaling_type is None and r.factor is None:
-        return None
-    stype = r.scaling_type or "llama3"
-    if stype == "llama3":
-        return {
-            "rope_type": "llama3",
-            "factor": float(r.factor),  # type: ignore[arg-type]
-            "original_max_position_embeddings": int(r.original_max_len),
-            "low_freq_factor": float(r.low_freq_factor),
-            "high_freq_factor": float(r.high_freq_factor),
-        }
-    out = {
-        "rope_type": "yarn",
-        "factor": float(r.factor),  # type: ignore[arg-type]
-        "original_max_position_embeddings": int(r.original_max_len),
-        "beta_fast": float(r.beta_fast),
-        "beta_slow": float(r.beta_slow),
-    }
-    if r.attention_factor is not None:
-        out["attention_factor"] = float(r.attention_factor)
-    return out
-
-
-def to_hf_config(
-    cfg: ModelConfig,
-    *,
-    torch_dtype: str,
-    max_position_embeddings: int | None = None,
-    bos_token_id: int | None = None,
-    eos_token_id: int | None = None,
-) -> dict[str, Any]:
-    """The ``config.json`` of ``cfg`` as transformers' LlamaForCausalLM (global attention) or
-    MistralForCausalLM (every layer sliding with one window): the inverse of :func:`hf_config`.
-
-    Args:
-      cfg: the model's configuration.
-      torch_dtype: the dtype the weights are stored in (``float32`` / ``bfloat16``).
-      max_position_embeddings: written as given; None: ``rope_original_max_len x factor`` for
-        scaled RoPE (what transformers derives YaRN's factor from), else ``rope_original_max_len``.
-      bos_token_id: the tokenizer's BOS id; None is written as null (not omitted, which would
-        give transformers' Llama default 1, wrong for most vocabularies).
-      eos_token_id: the tokenizer's EOS id; None is written as null (omitted: the default 2).
-
-    Raises:
-      HFExportError: a layer pattern or kind HF Llama/Mistral cannot express (mixed kinds,
-        chunked attention, NoPE layers, per-kind RoPE, attention sinks), naming it.
-    """
-    kinds = cfg.period_kinds
-    desc = [k.to_dict() for k in kinds]
-    if len(set(kinds)) != 1:
-        raise HFExportError(
-            f"layer pattern {desc} mixes kinds; Hugging Face Llama/Mistral configs have one kind for all layers"
-        )
-    k = kinds[0]
-    if k.kind == "chunked" or not k.rope or k.sinks or k.rope_config(cfg.rope) != cfg.rope:
-        raise HFExportError(
-            f"layer kind {k.to_dict()} (pattern {desc}) cannot be written as LlamaForCausalLM or "
-            "MistralForCausalLM: they have global or sliding attention with the model's RoPE and no sinks"
-        )
-    mt = "mistral" if k.kind == "sliding" else "llama"
-    rope = _export_rope(cfg)
-    if max_position_embeddings is None:
-        max_position_embeddings = int(round(cfg.rope_original_max_len * (cfg.rope.factor or 1.0)))
-    out: dict[str, Any] = {
-        "architectures": ["MistralForCausalLM" if mt == "mistral" else "LlamaForCausalLM"],
-        "model_type": mt,
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.mlp_dim,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": max_position_embeddings,
-        "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": rope,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_dropout": 0.0,
-        "torch_dtype": torch_dtype,
-        "use_cache": True,
-        "bos_token_id": bos_token_id,
-        "eos_token_id": eos_token_id,
-    }
-    if mt == "llama":
-        out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
-    else:
-        out["sliding_window"] = k.window
-    return out
-
-
-__all__ = [
-    "ARCHITECTURES",
-    "HFExportError",
-    "HFImportError",
-    "METADATA",
-    "MAPPED",
-    "NO_OP",
-    "hf_config",
-    "to_hf_config",
-]
+__all__ = ["LAYER_TYPES", "HFExportError", "HFImportError", "hf_config", "read_config", "text_model"]

@@ -1,7 +1,7 @@
-"""Export an lcx :class:`Llama` as a Hugging Face checkpoint: the inverse of :mod:`lcx.models.hf`.
+"""Export an lcx model as a Hugging Face checkpoint of its family: the inverse of :mod:`lcx.models.hf`.
 
 :func:`save_pretrained` writes what transformers' ``save_pretrained`` writes for
-LlamaForCausalLM / MistralForCausalLM: ``config.json`` (:func:`lcx.models.hf_config.to_hf_config`)
+the family's ``*ForCausalLM`` (:mod:`lcx.models.hf_families`): ``config.json`` (:func:`to_hf_config`)
 and the weights as safetensors, one ``model.safetensors`` when they fit ``max_shard_bytes``, else
 ``model-0000i-of-0000n.safetensors`` shards plus ``model.safetensors.index.json``
 (``{"metadata": {"total_size": bytes}, "weight_map": {tensor: file}}``). Shards are filled in
@@ -24,6 +24,7 @@ import os
 import pathlib
 import shutil
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import ml_dtypes  # noqa: F401 - bfloat16 NumPy arrays for safetensors
@@ -32,13 +33,154 @@ from safetensors.numpy import save_file
 
 from lcx.models.config import ModelConfig
 from lcx.models.hf import _Source, _sources
-from lcx.models.hf_config import HFExportError, to_hf_config
+from lcx.models.hf_config import HFExportError
+from lcx.models.hf_families import OPTION_FIELDS, Family, family_for_options
 from lcx.models.llama import Llama
+from lcx.models.rotary import RopeConfig
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 """transformers' default ``max_shard_size`` ("5GB", decimal in transformers 4.x docs; 5 GiB here)."""
 
 _DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+
+
+# ------------------------------------------------------------------------------------------ config.json
+def _export_rope(r: RopeConfig) -> dict[str, Any] | None:
+    """transformers 4.x ``rope_scaling`` (read by 5.x too) of ``r``, or None for plain RoPE."""
+    if r.scaling_type is None:
+        return None
+    out: dict[str, Any] = {"rope_type": r.scaling_type, "factor": float(r.factor)}  # type: ignore[arg-type]
+    if r.scaling_type == "llama3":
+        out.update(
+            original_max_position_embeddings=int(r.original_max_len),
+            low_freq_factor=float(r.low_freq_factor),
+            high_freq_factor=float(r.high_freq_factor),
+        )
+    elif r.scaling_type == "yarn":
+        out.update(
+            original_max_position_embeddings=int(r.original_max_len),
+            beta_fast=float(r.beta_fast),
+            beta_slow=float(r.beta_slow),
+        )
+        if r.attention_factor is not None:
+            out["attention_factor"] = float(r.attention_factor)
+    return out
+
+
+def _family(cfg: ModelConfig) -> Family:
+    """The family ``cfg`` is written as. Raises HFExportError naming what no family expresses."""
+    kinds = cfg.period_kinds
+    desc = [k.to_dict() for k in kinds]
+    for k in kinds:
+        if k.kind == "chunked" or not k.rope or k.sinks:
+            raise HFExportError(
+                f"layer kind {k.to_dict()} (pattern {desc}) cannot be written as a Hugging Face model: "
+                "LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3ForCausalLM and Gemma3ForCausalLM have "
+                "global or sliding attention with RoPE and no sinks"
+            )
+    windows = {k.window for k in kinds if k.kind == "sliding"}
+    if len(windows) > 1:
+        raise HFExportError(f"layer pattern {desc} has windows {sorted(windows)}; Hugging Face configs have one")
+    options = {f: getattr(cfg, f) for f in OPTION_FIELDS}
+    fam = family_for_options(options, windowed=bool(windows), uniform=len(set(kinds)) == 1)
+    if fam is None:
+        why = "mixes kinds" if len(set(kinds)) > 1 else "has options"
+        raise HFExportError(
+            f"an lcx model with family options {options} and layer pattern {desc} {why} that no Hugging Face "
+            "family lcx writes expresses (Llama/Mistral: one kind for all layers; Qwen2.5: biases; Qwen3: "
+            "QK-norm; Gemma 3: its own set; lcx.models.hf_families)"
+        )
+    per_kind_rope = any(k.rope_config(cfg.rope) != cfg.rope for k in kinds)
+    if per_kind_rope and fam.model_type != "gemma3_text":
+        raise HFExportError(f"layer pattern {desc} has per-kind RoPE; {fam.architecture} has one RoPE for all layers")
+    if cfg.query_pre_attn_scalar is not None and "query_pre_attn_scalar" not in fam.keys:
+        raise HFExportError(f"query_pre_attn_scalar={cfg.query_pre_attn_scalar}: {fam.architecture} has no such key")
+    return fam
+
+
+def _layer_keys(cfg: ModelConfig, fam: Family) -> dict[str, Any]:
+    """RoPE, window and layer-type keys of ``cfg`` written as ``fam``."""
+    kinds = cfg.layer_kinds
+    types = ["sliding_attention" if k.kind == "sliding" else "full_attention" for k in kinds]
+    window = next((k.window for k in kinds if k.kind == "sliding"), None)
+    out: dict[str, Any] = {"rope_theta": cfg.rope_theta, "rope_scaling": _export_rope(cfg.rope)}
+    if fam.model_type == "mistral":
+        out["sliding_window"] = window
+    elif fam.model_type in ("qwen2", "qwen3"):
+        out.update(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0)
+        out["layer_types"] = types
+    elif fam.model_type == "gemma3_text":
+        rope = {t: k.rope_config(cfg.rope) for t, k in zip(types, kinds)}
+        local, glob = rope.get("sliding_attention", cfg.rope), rope.get("full_attention", cfg.rope)
+        if local is None or glob is None or local.scaling_type is not None:  # pragma: no cover - _family refused
+            raise HFExportError("Gemma 3's sliding layers have unscaled RoPE")
+        out.update(rope_theta=glob.theta, rope_local_base_freq=local.theta, rope_scaling=_export_rope(glob))
+        out.update(sliding_window=window or cfg.rope_original_max_len, layer_types=types)
+        out.update(query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim)
+        out.update(final_logit_softcapping=None, attn_logit_softcapping=None)
+    return out
+
+
+def to_hf_config(
+    cfg: ModelConfig,
+    *,
+    torch_dtype: str,
+    max_position_embeddings: int | None = None,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+) -> dict[str, Any]:
+    """The ``config.json`` of ``cfg`` as the Hugging Face family whose options it has
+    (:func:`lcx.models.hf_families.family_for_options`): the inverse of
+    :func:`lcx.models.hf_config.hf_config`.
+
+    Args:
+      cfg: the model's configuration.
+      torch_dtype: the dtype the weights are stored in (``float32`` / ``bfloat16``).
+      max_position_embeddings: written as given; None: ``rope_original_max_len x factor`` for
+        scaled RoPE (what transformers derives YaRN's factor from), else ``rope_original_max_len``.
+      bos_token_id: the tokenizer's BOS id; None is written as null (not omitted, which would
+        give transformers' default, wrong for most vocabularies).
+      eos_token_id: the tokenizer's EOS id; None is written as null.
+
+    Raises:
+      HFExportError: family options or a layer pattern no family expresses (chunked attention,
+        NoPE layers, sinks, several windows, per-kind RoPE outside Gemma 3, mixed kinds with
+        Llama's options), naming it.
+    """
+    fam = _family(cfg)
+    if max_position_embeddings is None:
+        scaled = [r for r in (k.rope_config(cfg.rope) for k in cfg.period_kinds) if r is not None and r.factor]
+        factor = max((r.factor or 1.0 for r in scaled), default=1.0)
+        max_position_embeddings = int(round(cfg.rope_original_max_len * factor))
+    out: dict[str, Any] = {
+        "architectures": [fam.architecture],
+        "model_type": fam.model_type,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.mlp_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": max_position_embeddings,
+        "rms_norm_eps": cfg.norm_eps,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_dropout": 0.0,
+        "torch_dtype": torch_dtype,
+        "use_cache": True,
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
+        **_layer_keys(cfg, fam),
+    }
+    if fam.model_type == "gemma3_text":
+        out["hidden_activation"] = "gelu_pytorch_tanh"
+    else:
+        out["hidden_act"] = "silu"
+    if "attention_bias" in fam.no_op:
+        out["attention_bias"] = False
+    if fam.model_type == "llama":
+        out.update(mlp_bias=False, pretraining_tp=1)
+    return out
 
 
 def _hf_order(cfg: ModelConfig, sources: dict[str, _Source]) -> list[tuple[str, str, int | None]]:
@@ -72,7 +214,7 @@ def hf_tensors(model: Llama, dtype: str | None = None) -> Iterator[tuple[str, np
     leaves = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(model)[0]}
     unknown = sorted(set(leaves) - set(sources))
     if unknown:  # e.g. attention sinks; to_hf_config refuses such models first
-        raise HFExportError(f"lcx parameters {unknown} have no place in a Hugging Face Llama/Mistral checkpoint")
+        raise HFExportError(f"lcx parameters {unknown} have no place in a Hugging Face checkpoint")
     host: dict[str, np.ndarray] = {}
     for path, name, layer in _hf_order(cfg, sources):
         if path not in host:
@@ -119,13 +261,14 @@ def save_pretrained(
     and :func:`lcx.models.hf.load_hf_llama` load.
 
     Args:
-      model: an lcx :class:`Llama` (uniform global attention -> LlamaForCausalLM; uniform sliding
-        window -> MistralForCausalLM).
+      model: an lcx model; its family options and layer kinds choose the family
+        (:func:`to_hf_config`: e.g. uniform global Llama options -> LlamaForCausalLM, uniform
+        sliding -> MistralForCausalLM, QK-norm -> Qwen3ForCausalLM, Gemma's -> Gemma3ForCausalLM).
       path: output directory (created; existing checkpoint files in it are overwritten).
       tokenizer_files: files copied next to the weights (e.g. ``tokenizer.json``).
       max_shard_bytes: largest shard in bytes (a single larger tensor gets its own shard).
       dtype: stored dtype (``float32``/``bfloat16``); None: the parameters' (one dtype for all).
-      max_position_embeddings: for ``config.json`` (:func:`~lcx.models.hf_config.to_hf_config`).
+      max_position_embeddings: for ``config.json`` (:func:`to_hf_config`).
       bos_token_id: the tokenizer's BOS id for ``config.json`` (None: null).
       eos_token_id: the tokenizer's EOS id for ``config.json`` (None: null).
 
@@ -133,7 +276,7 @@ def save_pretrained(
       The output directory.
 
     Raises:
-      HFExportError: a layer pattern HF Llama/Mistral cannot express (named), mixed parameter
+      HFExportError: a model no Hugging Face family expresses (named), mixed parameter
         dtypes without ``dtype``, or a parameter spread over several processes.
       ValueError: ``max_shard_bytes`` not positive. FileNotFoundError: a missing tokenizer file.
     """
@@ -176,4 +319,4 @@ def save_pretrained(
     return out
 
 
-__all__ = ["DEFAULT_MAX_SHARD_BYTES", "HFExportError", "hf_tensors", "save_pretrained"]
+__all__ = ["DEFAULT_MAX_SHARD_BYTES", "HFExportError", "hf_tensors", "save_pretrained", "to_hf_config"]
