@@ -15,7 +15,10 @@ The models (:func:`seeded_model`) take their weights from NumPy's seeded generat
 re-exports them and compares with the committed files byte for byte, and checks lcx's logits of
 the committed export against the committed transformers logits. ``llama_tied``: tied
 embeddings, GQA 4:2, Llama 3.1 RoPE (factor 8, original length 32; positions reach 63).
-``mistral``: untied, GQA 4:1, sliding window 8 on 24-token rows.
+``mistral``: untied, GQA 4:1, sliding window 8 on 24-token rows. ``qwen2``: q/k/v biases, GQA
+4:2 (Qwen2ForCausalLM). ``qwen3``: QK-norm, tied, GQA 4:1 (Qwen3ForCausalLM). ``gemma3``: 3 layers
+[sliding 8, sliding 8, global with RoPE base 1M and x4 linear scaling], Gemma's norms, GeGLU,
+sqrt(d) embeddings, query_pre_attn_scalar 12, tied (Gemma3ForCausalLM).
 """
 
 from __future__ import annotations
@@ -38,6 +41,24 @@ CASES: dict[str, dict[str, Any]] = {
         rope_original_max_len=32,
     ),
     "mistral": dict(n_kv_heads=1, sliding_window=8),
+    "qwen2": dict(n_kv_heads=2, attention_bias=True),
+    "qwen3": dict(n_kv_heads=1, qk_norm=True, tie_embeddings=True),
+    "gemma3": dict(
+        n_layers=3,
+        n_kv_heads=2,
+        tie_embeddings=True,
+        qk_norm=True,
+        norm_gain_offset=1.0,
+        post_norms=True,
+        mlp_activation="gelu_tanh",
+        scale_embeddings=True,
+        query_pre_attn_scalar=12.0,
+        norm_eps=1e-6,
+        layer_pattern=(
+            {"kind": "sliding", "window": 8, "repeat": 2},
+            {"kind": "global", "rope_theta": 1e6, "rope_scaling_type": "linear", "rope_scaling_factor": 4.0},
+        ),
+    ),
 }
 
 
@@ -55,15 +76,15 @@ def seeded_model(case: str):
 
     import lcx.models as lm
 
-    cfg = lm.ModelConfig(name=case, **DIMS, **CASES[case])
+    cfg = lm.ModelConfig.from_dict({"name": case, **DIMS, **CASES[case]})
     abstract = jax.eval_shape(lambda: lm.init_model(cfg, key=jax.random.key(0)))
     rng = np.random.default_rng(0)
     paths, treedef = jax.tree_util.tree_flatten_with_path(abstract)
     leaves = []
     for p, leaf in paths:
         x = rng.standard_normal(leaf.shape).astype(np.float32) * np.float32(0.2)
-        if "norm" in jax.tree_util.keystr(p):
-            x = x + np.float32(1.0)
+        if "norm" in jax.tree_util.keystr(p):  # gains 1 + 0.2 normal (Gemma stores gain - 1)
+            x = x + np.float32(1.0 - cfg.norm_gain_offset)
         leaves.append(jnp.asarray(x))
     return jax.tree_util.tree_unflatten(treedef, leaves)
 

@@ -63,7 +63,7 @@ def test_import_matches_transformers(devices, name):
         assert cfg.tie_embeddings and model.head is None
 
 
-@pytest.mark.parametrize("case", ["llama_tied", "mistral"])
+@pytest.mark.parametrize("case", ["llama_tied", "mistral", "qwen2", "qwen3", "gemma3"])
 def test_export_is_what_transformers_loaded(tmp_path, devices, case):
     rt = _roundtrip_script()
     committed = FIX / f"lcx_export_{case}"
@@ -79,5 +79,7 @@ def test_export_is_what_transformers_loaded(tmp_path, devices, case):
     got = _logits(back, mp, committed)
     np.testing.assert_allclose(got, ref, rtol=0, atol=TOL * np.abs(ref).max())
     parity = json.loads((FIX / "lcx_export_parity.json").read_text())["models"][case]
-    assert parity["class"] == ("MistralForCausalLM" if case == "mistral" else "LlamaForCausalLM")
+    classes = {"mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma3": "Gemma3"}
+    assert parity["class"] == classes.get(case, "Llama") + "ForCausalLM"
+    assert json.loads((committed / "config.json").read_text())["architectures"] == [parity["class"]]
     assert parity["relative"] < TOL

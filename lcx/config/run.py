@@ -31,6 +31,7 @@ from lcx.data.tokenizers import (
     padded_vocab_size,
 )
 from lcx.models import ModelConfig
+from lcx.models.hf_config import hf_config
 from lcx.reports.config import (
     EvalCheckpointConfig,
     EvalConfig,
@@ -89,6 +90,7 @@ def run_config(cfg: DictConfig, tool: str = "lcx.train") -> RunConfig:
     data = data_config(cfg.get("data"), tool)
     return RunConfig(
         model=model_config(cfg.get("model"), data_tokenizer(data)),
+        pretrained=pretrained_path(cfg.get("model")),
         plan=plan_config(cfg.get("plan"), hardware),
         plan_spec=plain(cfg.get("plan")) or {},
         data=data,
@@ -138,12 +140,43 @@ def model_config(node: Any, tokenizer: Tokenizer | None = None) -> ModelConfig:
     if not isinstance(d, dict):
         raise ValueError(f"the model section must be a mapping of its fields, got {d!r}")
     d = {str(k): v for k, v in d.items()}
+    path = pretrained_path(node)
+    if path is not None:  # model=hf: config.json gives the architecture, the section's fields override it
+        del d["path"]
+        cfg = hf_config(path, **d)
+        if tokenizer is not None:
+            check_model_vocab(cfg.vocab_size, tokenizer, f"model.path={path}")
+        return cfg
     if "vocab_size" in d and d["vocab_size"] is None:
         d["vocab_size"] = padded_vocab_size((tokenizer or ByteTokenizer()).vocab_size)
     cfg = ModelConfig.from_dict(d)
     if tokenizer is not None:
         check_model_vocab(cfg.vocab_size, tokenizer, f"model={cfg.name}")
     return cfg
+
+
+def pretrained_path(node: Any) -> str | None:
+    """``model.path`` (``model=hf``): the Hugging Face checkpoint directory the model is read from,
+    made absolute against the launch directory; None for a model section without it.
+
+    Raises:
+      ValueError: ``model.path`` is missing (``???``), not a string, or not a directory with a
+        ``config.json``.
+    """
+    if node is None or "path" not in (list(node.keys()) if OmegaConf.is_config(node) else node):
+        return None  # (OmegaConf's `in` is False for a missing ??? value: ask the keys)
+    if OmegaConf.is_config(node) and OmegaConf.is_missing(node, "path"):
+        raise ValueError(
+            "model=hf needs model.path=DIR, a Hugging Face checkpoint directory (config.json + safetensors)"
+        )
+    p = plain(node)["path"]
+    if not isinstance(p, str) or not p:
+        raise ValueError(f"model.path must be a checkpoint directory, got {p!r}")
+    d = pathlib.Path(p).expanduser()
+    d = d if d.is_absolute() else launch_dir() / d
+    if not (d / "config.json").is_file():
+        raise ValueError(f"model.path={p}: no config.json in {d}; give a Hugging Face checkpoint directory")
+    return str(d)
 
 
 def plan_config(node: Any, hardware: HardwareConfig) -> Plan:

@@ -397,6 +397,8 @@ def _load_presets() -> dict[str, ModelConfig]:
         d = read_yaml(path.read_text())
         if not isinstance(d, dict):
             raise ValueError(f"conf/model/{path.name}: must be a mapping of ModelConfig fields, got {d!r}")
+        if "path" in d:  # model=hf: a checkpoint's config.json, read at the config edge, is no preset
+            continue
         d = {str(k): v for k, v in d.items() if not (k == "vocab_size" and v is None)}
         out[path.name.removesuffix(".yaml")] = ModelConfig.from_dict(d)
     return out

@@ -281,10 +281,23 @@ def from_pretrained(
       PlanError: the plan cannot shard this model (e.g. a dimension its mesh axes do not divide).
       FileNotFoundError: no config.json or safetensors files.
     """
-    directory = pathlib.Path(path)
     plan = single_device_plan() if plan is None else plan
+    cfg = hf_config(path, **overrides)
+    return load_weights(path, cfg, plan), cfg
+
+
+def load_weights(path: str | os.PathLike, cfg: ModelConfig, plan: MeshPlan) -> Llama:
+    """The weights of the Hugging Face checkpoint at ``path`` as an lcx model of ``cfg`` (the
+    checkpoint's :func:`hf_config`, possibly with overrides that keep its shapes), sharded by
+    ``plan``: what :func:`from_pretrained` and ``model=hf model.path=DIR`` runs load.
+
+    Raises:
+      HFImportError: missing / unexpected tensors, or a tensor whose shape is not the one
+        ``cfg`` implies (name, expected, got); checked before any tensor data is read.
+      PlanError: the plan cannot shard this model.
+    """
+    directory = pathlib.Path(path)
     _, _, mm = text_model(read_config(directory)[0])
-    cfg = hf_config(directory, **overrides)
     plan.plan.validate(plan.n_devices, dims=cfg.dims())
     files = _Files(directory)
     sources = _sources(cfg)
@@ -306,7 +319,7 @@ def from_pretrained(
         sh = sh_leaves[k]
         k += 1
         out.append(jax.make_array_from_callback(leaf.shape, sh, _callback(files, src, leaf.shape, dtype)))
-    return jax.tree_util.tree_unflatten(treedef, out), cfg
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def load_hf_llama(path: str | os.PathLike, plan: MeshPlan, **overrides: Any) -> tuple[Llama, ModelConfig]:
@@ -314,4 +327,4 @@ def load_hf_llama(path: str | os.PathLike, plan: MeshPlan, **overrides: Any) -> 
     return from_pretrained(path, plan, **overrides)
 
 
-__all__ = ["HFImportError", "from_pretrained", "hf_config", "load_hf_llama", "single_device_plan"]
+__all__ = ["HFImportError", "from_pretrained", "hf_config", "load_hf_llama", "load_weights", "single_device_plan"]

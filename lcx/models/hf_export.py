@@ -116,7 +116,8 @@ def _layer_keys(cfg: ModelConfig, fam: Family) -> dict[str, Any]:
             raise HFExportError("Gemma 3's sliding layers have unscaled RoPE")
         out.update(rope_theta=glob.theta, rope_local_base_freq=local.theta, rope_scaling=_export_rope(glob))
         out.update(sliding_window=window or cfg.rope_original_max_len, layer_types=types)
-        out.update(query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim)
+        q = cfg.query_pre_attn_scalar or cfg.head_dim
+        out["query_pre_attn_scalar"] = int(q) if float(q).is_integer() else q  # transformers types it int
         out.update(final_logit_softcapping=None, attn_logit_softcapping=None)
     return out
 

@@ -297,6 +297,9 @@ class RunConfig:
       plan_spec: the ``plan`` section as written (plain values; null blocks and kernel stand for
         the hardware's defaults): what a checkpoint stores, so that ``lcx.eval`` on other
         hardware resolves them for that hardware.
+      pretrained: the Hugging Face checkpoint directory a fresh run's parameters are read from
+        (``model=hf model.path=DIR``, :func:`lcx.models.hf.load_weights`); None: random
+        initialisation. A resumed run restores its own checkpoint instead.
     """
 
     model: ModelConfig
@@ -308,6 +311,7 @@ class RunConfig:
     hardware: HardwareConfig
     distributed: DistributedConfig
     plan_spec: dict[str, Any] = dataclasses.field(default_factory=dict)
+    pretrained: str | None = None
 
     @functools.cached_property
     def resolved(self) -> dict[str, Any]:
@@ -319,6 +323,8 @@ class RunConfig:
         for k in ("data", "train", "memory", "checkpoint", "hardware", "distributed"):
             section = dataclasses.asdict(getattr(self, k))
             out[k] = {a: str(v) if isinstance(v, pathlib.Path) else v for a, v in section.items()}
+        if self.pretrained is not None:
+            out["pretrained"] = self.pretrained
         return out
 
     def replace(self, **sections: Any) -> RunConfig:

@@ -95,6 +95,19 @@ def init_train_state(
     return TrainState(params=params, opt_state=opt_state, step=0, rng=rng, data=data)
 
 
+def pretrained_train_state(run: Run, *, rng: jax.Array, data: dict[str, Any]) -> TrainState:
+    """A fresh :class:`TrainState` at step 0 whose parameters are the Hugging Face checkpoint
+    ``run.config.pretrained`` (:func:`lcx.models.hf.load_weights`: each device reads its own
+    slice), placed where the run keeps parameters."""
+    from lcx.models.hf import load_weights
+
+    assert run.config.pretrained is not None
+    model = load_weights(run.config.pretrained, run.config.model, run.mp)
+    params = jax.device_put(eqx.filter(model, eqx.is_array), run.steps.param_shardings)
+    opt_state = init_opt_state(run.optimizer, params, run.steps.opt_shardings)
+    return TrainState(params=params, opt_state=opt_state, step=0, rng=rng, data=data)
+
+
 def init_opt_state(optimizer: optax.GradientTransformation, params: Any, opt_shardings: Any) -> Any:
     """Optimizer state created directly in its sharded layout (never materialised whole)."""
     return jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
@@ -361,6 +374,8 @@ def restore(run: Run) -> Start:
 
     def fresh() -> TrainState:
         rng = jax.random.fold_in(key, 1)
+        if run.config.pretrained is not None:
+            return pretrained_train_state(run, rng=rng, data=data.state())
         return init_train_state(run.config.model, key, run.optimizer, steps, rng=rng, data=data.state())
 
     total = run.config.train.steps
@@ -388,6 +403,7 @@ __all__ = [
     "check_resumable",
     "config_changes",
     "init_opt_state",
+    "pretrained_train_state",
     "init_train_state",
     "load_model",
     "restore",
