@@ -202,3 +202,22 @@ def test_gemma3_like_at_128k_on_v5p_halo_saves_over_ring(tmp_path, capsys):
     assert h["sliding"]["time"] < r["sliding"]["time"] and r["global"] == h["global"]
     assert halo["step_time_s"] < ring["step_time_s"]
     assert halo["model_flops_per_step"] == ring["model_flops_per_step"]
+
+
+def test_gemma3_27b_plan_without_chips_prices_the_smallest_fitting_slice(tmp_path, capsys):
+    """The issue's command, ``python -m lcx.plan model=gemma3_27b train.seq_len=131072
+    hardware=tpu_v5p``: with no ``hardware.chips`` the planner prices the smallest power-of-two
+    slice on which a plan fits, and the report has a line per layer kind (62 layers: 52 sliding,
+    10 global)."""
+    report = _plan_report(tmp_path, "model=gemma3_27b", "hardware=tpu_v5p", "train.seq_len=131072")
+    err = capsys.readouterr().err
+    chips = report["chips"]
+    assert f"hardware.chips not set: pricing the smallest slice on which a plan fits, {chips} chips" in err
+    assert report["recommendation"] is not None
+    kinds = {k["kind"]: k["layers"] for k in report["given"]["estimate"]["kinds"]}
+    assert kinds == {"sliding": 52, "global": 10}
+    if chips > 1:  # and on half the chips nothing fits
+        half = _plan_report(
+            tmp_path, "model=gemma3_27b", "hardware=tpu_v5p", "train.seq_len=131072", f"hardware.chips={chips // 2}"
+        )
+        assert half["recommendation"] is None

@@ -175,10 +175,24 @@ def test_bad_checkpoints_are_refused_naming_the_tensor(tmp_path):
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(HFImportError, match=r"q_norm.weight has shape \[4\] but config.json implies \[8\]"):
         from_pretrained(d)
+    tensors["model.layers.1.self_attn.q_norm.weight"] = np.ones((8,), np.int8)
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(HFImportError, match=r"q_norm.weight is stored as I8.*F32/BF16/F16"):
+        from_pretrained(d)
     del tensors["model.layers.1.self_attn.q_norm.weight"]
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(HFImportError, match=r"missing.*model.layers.1.self_attn.q_norm.weight"):
         from_pretrained(d)
+
+
+def test_a_shard_named_in_the_index_but_absent_is_refused(tmp_path):
+    model, _ = from_pretrained(FIX / "hf_tiny_qwen2")
+    out = lm.save_pretrained(model, tmp_path / "sharded", max_shard_bytes=20_000)
+    shards = sorted(out.glob("model-*.safetensors"))
+    assert len(shards) > 2
+    shards[1].unlink()
+    with pytest.raises(HFImportError, match=rf"names shard\(s\) \['{shards[1].name}'\] that are not there"):
+        from_pretrained(out)
 
 
 def test_models_no_family_expresses_are_refused_on_export():

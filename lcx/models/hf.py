@@ -71,6 +71,10 @@ from lcx.models.llama import Llama, init_model
 from lcx.models.sharding import model_shardings
 from lcx.sharding import MeshPlan, Plan, bind
 
+STORED_DTYPES: tuple[str, ...] = ("F32", "BF16", "F16")
+"""safetensors dtypes lcx reads parameters from: each value is exact in float32. Integer and 8-bit
+float tensors (quantized checkpoints) and F64 (rounded by float32) are refused, naming the tensor."""
+
 # names present in some checkpoints that carry no parameter (recomputed buffers)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -85,6 +89,13 @@ class _Files:
         if index.exists():
             wm = json.loads(index.read_text())["weight_map"]
             self.where = {k: directory / v for k, v in wm.items()}
+            absent = sorted({v for v in wm.values() if not (directory / v).is_file()})
+            if absent:
+                names = sorted(k for k, v in wm.items() if v == absent[0])
+                raise HFImportError(
+                    f"model.safetensors.index.json in {directory} names shard(s) {absent} that are not there "
+                    f"({absent[0]} holds {len(names)} tensors, e.g. {names[0]}); copy the whole checkpoint"
+                )
         else:
             files = sorted(directory.glob("*.safetensors"))
             if not files:
@@ -104,6 +115,10 @@ class _Files:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.handle(name).get_slice(name).get_shape())
+
+    def dtype(self, name: str) -> str:
+        """The stored safetensors dtype (``F32``, ``BF16``, ``F16``, ``I8``, ``F8_E4M3``, ...)."""
+        return str(self.handle(name).get_slice(name).get_dtype())
 
     def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
         """The slice ``index`` (one ``slice`` per stored dimension) of tensor ``name``."""
@@ -234,6 +249,12 @@ def _check_names_and_shapes(
         got = files.shape(name)
         if got != shape:
             raise HFImportError(f"{name} has shape {list(got)} but config.json implies {list(shape)}")
+        dtype = files.dtype(name)
+        if dtype not in STORED_DTYPES:
+            raise HFImportError(
+                f"{name} is stored as {dtype}, which lcx does not load: parameters are read from "
+                f"{'/'.join(STORED_DTYPES)} (each exact in float32); dequantize or convert the checkpoint first"
+            )
 
 
 def _language_model(files: _Files, sources: dict[str, _Source], mm: Multimodal) -> dict[str, _Source]:

@@ -97,6 +97,40 @@ class _Job:
     packed: bool = False
 
 
+SLICE_CHIPS: tuple[int, ...] = tuple(2**k for k in range(14))
+"""Slice sizes :func:`smallest_slice` tries, in chips: 1, 2, 4, ..., 8,192."""
+
+
+def smallest_slice(q: PlanQuery) -> int:
+    """Chips of the smallest slice (a power of two, :data:`SLICE_CHIPS`) on which some plan fits
+    the model at ``q.seq_len`` x ``q.global_batch`` in device memory: what ``lcx.plan`` prices when
+    ``hardware.chips`` is not set (it says so).
+
+    Raises:
+      ValueError: nothing fits even on the largest slice (names it and the fix).
+    """
+    from lcx.cost import hardware_from_config, search
+    from lcx.cost.local import StepSizes
+
+    hwc, m = q.hardware, q.model
+    step = StepSizes.of_model(m, q.seq_len, q.global_batch, packed_documents=q.planner.packed_documents).args()
+    for chips in SLICE_CHIPS:
+        n = chips * hwc.devices_per_chip
+        hw = hardware_from_config(hwc, n, probe=False, probe_time_model=False)
+        rec = search(m, hw, n, attention=dataclasses.replace(q.plan.attention), window=m.sliding_window, **step)
+        if rec.best is not None:
+            print(
+                f"hardware.chips not set: pricing the smallest slice on which a plan fits, {chips} chips "
+                f"(set hardware.chips=<chips> for another)",
+                file=sys.stderr,
+            )
+            return chips
+    raise ValueError(
+        f"hardware={hwc.name}: no slice of up to {SLICE_CHIPS[-1]} chips fits model={m.name} at train.seq_len="
+        f"{q.seq_len} x train.global_batch={q.global_batch}; set hardware.chips, or a shorter sequence"
+    )
+
+
 def _job(q: PlanQuery) -> _Job:
     """The checked settings of ``q`` (errors as :func:`run`'s, in the order a reader meets them)."""
     from lcx.cost import ActivationPolicy, hardware_from_config, host_memory_available
@@ -104,8 +138,9 @@ def _job(q: PlanQuery) -> _Job:
     model_cfg, hwc = q.model, q.hardware
     devices_per_chip = hwc.devices_per_chip
     chips = hwc.chips if hwc.chips is not None else hwc.cpu_devices
+    chosen = chips is None
     if chips is None:
-        raise ValueError(f"hardware={hwc.name}: set hardware.chips (chips in the slice) for the planner")
+        chips = smallest_slice(q)
     n = chips * devices_per_chip
     probe = q.planner.probe_cpu
     hw = hardware_from_config(hwc, n, probe=probe, probe_time_model=probe)
@@ -130,7 +165,7 @@ def _job(q: PlanQuery) -> _Job:
         model=model_cfg,
         hw=hw,
         chips=chips,
-        chips_key="hardware.chips" if hwc.chips is not None else "hardware.cpu_devices",
+        chips_key="hardware.chips" if hwc.chips is not None or chosen else "hardware.cpu_devices",
         devices_per_chip=devices_per_chip,
         n=n,
         S=S,
@@ -301,7 +336,8 @@ def run(q: PlanQuery, out_dir: str | pathlib.Path | None = None) -> dict[str, An
       The JSON-able report (also written to ``out_dir/plan.json`` when ``out_dir`` is given).
 
     Raises:
-      ValueError / PlanError: a hardware preset without ``chips`` and no device count; chips,
+      ValueError / PlanError: a hardware preset without ``chips`` on which nothing fits up to
+        8,192 chips (without ``chips`` the smallest slice that fits is priced); chips,
         sequence length or batch not a whole number >= 1; ``planner.rows`` not best/all; kernel
         block sizes lcx.train refuses (splash: ``block_q`` a multiple of 8, the others of 128); no
         candidate plan for this length, batch and device count (the message says which split fails
