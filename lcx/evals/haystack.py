@@ -69,10 +69,41 @@ def word_pool() -> tuple[str, ...]:
     return tuple(sorted(w for w, c in counts.items() if c >= MIN_COUNT))
 
 
+def long_documents(
+    tokenizer: Tokenizer, count: int, min_tokens: int, *, val_fraction: float = 0.02, split_seed: int = 0
+) -> list[np.ndarray]:
+    """Up to ``count`` held-out documents of the embedded corpus with at least ``min_tokens``
+    tokens, longest first (ties by corpus order), each cut to ``min_tokens`` tokens: the
+    documents of the perplexity-by-position curve. Held out means the validation split of
+    ``data=stdlib`` / ``data=stdlib_bpe`` (:func:`lcx.data.pipeline.split_documents` with the
+    same ``val_fraction`` and ``split_seed``), which a run on the embedded corpus never trains on.
+
+    Returns:
+      int32 ``[min_tokens]`` arrays, at least one.
+
+    Raises:
+      ValueError: ``count < 1``, or no held-out document is that long (names the longest).
+    """
+    from lcx.data.pipeline import split_documents
+
+    if count < 1:
+        raise ValueError(f"eval.perplexity_docs={count}: must be >= 1 (0 turns the curve off)")
+    corpus = stdlib_corpus()
+    _, val = split_documents(len(corpus), val_fraction, split_seed)
+    docs = sorted((tokenizer.encode(corpus[int(i)]) for i in val), key=lambda d: -d.size)
+    out = [d[:min_tokens].astype(np.int32) for d in docs[:count] if d.size >= min_tokens]
+    if not out:
+        raise ValueError(
+            f"no held-out document of the embedded corpus has {min_tokens} tokens of tokenizer "
+            f"{tokenizer.name} (the longest has {docs[0].size}); use shorter eval.lengths"
+        )
+    return out
+
+
 def draw_words(rng: np.random.Generator, k: int) -> list[str]:
     """``k`` distinct words of :func:`word_pool`, drawn from ``rng``."""
     pool = word_pool()
     return [pool[i] for i in rng.choice(len(pool), size=k, replace=False)]
 
 
-__all__ = ["MIN_COUNT", "SEPARATOR", "WORD_LENGTHS", "draw_words", "haystack_tokens", "word_pool"]
+__all__ = ["MIN_COUNT", "SEPARATOR", "WORD_LENGTHS", "draw_words", "haystack_tokens", "long_documents", "word_pool"]

@@ -219,7 +219,7 @@ class CommonWords(Task):
     def build(self, frame: Frame, depth: float) -> tuple[np.ndarray, tuple[str, ...]]:
         rng = frame.rng
         tail = CWE_QUESTION.format(n=self.common)
-        words = draw_words(rng, min(len(word_pool()), self.common + frame.prompt_tokens // self.freq_rare))
+        words = draw_words(rng, min(len(word_pool()), self.common + max(0, frame.prompt_tokens) // self.freq_rare))
         cost = {w: frame.encode(f" {w}").size for w in words}
         items = [w for w in words[: self.common] for _ in range(self.freq_common)]
         room = frame.prompt_tokens - MIN_HAYSTACK - frame.encode(CWE_HEAD).size - frame.encode(tail).size
@@ -270,7 +270,7 @@ class FrequentWords(Task):
         vocab = list(coded)
         for _ in range(100):
             items, used = [], 0
-            for r in rng.zipf(self.alpha, size=room):
+            for r in rng.zipf(self.alpha, size=max(room, 0)):
                 w = vocab[(int(r) - 1) % self.vocab]
                 if used + coded[w] > room:
                     break
