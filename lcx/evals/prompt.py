@@ -76,6 +76,13 @@ class Frame:
         """int32 ``[T]`` tokens of ``text`` (no BOS/EOS)."""
         return np.asarray(self.tokenizer.encode(text), np.int32)
 
+    @property
+    def bos(self) -> np.ndarray:
+        """int32 ``[1]`` BOS where the tokenizer puts one before each document (as the model was
+        trained: :meth:`lcx.data.tokenizers.Tokenizer.encode_documents`), else ``[0]``."""
+        t = self.tokenizer
+        return np.asarray([t.bos_id] if t.add_bos and t.bos_id is not None else [], np.int32)
+
     def filler_size(self, fixed: int) -> int:
         """Tokens left for the haystack once ``fixed`` tokens of template are placed.
 
@@ -94,7 +101,7 @@ class Frame:
         return n
 
     def with_haystack(self, head: str, needles: Sequence[tuple[float, str]], tail: str) -> np.ndarray:
-        """``head``, then real text with each needle at its depth, then ``tail``: exactly
+        """(BOS,) ``head``, then real text with each needle at its depth, then ``tail``: exactly
         :attr:`prompt_tokens` tokens.
 
         Args:
@@ -109,7 +116,7 @@ class Frame:
         Raises:
           ValueError: the length cannot hold the pieces (:meth:`filler_size`).
         """
-        h, t = self.encode(head), self.encode(tail)
+        h, t = np.concatenate([self.bos, self.encode(head)]), self.encode(tail)
         placed = sorted(((float(d), self.encode(f"\n{x}\n")) for d, x in needles), key=lambda p: p[0])
         n = self.filler_size(h.size + t.size + sum(x.size for _, x in placed))
         hay = haystack_tokens(self.tokenizer, n, self.rng)
@@ -122,7 +129,7 @@ class Frame:
         return _join(parts, self.prompt_tokens)
 
     def with_list(self, head: str, items: Sequence[str], tail: str) -> np.ndarray:
-        """Real text, ``head``, the ``items`` in order, ``tail``: exactly :attr:`prompt_tokens`
+        """(BOS,) real text, ``head``, the ``items`` in order, ``tail``: exactly :attr:`prompt_tokens`
         tokens (the real text takes what the items leave).
 
         Raises:
@@ -130,8 +137,9 @@ class Frame:
         """
         h, t = self.encode(head), self.encode(tail)
         xs = [self.encode(x) for x in items]
-        n = self.filler_size(h.size + t.size + sum(x.size for x in xs))
-        return _join([haystack_tokens(self.tokenizer, n, self.rng), h, *xs, t], self.prompt_tokens)
+        n = self.filler_size(self.bos.size + h.size + t.size + sum(x.size for x in xs))
+        hay = haystack_tokens(self.tokenizer, n, self.rng)
+        return _join([self.bos, hay, h, *xs, t], self.prompt_tokens)
 
 
 def _join(parts: Sequence[np.ndarray], size: int) -> np.ndarray:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -24,6 +24,7 @@ DEFAULT_GENERATOR = "lcx.generate:generate"
 """``module:function`` of the generation function used when none is given (``eval.generator``)."""
 
 
+@runtime_checkable
 class GenerateFn(Protocol):
     """The signature of ``lcx.generate.generate``: continue each prompt by ``max_new_tokens``
     tokens under the plan.

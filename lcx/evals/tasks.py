@@ -222,7 +222,8 @@ class CommonWords(Task):
         words = draw_words(rng, min(len(word_pool()), self.common + max(0, frame.prompt_tokens) // self.freq_rare))
         cost = {w: frame.encode(f" {w}").size for w in words}
         items = [w for w in words[: self.common] for _ in range(self.freq_common)]
-        room = frame.prompt_tokens - MIN_HAYSTACK - frame.encode(CWE_HEAD).size - frame.encode(tail).size
+        fixed = frame.bos.size + frame.encode(CWE_HEAD).size + frame.encode(tail).size
+        room = frame.prompt_tokens - MIN_HAYSTACK - fixed
         used = sum(cost[w] for w in items)
         for w in words[self.common :] if used <= room else ():
             if used + self.freq_rare * cost[w] > room:
@@ -260,7 +261,7 @@ class FrequentWords(Task):
     def build(self, frame: Frame, depth: float) -> tuple[np.ndarray, tuple[str, ...]]:
         rng = frame.rng
         tail = FWE_QUESTION.format(n=self.top)
-        fixed = frame.encode(FWE_HEAD).size + frame.encode(tail).size
+        fixed = frame.bos.size + frame.encode(FWE_HEAD).size + frame.encode(tail).size
         frame.filler_size(fixed)  # refuses a length with no room at all
         room = frame.prompt_tokens - MIN_HAYSTACK - fixed
         coded: dict[str, int] = {}
