@@ -147,8 +147,8 @@ def score_cells(
 
     Returns:
       One dict per cell: ``task``, ``seq_len`` (tokens), ``depth`` (None for a task without
-      one), ``samples``, ``score`` (mean, 0-1), ``max_new_tokens`` and ``predictions`` (the
-      decoded answers, in order).
+      one), ``samples``, ``score`` (mean, 0-1), ``max_new_tokens``, ``predictions`` (the
+      decoded answers, in order) and ``answers`` (each example's references).
 
     Raises:
       ValueError: the generation function returns another shape than ``[rows, max_new_tokens]``.
@@ -173,6 +173,7 @@ def score_cells(
                 "score": float(np.mean([score(p, x.answers, x.metric) for p, x in zip(preds, cell)])),
                 "max_new_tokens": n,
                 "predictions": preds,
+                "answers": [list(x.answers) for x in cell],
             }
         )
     return out

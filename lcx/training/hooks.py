@@ -319,13 +319,17 @@ class CheckpointHook:
         raise SystemExit(128 + signum)
 
 
-def make_hooks(run: Run, run_dir: pathlib.Path, stack: contextlib.ExitStack, start: Start) -> Hooks:
+def make_hooks(
+    run: Run, run_dir: pathlib.Path, stack: contextlib.ExitStack, start: Start, long_eval: LongEvalHook | None = None
+) -> Hooks:
     """The hooks of a run, in the order they run after a step: evaluation (every
     ``train.eval_every``), long-context task scores (every ``train.long_eval_every``), the ``metrics.jsonl`` line (every ``train.log_every`` and at each
     evaluation) and, with ``train.tensorboard``, the same record as TensorBoard scalars in
     ``run_dir/tensorboard``, the progress bar, checkpoints (with ``checkpoint.dir``; saved before
     exiting after SIGTERM/SIGINT). What they open is closed by ``stack``; a run with no step left
-    to train (``start.done``) gets none, and opens nothing."""
+    to train (``start.done``) gets none, and opens nothing. ``long_eval``: the run's
+    :func:`long_eval_hook`, built before the model is (None: built here when
+    ``train.long_eval_every`` asks for it)."""
     t = run.config.train
     hooks = Hooks()
     if start.done:
@@ -333,7 +337,7 @@ def make_hooks(run: Run, run_dir: pathlib.Path, stack: contextlib.ExitStack, sta
     if t.eval_every > 0:
         hooks.add_hook(EvalHook(run.steps, run.data, t.eval_batches), every=t.eval_every)
     if t.long_eval_every:
-        hooks.add_hook(long_eval_hook(run), every=t.long_eval_every)
+        hooks.add_hook(long_eval or long_eval_hook(run), every=t.long_eval_every)
     add_logging_hooks(hooks, run_dir, stack, every=t.log_every, start=start.step, tensorboard=t.tensorboard)
     bar = stack.enter_context(tqdm(total=t.steps, initial=start.step, desc=f"train[{run.mp.plan.name}]", unit="step"))
     hooks.add_hook(ProgressHook(bar))
