@@ -193,7 +193,9 @@ def test_runner_scores_an_oracle_and_a_wrong_generator():
     tasks, lengths = ["passkey", "niah_multivalue", "vt"], [800, 1000]
     cells = build_grid(BYTE, tasks=tasks, lengths=lengths, depths=[0.0, 1.0], samples=2, seed=3)
     examples = {e.prompt.tobytes(): e.answers for c in cells for e in c}
-    rows = run_tasks(None, None, BYTE, tasks=tasks, lengths=lengths, depths=[0.0, 1.0], samples=2, seed=3, generate=oracle)
+    rows = run_tasks(
+        None, None, BYTE, tasks=tasks, lengths=lengths, depths=[0.0, 1.0], samples=2, seed=3, generate=oracle
+    )
     assert [(r["task"], r["seq_len"], r["depth"]) for r in rows] == [
         ("passkey", 800, 0.0),
         ("passkey", 800, 1.0),
@@ -212,7 +214,9 @@ def test_runner_scores_an_oracle_and_a_wrong_generator():
     def wrong(model, prompts, *, plan, max_new_tokens, **kw):
         return np.full((len(prompts), max_new_tokens), ord("x"), np.int32)
 
-    rows = run_tasks(None, None, BYTE, tasks=["passkey"], lengths=[800], depths=[0.5], samples=3, seed=0, generate=wrong)
+    rows = run_tasks(
+        None, None, BYTE, tasks=["passkey"], lengths=[800], depths=[0.5], samples=3, seed=0, generate=wrong
+    )
     assert rows[0]["score"] == 0.0 and rows[0]["predictions"] == ["x" * 15] * 3
     assert effective_length(mean_by_length(rows)) is None
 
@@ -256,7 +260,14 @@ def test_report_csv_and_heatmap(tmp_path):
     np.testing.assert_array_equal(v, [[0.75, np.nan], [np.nan, 0.25], [np.nan, 0.5]])
     write_csv(rows, tmp_path / "r.csv")
     back = list(csv.DictReader(open(tmp_path / "r.csv")))
-    assert back[3] == {"task": "vt", "seq_len": "1024", "depth": "", "samples": "2", "score": "0.5", "max_new_tokens": "43"}
+    assert back[3] == {
+        "task": "vt",
+        "seq_len": "1024",
+        "depth": "",
+        "samples": "2",
+        "score": "0.5",
+        "max_new_tokens": "43",
+    }
     assert write_heatmap(rows, tmp_path / "h.png", title="t") == "matplotlib"
     assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -99,7 +99,9 @@ def test_hook_refuses_a_training_length_too_short_before_compiling(tmp_path, dev
         raise AssertionError("restore (which compiles the state) ran before the refusal")
 
     monkeypatch.setattr(loop, "restore", no_restore)
-    with pytest.raises(ValueError, match=r"train.long_eval_every=5: eval length 512 is too short for task niah_multikey"):
+    with pytest.raises(
+        ValueError, match=r"train.long_eval_every=5: eval length 512 is too short for task niah_multikey"
+    ):
         _train(tmp_path, "train.seq_len=512", "train.long_eval_every=5", devices=devices)
     with pytest.raises(ValueError, match=r"cannot import lcx.generate"):  # not merged yet; a clear message
         _train(tmp_path, "train.long_eval_every=5", devices=devices)
@@ -121,9 +123,7 @@ def test_cli_ruler_writes_csv_heatmap_effective_length_and_curve(trained, tmp_pa
         "eval.perplexity_bins=4",
         f"hydra.run.dir={tmp_path}",
     ]
-    p = subprocess.run(
-        [sys.executable, "-m", "lcx.eval", *args], capture_output=True, text=True, env=env, timeout=300
-    )
+    p = subprocess.run([sys.executable, "-m", "lcx.eval", *args], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "effective length" in p.stderr
     rows = list(csv.DictReader(open(tmp_path / "ruler.csv")))
@@ -172,6 +172,8 @@ def test_cli_ruler_writes_csv_heatmap_effective_length_and_curve(trained, tmp_pa
     docs = np.stack(long_documents(ByteTokenizer(), 3, SEQ + 1))
     tok, tgt = docs[:, :-1], docs[:, 1:]
     pos = np.broadcast_to(np.arange(SEQ, dtype=np.int32), tok.shape)
-    logits = eqx.filter_jit(lambda m, t, p: m(t, p, jnp.ones_like(t), plan=one))(model, jnp.asarray(tok), jnp.asarray(pos))
+    logits = eqx.filter_jit(lambda m, t, p: m(t, p, jnp.ones_like(t), plan=one))(
+        model, jnp.asarray(tok), jnp.asarray(pos)
+    )
     ref = np.asarray(token_nll(logits, jnp.asarray(tgt)))
     np.testing.assert_allclose(nll, [ref[:, a : a + 160].mean() for a in (0, 160, 320, 480)], rtol=2e-6)

@@ -91,7 +91,9 @@ def _numbers(rng: np.random.Generator, k: int, digits: int) -> list[str]:
     return out
 
 
-NIAH_HEAD = "Special magic numbers are hidden in the text below. Memorize them: you will be asked for them afterwards.\n"
+NIAH_HEAD = (
+    "Special magic numbers are hidden in the text below. Memorize them: you will be asked for them afterwards.\n"
+)
 NIAH_NEEDLE = "One of the special magic numbers for {key} is: {value}."
 NIAH_QUESTION = (
     "\nWhat are all the special magic numbers for {keys} in the text above? "

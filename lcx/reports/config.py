@@ -127,7 +127,9 @@ class EvalConfig:
             for t in self.tasks:
                 get_task(t)
             if not self.tasks and self.perplexity_docs == 0:
-                raise ValueError("eval.tasks=[] and eval.perplexity_docs=0: nothing to evaluate; name tasks or documents")
+                raise ValueError(
+                    "eval.tasks=[] and eval.perplexity_docs=0: nothing to evaluate; name tasks or documents"
+                )
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"eval.threshold={self.threshold}: must be a fraction in (0, 1] (RULER's: 0.856)")
         if self.perplexity_docs < 0 or self.perplexity_bins < 1:

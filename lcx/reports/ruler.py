@@ -69,7 +69,9 @@ def write_heatmap(rows: Sequence[dict[str, Any]], path: str | pathlib.Path, *, t
       ImportError: matplotlib is not installed (names the ``plots`` extra).
     """
     labels, lengths, v = heatmap_grid(rows)
-    return write_grid_png(v, labels, lengths, path, title=title, label="score", ylabel="needle depth / task", what="the CSV")
+    return write_grid_png(
+        v, labels, lengths, path, title=title, label="score", ylabel="needle depth / task", what="the CSV"
+    )
 
 
 def write_perplexity(curve: dict[str, Any], out_dir: pathlib.Path, *, train_seq_len: int, title: str) -> None:

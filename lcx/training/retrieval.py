@@ -191,7 +191,9 @@ def pyplot(path, what: str = "eval.json"):
     try:
         import matplotlib
     except ImportError as e:
-        raise ImportError(f"writing {path} needs matplotlib: pip install 'lcx[plots]' ({what} is written without it)") from e
+        raise ImportError(
+            f"writing {path} needs matplotlib: pip install 'lcx[plots]' ({what} is written without it)"
+        ) from e
     matplotlib.use("Agg")  # no display: write files only
     import matplotlib.pyplot as plt
 
