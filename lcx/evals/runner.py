@@ -27,18 +27,7 @@ DEFAULT_GENERATOR = "lcx.generate:generate"
 @runtime_checkable
 class GenerateFn(Protocol):
     """The signature of ``lcx.generate.generate``: continue each prompt by ``max_new_tokens``
-    tokens under the plan.
-
-    Args:
-      model: the model, placed on ``plan``.
-      prompts: one int ``[T_i]`` token array per row (lengths may differ).
-      plan: the bound plan (:class:`lcx.sharding.MeshPlan`).
-      max_new_tokens: N, tokens to generate per row.
-      temperature: 0.0: greedy (argmax); top_p: nucleus mass; key: PRNG key when sampling.
-
-    Returns:
-      int32 ``[len(prompts), N]`` generated token ids.
-    """
+    tokens under the plan (:meth:`__call__`)."""
 
     def __call__(
         self,
@@ -50,7 +39,19 @@ class GenerateFn(Protocol):
         temperature: float = 0.0,
         top_p: float = 1.0,
         key: Any = None,
-    ) -> Any: ...
+    ) -> Any:
+        """Generate.
+
+        Args:
+          model: the model, placed on ``plan``.
+          prompts: one int ``[T_i]`` token array per row (lengths may differ).
+          plan: the bound plan (:class:`lcx.sharding.MeshPlan`).
+          max_new_tokens: N, tokens to generate per row.
+          temperature: 0.0: greedy (argmax); top_p: nucleus mass; key: PRNG key when sampling.
+
+        Returns:
+          int32 ``[len(prompts), N]`` generated token ids.
+        """
 
 
 def resolve_generator(spec: str | GenerateFn | None = None) -> GenerateFn:
