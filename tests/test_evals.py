@@ -300,3 +300,10 @@ def test_frequent_words_refuses_a_length_it_cannot_rank():
     tiny = FrequentWords("fwe_tiny", alpha=1.01, vocab=1000)
     with pytest.raises(ValueError, match="never ranked 3 words without a tie"):
         tiny.example(BYTE, seed=0, length=250, depth=0.5, index=0)  # room for 3 words
+
+
+def test_long_eval_scores_keep_their_tensorboard_group():
+    from lcx.training.hooks import tensorboard_tag
+
+    assert tensorboard_tag("long_eval/vt") == "long_eval/vt" and tensorboard_tag("long_eval/mean") == "long_eval/mean"
+    assert tensorboard_tag("tokens/code") == "train/tokens/code" and tensorboard_tag("val_loss") == "val/loss"

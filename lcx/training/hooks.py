@@ -112,11 +112,12 @@ class MetricsHook:
 
 
 def tensorboard_tag(key: str) -> str:
-    """The TensorBoard tag of a ``metrics.jsonl`` key: ``val_loss`` -> ``val/loss``, a key with
-    its own group (``long_eval/vt``) as it is, any other key ``k`` -> ``train/k``."""
+    """The TensorBoard tag of a ``metrics.jsonl`` key: ``val_loss`` -> ``val/loss``, a
+    long-context score (``long_eval/vt``) as it is, any other key ``k`` -> ``train/k``
+    (``tokens/<source>`` -> ``train/tokens/<source>``)."""
     if key == "val_loss":
         return "val/loss"
-    return key if "/" in key else f"train/{key}"
+    return key if key.startswith("long_eval/") else f"train/{key}"
 
 
 LONG_EVAL_TASKS = ("niah_single", "niah_multikey", "vt")
