@@ -151,8 +151,8 @@ def predict_rows(
     for batch in batches:
         p, n = forward(model, put_batch(batch, sharding))
         ids = {"positions": batch["positions"], "segment_ids": batch["segment_ids"]}  # balanced: per row
-        preds.extend(undo_layout(np.asarray(p), layout, degree, axis=-1, **ids))
-        nlls.extend(undo_layout(np.asarray(n), layout, degree, axis=-1, **ids))
+        preds.extend(np.asarray(undo_layout(np.asarray(p), layout, degree, axis=-1, **ids)))
+        nlls.extend(np.asarray(undo_layout(np.asarray(n), layout, degree, axis=-1, **ids)))
     return preds, nlls
 
 
