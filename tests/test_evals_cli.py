@@ -177,3 +177,25 @@ def test_cli_ruler_writes_csv_heatmap_effective_length_and_curve(trained, tmp_pa
     )
     ref = np.asarray(token_nll(logits, jnp.asarray(tgt)))
     np.testing.assert_allclose(nll, [ref[:, a : a + 160].mean() for a in (0, 160, 320, 480)], rtol=2e-6)
+
+
+def test_the_test_decoder_is_greedy_under_teacher_forcing(trained):
+    # tests/_greedy.py right-pads rows of different lengths into one batch: each generated token
+    # must be the argmax of a plain forward over that row's own prompt and tokens so far
+    import _greedy
+    import equinox as eqx
+
+    from lcx.training.resume import load_model
+
+    root, _ = trained
+    one = _greedy._one_device()
+    model, _ = load_model(root / "ckpt", one)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(32, 127, size=n).astype(np.int32) for n in (37, 50)]
+    out = _greedy.greedy(model, prompts, plan=one, max_new_tokens=6)
+    assert out.shape == (2, 6) and out.dtype == np.int32
+    fwd = eqx.filter_jit(lambda m, t: m(t, jnp.arange(t.shape[1], dtype=jnp.int32)[None], jnp.ones_like(t), plan=one))
+    for p, gen in zip(prompts, out):
+        seq = jnp.asarray(np.concatenate([p, gen])[None, :-1])
+        pred = np.asarray(fwd(model, seq).argmax(-1))[0, p.size - 1 :]
+        np.testing.assert_array_equal(pred, gen)
