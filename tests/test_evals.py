@@ -307,3 +307,11 @@ def test_long_eval_scores_keep_their_tensorboard_group():
 
     assert tensorboard_tag("long_eval/vt") == "long_eval/vt" and tensorboard_tag("long_eval/mean") == "long_eval/mean"
     assert tensorboard_tag("tokens/code") == "train/tokens/code" and tensorboard_tag("val_loss") == "val/loss"
+
+
+def test_a_resume_may_change_long_eval_every():
+    from lcx.training.resume import config_changes
+
+    saved = {"train": {"lr": 1e-3, "long_eval_every": 0}}
+    assert config_changes(saved, {"train": {"lr": 1e-3, "long_eval_every": 50}}, step=10) == []
+    assert config_changes(saved, {"train": {"lr": 2e-3, "long_eval_every": 0}}, step=10) == ["train.lr: 0.001 -> 0.002"]
