@@ -199,3 +199,45 @@ def test_the_test_decoder_is_greedy_under_teacher_forcing(trained):
         seq = jnp.asarray(np.concatenate([p, gen])[None, :-1])
         pred = np.asarray(fwd(model, seq).argmax(-1))[0, p.size - 1 :]
         np.testing.assert_array_equal(pred, gen)
+
+
+def _query(*overrides):
+    from lcx.config import eval_query
+
+    with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
+        return eval_query(compose(config_name="eval_config", overrides=list(overrides)))
+
+
+def test_refusals_come_before_the_model_is_loaded(trained, tmp_path, devices, monkeypatch):
+    import lcx.training.resume as resume
+    from lcx.eval import run_generation_eval
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(resume, "load_model", no_load)
+    root, _ = trained
+    ckpt = f"checkpoint.dir={root / 'ckpt'}"
+    with pytest.raises(ValueError, match=r"eval length 300 is too short for task niah_single: .* at least \d+"):
+        run_generation_eval(_query("eval=niah", ckpt, "eval.lengths=[300]"), tmp_path, devices)
+    with pytest.raises(ValueError, match=r"eval.generator='lcx.generate:generate': cannot import lcx.generate"):
+        run_generation_eval(_query("eval=niah", ckpt, "eval.lengths=[1000]"), tmp_path, devices)
+    with pytest.raises(ValueError, match=r"no held-out document of the embedded corpus has 1000001 tokens"):
+        run_generation_eval(_query("eval=perplexity", ckpt, "eval.lengths=[1000000]"), tmp_path, devices)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_perplexity_preset_writes_only_the_curve(trained, tmp_path, devices):
+    from lcx.eval import run_generation_eval
+
+    root, _ = trained
+    q = _query("eval=perplexity", f"checkpoint.dir={root / 'ckpt'}", "eval.perplexity_docs=2", "eval.perplexity_bins=2")
+    rep = run_generation_eval(q, tmp_path, devices)  # lengths null: up to twice train.seq_len
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "perplexity.json",
+        "perplexity_by_position.csv",
+        "perplexity_by_position.png",
+    ]
+    curve = rep["perplexity"]
+    assert curve["seq_len"] == 2 * SEQ and curve["documents"] == 2 and curve["bin_end"] == [SEQ, 2 * SEQ]
+    assert curve["tokens"] == [2 * SEQ, 2 * SEQ] and rep["effective_length"] is None and rep["results"] == []
