@@ -103,7 +103,12 @@ def test_hook_refuses_a_training_length_too_short_before_compiling(tmp_path, dev
         ValueError, match=r"train.long_eval_every=5: eval length 512 is too short for task niah_multikey"
     ):
         _train(tmp_path, "train.seq_len=512", "train.long_eval_every=5", devices=devices)
-    with pytest.raises(ValueError, match=r"cannot import lcx.generate"):  # not merged yet; a clear message
+    import lcx.evals.runner as runner
+
+    monkeypatch.setattr(runner, "DEFAULT_GENERATOR", "lcx.nosuch:generate")
+    with pytest.raises(
+        ValueError, match=r"train.long_eval_every=5: eval.generator='lcx.nosuch:generate': cannot import"
+    ):
         _train(tmp_path, "train.long_eval_every=5", devices=devices)
 
 
@@ -220,8 +225,10 @@ def test_refusals_come_before_the_model_is_loaded(trained, tmp_path, devices, mo
     ckpt = f"checkpoint.dir={root / 'ckpt'}"
     with pytest.raises(ValueError, match=r"eval length 300 is too short for task niah_single: .* at least \d+"):
         run_generation_eval(_query("eval=niah", ckpt, "eval.lengths=[300]"), tmp_path, devices)
-    with pytest.raises(ValueError, match=r"eval.generator='lcx.generate:generate': cannot import lcx.generate"):
-        run_generation_eval(_query("eval=niah", ckpt, "eval.lengths=[1000]"), tmp_path, devices)
+    with pytest.raises(ValueError, match=r"eval.generator='lcx.nosuch:generate': cannot import lcx.nosuch"):
+        run_generation_eval(
+            _query("eval=niah", ckpt, "eval.lengths=[1000]", "eval.generator=lcx.nosuch:generate"), tmp_path, devices
+        )
     with pytest.raises(ValueError, match=r"no held-out document of the embedded corpus has 1000001 tokens"):
         run_generation_eval(_query("eval=perplexity", ckpt, "eval.lengths=[1000000]"), tmp_path, devices)
     assert not list(tmp_path.iterdir())  # nothing written
@@ -241,3 +248,23 @@ def test_perplexity_preset_writes_only_the_curve(trained, tmp_path, devices):
     curve = rep["perplexity"]
     assert curve["seq_len"] == 2 * SEQ and curve["documents"] == 2 and curve["bin_end"] == [SEQ, 2 * SEQ]
     assert curve["tokens"] == [2 * SEQ, 2 * SEQ] and rep["effective_length"] is None and rep["results"] == []
+
+
+def test_lcx_generate_agrees_with_the_test_decoder(trained, devices):
+    # once lcx.generate is merged: its context-parallel greedy decoding under the run's plan gives
+    # the plain single-device decoder's tokens (measured on the trial merge: equal, and the
+    # ruler CLI's predictions equal in all 16 cells of a 150-step checkpoint)
+    generate = pytest.importorskip("lcx.generate").generate
+    import _greedy
+
+    from lcx.sharding import bind
+    from lcx.sharding.config import preset
+    from lcx.training.resume import load_model
+
+    root, _ = trained
+    mp = bind(preset("allgather"), devices)
+    model, _ = load_model(root / "ckpt", mp)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(32, 127, size=n).astype(np.int32) for n in (61, 64)]
+    got = np.asarray(generate(model, prompts, plan=mp, max_new_tokens=8))
+    np.testing.assert_array_equal(got, _greedy.greedy(model, prompts, plan=mp, max_new_tokens=8))
