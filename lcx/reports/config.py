@@ -71,29 +71,72 @@ class PlanQuery:
     published: Optional[Published] = None
 
 
+EVAL_TASKS = ("passkey", "generation")
+"""What ``eval.task`` may be: ``passkey`` (teacher-forced retrieval, :mod:`lcx.training.retrieval`)
+or ``generation`` (tasks scored by generation, :mod:`lcx.evals`; ``eval=ruler|niah|perplexity``)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    """``eval:`` of ``conf/eval_config.yaml`` (the meaning of each key is there).
+    """``eval:`` of ``conf/eval_config.yaml``: one of the ``conf/eval/*.yaml`` presets (the
+    meaning of each key is there).
 
     Attributes:
-      task: ``passkey``.
+      task: ``passkey`` or ``generation`` (:data:`EVAL_TASKS`); name: the preset's name, the
+        stem of the files written (``ruler.csv``, ...).
       lengths: context lengths in tokens (None: half, once and twice the checkpoint's).
-      depths: key depths, fractions of the row; per_depth: rows per (length, depth).
+      depths: needle (key) depths, fractions of the haystack; per_depth: rows (samples) per
+        (length, depth), per task.
       global_batch: rows per forward pass (None: the checkpoint's ``train.global_batch``).
-      digits: pass key digits (None: the checkpoint's ``data.digits``, else 5); seed: the rows'.
+      digits: pass key digits of ``passkey`` (None: the checkpoint's ``data.digits``, else 5);
+        seed: the rows' (examples') seed.
+      tasks: ``generation``: names in :data:`lcx.evals.TASKS` (may be empty with a curve).
+      threshold: the effective length's score threshold, a fraction (RULER's 0.856).
+      generator: ``module:function`` of the generation function (:class:`lcx.evals.GenerateFn`).
+      perplexity_docs: held-out documents of the perplexity-by-position curve (0: no curve);
+        perplexity_bins: its position bins.
+
+    Raises:
+      ValueError: an unknown ``task`` or generation task, no task and no curve, a threshold
+        outside (0, 1], a negative ``perplexity_docs`` or ``perplexity_bins < 1``.
     """
 
     task: str
+    name: str
     lengths: Optional[list[int]]
     depths: list[float]
     per_depth: int
     global_batch: Optional[int]
     digits: Optional[int]
     seed: int
+    tasks: list[str]
+    threshold: float
+    generator: str
+    perplexity_docs: int
+    perplexity_bins: int
 
     def __post_init__(self):
-        if self.task != "passkey":
-            raise ValueError(f"eval.task={self.task!r} is unknown; lcx.eval has 'passkey'")
+        from lcx.evals.tasks import get_task
+
+        if self.task not in EVAL_TASKS:
+            raise ValueError(
+                f"eval.task={self.task!r} is unknown; lcx.eval has {', '.join(EVAL_TASKS)} "
+                "(choose a preset: eval=passkey, eval=ruler, eval=niah or eval=perplexity)"
+            )
+        if self.task == "generation":
+            for t in self.tasks:
+                get_task(t)
+            if not self.tasks and self.perplexity_docs == 0:
+                raise ValueError(
+                    "eval.tasks=[] and eval.perplexity_docs=0: nothing to evaluate; name tasks or documents"
+                )
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"eval.threshold={self.threshold}: must be a fraction in (0, 1] (RULER's: 0.856)")
+        if self.perplexity_docs < 0 or self.perplexity_bins < 1:
+            raise ValueError(
+                f"eval.perplexity_docs={self.perplexity_docs}, eval.perplexity_bins={self.perplexity_bins}: "
+                "need documents >= 0 (0: no curve) and bins >= 1"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +186,7 @@ class ExportQuery:
 
 
 __all__ = [
+    "EVAL_TASKS",
     "EvalCheckpointConfig",
     "EvalConfig",
     "EvalQuery",

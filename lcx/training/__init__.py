@@ -1,6 +1,7 @@
 """Training: loss (whole or in vocabulary tiles), optimizer, sharded train/eval steps with host
 offload, the state (:class:`TrainState`), the loop and its hooks, checkpoints, the preflight
-checks, run metadata."""
+checks, run metadata; the teacher-forced evaluations that reuse the loss (passkey retrieval,
+:mod:`lcx.training.retrieval`; loss by position, :mod:`lcx.training.perplexity`)."""
 
 from lcx.training.config import MemoryOptions
 from lcx.training.hooks import Hooks

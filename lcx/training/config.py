@@ -45,6 +45,9 @@ class TrainConfig:
       check_memory, dry_run, reuse_run_dir, tensorboard: the switches of ``conf/config.yaml``.
       schedule_start: the first optimizer step of a length-extension stage
         (:mod:`lcx.training.schedule` sets it, never a YAML file); None: 0.
+      long_eval_every: steps between scorings of a small set of long-context tasks at
+        ``seq_len`` by generation (:class:`lcx.training.hooks.LongEvalHook`); 0 or None: never
+        (None: a checkpoint written before the key existed).
 
     Raises:
       ValueError: ``steps``, ``seq_len`` or ``global_batch`` below 1.
@@ -69,6 +72,7 @@ class TrainConfig:
     reuse_run_dir: bool
     tensorboard: bool
     schedule_start: Optional[int] = None
+    long_eval_every: Optional[int] = None
 
     def __post_init__(self):
         # whole numbers are checked at the edge (lcx.config.schema): train.seq_len=512.5 is an

@@ -3,6 +3,7 @@
 The loop (:func:`lcx.training.stepping.run_steps`) runs one step, fills a
 :class:`~lcx.training.stepping.StepInfo` and hands it to :class:`Hooks`; every cross-cutting
 concern is one hook here, run in the order registered: :class:`EvalHook` (validation loss),
+:class:`LongEvalHook` (long-context task scores by generation, :mod:`lcx.evals`),
 :class:`MetricsHook` (``metrics.jsonl``), :class:`TensorBoardHook` (the same records as
 TensorBoard scalars), :class:`ProgressHook` (the tqdm bar) and :class:`CheckpointHook` (saves,
 their failures, and the graceful stop after SIGTERM/SIGINT). :func:`make_hooks` builds them
@@ -21,6 +22,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from lcx.training.checkpoint import Checkpoints, CheckpointSaveError
@@ -110,9 +112,70 @@ class MetricsHook:
 
 
 def tensorboard_tag(key: str) -> str:
-    """The TensorBoard tag of a ``metrics.jsonl`` key: ``val_loss`` -> ``val/loss``, any other
-    key ``k`` -> ``train/k``."""
-    return "val/loss" if key == "val_loss" else f"train/{key}"
+    """The TensorBoard tag of a ``metrics.jsonl`` key: ``val_loss`` -> ``val/loss``, a
+    long-context score (``long_eval/vt``) as it is, any other key ``k`` -> ``train/k``
+    (``tokens/<source>`` -> ``train/tokens/<source>``)."""
+    if key == "val_loss":
+        return "val/loss"
+    return key if key.startswith("long_eval/") else f"train/{key}"
+
+
+LONG_EVAL_TASKS = ("niah_single", "niah_multikey", "vt")
+"""The tasks :class:`LongEvalHook` scores (:data:`lcx.evals.TASKS`)."""
+
+LONG_EVAL_DEPTHS = (0.25, 0.75)
+"""Needle depths of :class:`LongEvalHook`; it scores 2 examples per (task, depth)."""
+
+
+@dataclasses.dataclass
+class LongEvalHook:
+    """Scores :data:`LONG_EVAL_TASKS` at the training length by greedy generation
+    (:func:`lcx.evals.runner.score_cells`) on the step's parameters, and puts the mean score
+    (0-1) of each task in the step's record as ``long_eval/<task>`` (and ``long_eval/mean``),
+    so :class:`MetricsHook` and :class:`TensorBoardHook` log it. The examples are built once,
+    when the hook is made (:func:`long_eval_hook`), and are the same at every evaluation.
+
+    Attributes:
+      static: the model's static part; mp: the run's bound plan; tokenizer: the run's.
+      cells: the examples (:func:`lcx.evals.runner.build_grid`); generate: the generation function.
+    """
+
+    static: Any
+    mp: Any
+    tokenizer: Any
+    cells: list
+    generate: Any
+
+    def __call__(self, info: StepInfo) -> None:
+        import equinox as eqx
+
+        from lcx.evals.runner import mean_by_task, score_cells
+
+        model = eqx.combine(info.state.params, self.static)
+        rows = score_cells(model, self.mp, self.tokenizer, self.cells, generate=self.generate)
+        means = {t: float(np.mean(list(by.values()))) for t, by in mean_by_task(rows).items()}
+        info.record.update({f"long_eval/{t}": v for t, v in means.items()})
+        info.record["long_eval/mean"] = float(np.mean(list(means.values())))
+
+
+def long_eval_hook(run: Run) -> LongEvalHook:
+    """The run's :class:`LongEvalHook`, its examples built and its generation function
+    (:data:`lcx.evals.DEFAULT_GENERATOR`) imported now, before anything compiles.
+
+    Raises:
+      ValueError: ``train.seq_len`` too short for a task (names both numbers), or no generation
+        function can be imported.
+    """
+    from lcx.evals.runner import build_grid, resolve_generator
+
+    tok = run.data.tokenizer
+    seq = run.config.train.seq_len
+    try:
+        cells = build_grid(tok, tasks=LONG_EVAL_TASKS, lengths=[seq], depths=LONG_EVAL_DEPTHS, samples=2, seed=0)
+        gen = resolve_generator(None)
+    except ValueError as e:
+        raise ValueError(f"train.long_eval_every={run.config.train.long_eval_every}: {e}") from e
+    return LongEvalHook(run.static, run.mp, tok, cells, gen)
 
 
 @dataclasses.dataclass
@@ -167,10 +230,14 @@ def add_logging_hooks(
       start: the step the run starts after (:func:`open_tensorboard`).
       tensorboard: ``train.tensorboard``.
     """
-    logged: dict[str, Any] = {"every": max(1, every), "also": lambda i: "val_loss" in i.record}
+    logged: dict[str, Any] = {"every": max(1, every), "also": lambda i: "val_loss" in i.record or _long_eval(i)}
     hooks.add_hook(MetricsHook(stack.enter_context((run_dir / "metrics.jsonl").open("a"))), **logged)
     if tensorboard:
         hooks.add_hook(TensorBoardHook(stack.enter_context(open_tensorboard(run_dir / "tensorboard", start))), **logged)
+
+
+def _long_eval(info: StepInfo) -> bool:
+    return "long_eval/mean" in info.record
 
 
 @dataclasses.dataclass
@@ -253,19 +320,25 @@ class CheckpointHook:
         raise SystemExit(128 + signum)
 
 
-def make_hooks(run: Run, run_dir: pathlib.Path, stack: contextlib.ExitStack, start: Start) -> Hooks:
+def make_hooks(
+    run: Run, run_dir: pathlib.Path, stack: contextlib.ExitStack, start: Start, long_eval: LongEvalHook | None = None
+) -> Hooks:
     """The hooks of a run, in the order they run after a step: evaluation (every
-    ``train.eval_every``), the ``metrics.jsonl`` line (every ``train.log_every`` and at each
+    ``train.eval_every``), long-context task scores (every ``train.long_eval_every``), the ``metrics.jsonl`` line (every ``train.log_every`` and at each
     evaluation) and, with ``train.tensorboard``, the same record as TensorBoard scalars in
     ``run_dir/tensorboard``, the progress bar, checkpoints (with ``checkpoint.dir``; saved before
     exiting after SIGTERM/SIGINT). What they open is closed by ``stack``; a run with no step left
-    to train (``start.done``) gets none, and opens nothing."""
+    to train (``start.done``) gets none, and opens nothing. ``long_eval``: the run's
+    :func:`long_eval_hook`, built before the model is (None: built here when
+    ``train.long_eval_every`` asks for it)."""
     t = run.config.train
     hooks = Hooks()
     if start.done:
         return hooks
     if t.eval_every > 0:
         hooks.add_hook(EvalHook(run.steps, run.data, t.eval_batches), every=t.eval_every)
+    if t.long_eval_every:
+        hooks.add_hook(long_eval or long_eval_hook(run), every=t.long_eval_every)
     add_logging_hooks(hooks, run_dir, stack, every=t.log_every, start=start.step, tensorboard=t.tensorboard)
     bar = stack.enter_context(tqdm(total=t.steps, initial=start.step, desc=f"train[{run.mp.plan.name}]", unit="step"))
     hooks.add_hook(ProgressHook(bar))
@@ -295,14 +368,18 @@ def checkpoint_meta(run: Run, loss: float | None, val: float | None) -> dict[str
 
 __all__ = [
     "CheckpointHook",
+    "LONG_EVAL_DEPTHS",
+    "LONG_EVAL_TASKS",
     "EvalHook",
     "Hooks",
+    "LongEvalHook",
     "MetricsHook",
     "ProgressHook",
     "TensorBoardHook",
     "add_logging_hooks",
     "checkpoint_meta",
     "evaluate",
+    "long_eval_hook",
     "make_hooks",
     "open_tensorboard",
     "tensorboard_tag",

@@ -8,8 +8,8 @@
    state, as one :class:`~lcx.training.resume.Start`; the run directory claimed
    (:func:`lcx.training.rundir.record_run`);
 3. loop with hooks: the hooks built (:func:`lcx.training.hooks.make_hooks`: evaluation,
-   metrics, progress, checkpoints), then the step compiled and run once per step, the hooks
-   after each (:func:`lcx.training.stepping.run_steps`);
+   long-context scores, metrics, progress, checkpoints), then the step compiled and run once
+   per step, the hooks after each (:func:`lcx.training.stepping.run_steps`);
 4. finish: the :class:`~lcx.training.state.TrainResult`.
 
 Each phase reads what the one before built. The configuration arrives typed
@@ -24,7 +24,7 @@ import pathlib
 
 from lcx.training.config import RunConfig
 from lcx.training.hooks import evaluate as evaluate
-from lcx.training.hooks import make_hooks
+from lcx.training.hooks import long_eval_hook, make_hooks
 from lcx.training.preflight import setup
 from lcx.training.resume import restore
 from lcx.training.rundir import RunDirInUseError as RunDirInUseError
@@ -68,13 +68,15 @@ def train(config: RunConfig, run_dir: str | pathlib.Path, devices=None) -> Train
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     run = setup(config, devices)
+    # its examples and generation function first: a refusal comes before the state is compiled
+    long_eval = long_eval_hook(run) if config.train.long_eval_every else None
     start = restore(run)
     with contextlib.ExitStack() as stack:
         stack.callback(run.data.train.close)  # the data pipeline's worker processes
         if start.ckpts is not None:
             stack.callback(start.ckpts.close)  # an exception still lets an in-flight (good) save finish
         record_run(run, run_dir, start.step, resumed=start.resumed)
-        hooks = make_hooks(run, run_dir, stack, start)
+        hooks = make_hooks(run, run_dir, stack, start, long_eval)
         return run_steps(run, run_dir, stack, start, hooks)
 
 

@@ -222,7 +222,9 @@ def check_compatible(meta: Mapping[str, Any], model: Mapping[str, Any], *, where
         )
 
 
-TRAIN_KEYS_FREE = frozenset({"log_every", "eval_every", "eval_batches", "check_memory", "dry_run", "reuse_run_dir"})
+TRAIN_KEYS_FREE = frozenset(
+    {"log_every", "eval_every", "eval_batches", "long_eval_every", "check_memory", "dry_run", "reuse_run_dir"}
+)
 """``train.*`` keys a resume may change: what is logged and checked, not what is trained."""
 DATA_KEYS_FREE = frozenset({"workers", "prefetch"})
 """``data.*`` keys a resume may change: how the batches are built, not which (grain's state is
