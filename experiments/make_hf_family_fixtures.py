@@ -84,7 +84,10 @@ MODELS = {
         Qwen3ForCausalLM,
         lambda: Qwen3Config(**DIMS, num_hidden_layers=2, num_key_value_heads=1, tie_word_embeddings=True),
     ),
-    "hf_tiny_gemma3": (Gemma3ForCausalLM, lambda: Gemma3TextConfig(**GEMMA, num_hidden_layers=7, num_key_value_heads=2)),
+    "hf_tiny_gemma3": (
+        Gemma3ForCausalLM,
+        lambda: Gemma3TextConfig(**GEMMA, num_hidden_layers=7, num_key_value_heads=2),
+    ),
     "hf_tiny_gemma3_mm": (Gemma3ForConditionalGeneration, _text_mm),
 }
 

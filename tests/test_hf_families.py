@@ -32,7 +32,9 @@ FAMILIES = ["hf_tiny_qwen2", "hf_tiny_qwen3", "hf_tiny_gemma3", "hf_tiny_gemma3_
 CP = Plan(
     mesh=(("context", 8),),
     activations={"batch": (), "seq": "context"},
-    attention=AttentionConfig(strategy={"global": "ring", "sliding": "halo"}, layout="contiguous", block_q=8, block_kv=8),
+    attention=AttentionConfig(
+        strategy={"global": "ring", "sliding": "halo"}, layout="contiguous", block_q=8, block_kv=8
+    ),
 )
 
 
@@ -142,7 +144,10 @@ def test_gemma3_hub_config_format_imports():
         ({"layer_types": ["chunked_attention"] * 7}, ["chunked_attention", "full_attention"]),
         ({"layer_types": ["full_attention"] * 3}, ["3 entries", "num_hidden_layers=7"]),
         ({"use_bidirectional_attention": True}, ["use_bidirectional_attention=True"]),
-        ({"rope_parameters": {"full_attention": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}}}, ["'dynamic'"]),
+        (
+            {"rope_parameters": {"full_attention": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}}},
+            ["'dynamic'"],
+        ),
         ({"architectures": ["Gemma2ForCausalLM"]}, ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3ForCausalLM"]),
     ],
 )
@@ -156,11 +161,15 @@ def test_gemma3_config_refusals(change, words):
 
 def test_qwen_sliding_layers_map_to_a_pattern_or_are_refused():
     hf = json.loads((FIX / "hf_tiny_qwen3" / "config.json").read_text())
-    cfg = hf_config({**hf, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0, "layer_types": None})
+    cfg = hf_config(
+        {**hf, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0, "layer_types": None}
+    )
     assert cfg.sliding_window == 16 and cfg.layer_pattern is None
     with pytest.raises(HFImportError, match="sliding_attention layers but no sliding_window"):
         hf_config({**hf, "layer_types": ["sliding_attention", "full_attention"]})
-    mixed = hf_config({**hf, "use_sliding_window": True, "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]})
+    mixed = hf_config(
+        {**hf, "use_sliding_window": True, "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]}
+    )
     assert [k.kind for k in mixed.layer_kinds] == ["sliding", "global"]
     assert to_hf_config(mixed, torch_dtype="float32")["layer_types"] == ["sliding_attention", "full_attention"]
 
