@@ -262,11 +262,15 @@ def _layers(hf: Mapping[str, Any], fam: Family, n_layers: int) -> dict[str, Any]
         model_rope.update(rest)  # a scaled kind's ramp parameters live at model level
     kinds = {}
     for t, rope in ropes.items():
-        differs = {k: rope.get(k) for k in _KIND_ROPE if rope.get(k) != model_rope.get(k)}
-        if t == "sliding_attention":
-            kinds[t] = LayerKind("sliding", window=int(window), **differs)  # type: ignore[arg-type]
-        else:
-            kinds[t] = LayerKind("global", **differs)
+        theta, stype, factor = (rope.get(k) if rope.get(k) != model_rope.get(k) else None for k in _KIND_ROPE)
+        w = int(window) if t == "sliding_attention" else None  # type: ignore[arg-type]
+        kinds[t] = LayerKind(
+            "sliding" if w else "global",
+            window=w,
+            rope_theta=theta,
+            rope_scaling_type=stype,
+            rope_scaling_factor=factor,
+        )
     return dict(model_rope, sliding_window=None, layer_pattern=tuple(kinds[t] for t in period))
 
 

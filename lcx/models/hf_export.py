@@ -78,7 +78,7 @@ def _family(cfg: ModelConfig) -> Family:
                 "LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3ForCausalLM and Gemma3ForCausalLM have "
                 "global or sliding attention with RoPE and no sinks"
             )
-    windows = {k.window for k in kinds if k.kind == "sliding"}
+    windows = {k.window for k in kinds if k.window is not None}
     if len(windows) > 1:
         raise HFExportError(f"layer pattern {desc} has windows {sorted(windows)}; Hugging Face configs have one")
     options = {f: getattr(cfg, f) for f in OPTION_FIELDS}
