@@ -153,6 +153,7 @@ def _validate(tool: str, args: list[str], tmp: pathlib.Path) -> None:
     for job in _jobs(args):
         cfg = _compose(tool, [*job, "train.dry_run=true"] if tool == "lcx.train" else job)
         with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(tmp)  # relative paths a page's command names (model.path=hf/...) are the page's
             mp.setattr(cli, "output_dir", lambda: str(tmp / "run"))
             mp.setattr(cli, "start_devices", lambda *a, **k: (_ for _ in ()).throw(_Validated()))
             with contextlib.suppress(_Validated), contextlib.redirect_stdout(io.StringIO()):

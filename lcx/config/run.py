@@ -157,7 +157,8 @@ def model_config(node: Any, tokenizer: Tokenizer | None = None) -> ModelConfig:
 
 def pretrained_path(node: Any) -> str | None:
     """``model.path`` (``model=hf``): the Hugging Face checkpoint directory the model is read from,
-    made absolute against the launch directory; None for a model section without it.
+    made absolute (a relative path under the launch directory, else the current one, as
+    ``data.tokenizer``); None for a model section without it.
 
     Raises:
       ValueError: ``model.path`` is missing (``???``), not a string, or not a directory with a
@@ -172,11 +173,16 @@ def pretrained_path(node: Any) -> str | None:
     p = plain(node)["path"]
     if not isinstance(p, str) or not p:
         raise ValueError(f"model.path must be a checkpoint directory, got {p!r}")
-    d = pathlib.Path(p).expanduser()
-    d = d if d.is_absolute() else launch_dir() / d
-    if not (d / "config.json").is_file():
-        raise ValueError(f"model.path={p}: no config.json in {d}; give a Hugging Face checkpoint directory")
-    return str(d)
+    given = pathlib.Path(p).expanduser()
+    # as data.tokenizer (tokenizer_path): under the launch directory, else as given
+    tried = [given] if given.is_absolute() else [launch_dir() / given, given.absolute()]
+    for d in tried:
+        if (d / "config.json").is_file():
+            return str(d)
+    raise ValueError(
+        f"model.path={p}: no config.json in {' or '.join(map(str, dict.fromkeys(tried)))}; give a Hugging Face "
+        "checkpoint directory"
+    )
 
 
 def plan_config(node: Any, hardware: HardwareConfig) -> Plan:
