@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from lcx.cost import kv_cache_bytes_per_device
 from lcx.models.kinds import LayerKind
 
 
@@ -184,8 +185,8 @@ def write_slots(group: CacheGroup, step: Int[Array, ""], pos: Int[Array, " B"], 
 def cache_bytes_per_device(
     layout: CacheLayout, *, local_batch: int, kv_heads: int, head_dim: int, bytes_per_element: int
 ) -> int:
-    """Bytes of the KV cache on one device: K and V of every group, plus the int32 position and
-    segment id of every slot.
+    """Bytes of the KV cache on one device (:func:`lcx.cost.kv_cache_bytes_per_device` of this
+    layout's groups): K and V of every group, plus the int32 position and segment id of every slot.
 
     Args:
       layout: the cache geometry.
@@ -193,16 +194,11 @@ def cache_bytes_per_device(
       kv_heads: kv heads per device (K / tensor degree).
       head_dim: H.
       bytes_per_element: of K and V (the model's compute dtype; 4 for float32).
-
-    Returns:
-      Bytes: ``sum_g (2 L_g b s_g k h a + 2 * 4 b s_g)`` with ``s_g`` the local slots.
     """
-    total = 0
-    for g in layout.groups:
-        s = g.local_slots
-        total += 2 * len(g.layers) * local_batch * s * kv_heads * head_dim * bytes_per_element
-        total += 2 * 4 * local_batch * s
-    return total
+    groups = [(len(g.layers), g.local_slots) for g in layout.groups]
+    return kv_cache_bytes_per_device(
+        groups, local_batch=local_batch, kv_heads=kv_heads, head_dim=head_dim, bytes_per_element=bytes_per_element
+    )
 
 
 __all__ = [
