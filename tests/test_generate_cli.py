@@ -9,12 +9,12 @@ import json
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_module
+from _checkpoints import compose as _compose
+from _checkpoints import train_tiny
 
-from lcx.config import generate_query, run_config
+from lcx.config import generate_query
 from lcx.data.tokenizers import get_tokenizer
 from lcx.generate import generate
 from lcx.generate.__main__ import run_generate
@@ -24,33 +24,9 @@ from lcx.training.resume import load_model
 PROMPTS = ["def main(", "import"]
 
 
-def _compose(name: str, overrides: list[str]):
-    with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
-        return compose(config_name=name, overrides=overrides)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, devices):
-    from lcx.training.loop import train
-
-    root = tmp_path_factory.mktemp("generate")
-    cfg = _compose(
-        "config",
-        [
-            "model=tiny",
-            "plan=ring",
-            "train.seq_len=128",
-            "train.global_batch=8",
-            "train.steps=1",
-            "train.warmup_steps=0",
-            "train.eval_every=0",
-            f"checkpoint.dir={root / 'ckpt'}",
-            "checkpoint.every=0",
-        ],
-    )
-    with jax.numpy_dtype_promotion("standard"):
-        train(run_config(cfg), root / "run", devices)
-    return root / "ckpt"
+    return train_tiny(tmp_path_factory.mktemp("generate"), devices, ["plan=ring"])
 
 
 def test_generate_cli_on_the_checkpoint_plan_and_another(checkpoint, tmp_path, devices):
