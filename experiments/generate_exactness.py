@@ -34,23 +34,24 @@ from lcx.training.runinfo import git_commit  # noqa: E402
 
 
 def main() -> None:
-    cases = [(name, "single device", "-", "xla") for name in T.MODELS]
-    cases += [(n, s, layout, "xla") for n, s, layout in T.CP_CASES]
-    cases += [("hybrid", T.HYBRID_HALO, "zigzag", "splash")]
+    cases = [(name, "single device", "-", "xla", "1 device") for name in T.MODELS]
+    cases += [(n, s, layout, "xla", mesh) for n, s, layout, mesh in T.CP_CASES]
+    cases += [("hybrid", T.HYBRID_HALO, "zigzag", "splash", "dp2-cp4")]
     rows = []
-    for name, strategy, layout, kernel in cases:
+    for name, strategy, layout, kernel, mesh in cases:
         ref_toks, ref_logits, forced = T.reference(name)
         if strategy == "single device":
             toks, logits = ref_toks, ref_logits
         else:
             blocks = (128, 128) if kernel == "splash" else (8, 16)
-            toks, logits = T.greedy(T.model(name), T.plan(strategy, layout, kernel=kernel, blocks=blocks))
+            toks, logits = T.greedy(T.model(name), T.plan(strategy, layout, kernel=kernel, blocks=blocks, mesh=mesh))
         label = "ring + halo" if isinstance(strategy, dict) else strategy
         rows.append(
             {
                 "model": name,
                 "strategy": label,
                 "layout": layout,
+                "mesh": "usp 2x2 (+ data 2)" if strategy == "usp" else mesh,
                 "kernel": kernel,
                 "tokens_equal_one_device": bool(np.array_equal(toks, ref_toks)),
                 "tokens_equal_teacher_argmax": bool(np.array_equal(toks, forced.argmax(-1))),

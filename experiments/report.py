@@ -149,6 +149,7 @@ def generate_exactness() -> str:
             "model",
             "strategy",
             "layout",
+            "mesh",
             "kernel",
             "tokens = one device's",
             "tokens = teacher argmax",
@@ -160,6 +161,7 @@ def generate_exactness() -> str:
                 r["model"],
                 r["strategy"],
                 r["layout"],
+                r["mesh"],
                 r["kernel"],
                 yes(r["tokens_equal_one_device"]),
                 yes(r["tokens_equal_teacher_argmax"]),
@@ -168,7 +170,7 @@ def generate_exactness() -> str:
             ]
             for r in rows
         ],
-        left=(0, 1, 2, 3),
+        left=(0, 1, 2, 3, 4),
     ) + (f"\n\nlcx {rows[0]['git_commit']}, python {rows[0]['python']}, jax {rows[0]['jax']}." if rows else "")
 
 

@@ -3,9 +3,9 @@ teacher forcing, for every strategy, the three layouts, GQA, sinks, sliding and 
 
 The reference is teacher forcing: the model's own forward (``Llama.__call__``, one device) over
 prompt + generated tokens. Greedy decoding must pick its argmax at every step and its logits must
-be within 1e-5 of the decoding logits; CP decoding (P = 4 context devices x 2 data, every
-registered strategy, or ring for global layers with halo for sliding and chunked ones) must emit
-exactly the single-device tokens. Shapes are tiny (vocabulary 64, width 32, 3 layers) and the
+be within 1e-5 of the decoding logits; CP decoding (every registered strategy, or ring for global
+layers with halo for sliding and chunked ones; 4 context devices x 2 data, 8 context devices, or 4
+context x 2 tensor devices splitting the heads) must emit exactly the single-device tokens. Shapes are tiny (vocabulary 64, width 32, 3 layers) and the
 prompts have different lengths (29 and 17 tokens, padded to 32 as zigzag needs), so the padding,
 the append rule, the sliding ring (window 5, chunk 5: ring of 8 slots, wrapped during decoding)
 and the per-row positions are all exercised.
@@ -50,10 +50,12 @@ MODELS = {
     ),
 }
 
-MESH = (("data", 2), ("context", 4))
-ACTIVATIONS = {"batch": "data", "seq": "context"}
-USP_MESH = (("data", 2), ("ulysses", 2), ("ring", 2))
-USP_ACTIVATIONS = {"batch": "data", "seq": ("ulysses", "ring")}
+MESHES = {  # name: (mesh, activation rules)
+    "dp2-cp4": ((("data", 2), ("context", 4)), {"batch": "data", "seq": "context"}),
+    "cp8": ((("context", 8),), {"seq": "context"}),  # 7 new tokens: one device gets none appended
+    "tp2-cp4": ((("tensor", 2), ("context", 4)), {"seq": "context", "heads": "tensor"}),  # heads split
+    "usp": ((("data", 2), ("ulysses", 2), ("ring", 2)), {"batch": "data", "seq": ("ulysses", "ring")}),
+}
 HYBRID_HALO = {"global": "ring", "sliding": "halo", "chunked": "halo"}
 
 
@@ -71,17 +73,13 @@ def prompts():
     return [rng.integers(0, 64, n) for n in LENGTHS]
 
 
-def plan(strategy, layout="zigzag", kernel="xla", blocks=(8, 16)):
+def plan(strategy, layout="zigzag", kernel="xla", blocks=(8, 16), mesh="dp2-cp4"):
     usp = strategy == "usp"
     attn = {"strategy": strategy, "layout": layout, "kernel": kernel, "block_q": blocks[0], "block_kv": blocks[1]}
     if usp:
         attn |= {"ulysses_axis": "ulysses", "ring_axis": "ring"}
-    p = Plan(
-        mesh=USP_MESH if usp else MESH,
-        activations=USP_ACTIVATIONS if usp else ACTIVATIONS,
-        attention=AttentionConfig(**attn),
-    )
-    return bind(p)
+    axes, rules = MESHES["usp" if usp else mesh]
+    return bind(Plan(mesh=axes, activations=rules, attention=AttentionConfig(**attn)))
 
 
 @functools.cache
@@ -125,25 +123,27 @@ def test_single_device_decoding_is_teacher_forcing(name):
     assert err <= LOGIT_TOL, f"{name}: decode logits differ from teacher forcing by {err:.2e}"
 
 
-CP_CASES = [
-    *[("hybrid", s, "zigzag") for s in ("allgather", "a2a", "ring", "usp")],
-    ("hybrid", HYBRID_HALO, "zigzag"),
-    ("hybrid", "ring", "contiguous"),
-    ("hybrid", "ring", "balanced"),
-    ("gqa", "a2a", "balanced"),
-    ("gqa", "allgather", "contiguous"),
+CP_CASES = [  # (model, strategy, layout, mesh)
+    *[("hybrid", s, "zigzag", "dp2-cp4") for s in ("allgather", "a2a", "ring", "usp")],
+    ("hybrid", HYBRID_HALO, "zigzag", "dp2-cp4"),
+    ("hybrid", "ring", "contiguous", "dp2-cp4"),
+    ("hybrid", "ring", "balanced", "dp2-cp4"),
+    ("hybrid", "ring", "zigzag", "cp8"),
+    ("hybrid", "ring", "zigzag", "tp2-cp4"),
+    ("gqa", "a2a", "balanced", "dp2-cp4"),
+    ("gqa", "allgather", "contiguous", "dp2-cp4"),
 ]
 
 
 def _case_id(case):
-    name, s, layout = case
-    return f"{name}-{'ring+halo' if isinstance(s, dict) else s}-{layout}"
+    name, s, layout, mesh = case
+    return f"{name}-{'ring+halo' if isinstance(s, dict) else s}-{layout}-{mesh}"
 
 
 @pytest.mark.parametrize("case", CP_CASES, ids=_case_id)
 def test_cp_decoding_equals_single_device(case):
-    name, strategy, layout = case
-    toks, logits = greedy(model(name), plan(strategy, layout))
+    name, strategy, layout, mesh = case
+    toks, logits = greedy(model(name), plan(strategy, layout, mesh=mesh))
     ref_toks, _, forced = reference(name)
     np.testing.assert_array_equal(toks, ref_toks)
     err = np.abs(logits - forced).max()
@@ -227,11 +227,20 @@ def test_cache_is_one_pth_per_device():
         ([np.arange(5)], {"max_new_tokens": 0}, "max_new_tokens=0"),
         ([np.arange(5)], {"temperature": 1.0}, "key=jax.random.key"),
         ([np.arange(5)], {"top_p": 0.0}, "top_p=0.0"),
+        (np.zeros((2, 3, 4), np.int32), {}, "int \\[batch, tokens\\]"),
+        ([np.array([1.0, 2.0])], {}, "integer token ids"),
     ],
 )
 def test_bad_requests_are_refused_before_compiling(prompts_, kwargs, match):
     with pytest.raises(ValueError, match=match):
         generate(model("gqa"), prompts_, plan=single_plan(), **({"max_new_tokens": 2} | kwargs))
+
+
+def test_an_int32_batch_array_is_the_list_of_its_rows():
+    rows = np.random.default_rng(1).integers(0, 64, (2, 6)).astype(np.int32)
+    a = generate(model("gqa"), rows, plan=single_plan(), max_new_tokens=2)
+    b = generate(model("gqa"), list(rows), plan=single_plan(), max_new_tokens=2)
+    np.testing.assert_array_equal(a, b)
 
 
 def test_prompt_beyond_the_rope_range_is_refused_naming_both():
