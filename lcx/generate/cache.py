@@ -19,8 +19,9 @@ Two groups (:class:`CacheGroup`), by what a layer kind can still see:
   ``m = ceil(min(span, T + max_new_tokens) / P)``. **Slot rule**: position ``p`` lives on device
   ``p mod P``, local slot ``(p // P) mod m``; the ``R >= span`` most recent positions have
   distinct slots, and every device holds exactly ``m`` slots whatever the step. The prefill
-  gathers the last ``R`` prompt keys of each row into their slots; a decode step overwrites
-  position ``p - R``, which no query sees any more.
+  gathers the last ``R`` prompt keys of each row into their slots right after each layer (one
+  cross-device gather per layer, done once; only one layer's whole prompt K/V is live at a time);
+  a decode step overwrites position ``p - R``, which no query sees any more.
 
 Every layer kind with the same ring size shares one group (their slots hold the same positions).
 """

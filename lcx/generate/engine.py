@@ -118,20 +118,24 @@ def _prefill(
 ):
     cfg = model.config
     x = plan.constrain(model.embed(tokens).astype(jnp.dtype(cfg.dtype)), (ax.BATCH, ax.SEQ, ax.EMBED))
+    rings = dict(zip((i for i, g in enumerate(layout.groups) if g.is_ring), rings, strict=True))
     ks, vs = [], []
     for i, kind in enumerate(cfg.layer_kinds):
         x, k, v = prefill_layer(
             layer_block(model, i), x, positions, segment_ids, layer=model.layer_options(kind), plan=plan
         )
+        g = layout.layer_slot[i][0]
+        if g in rings:  # keep only the ring's keys now: one layer's whole K/V is live at a time
+            index = rings[g][0][:, :, None, None]
+            k, v = jnp.take_along_axis(k, index, axis=1), jnp.take_along_axis(v, index, axis=1)
         ks.append(k)
         vs.append(v)
     logits = output_logits(model, jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0])
-    caches, ring = [], iter(rings)
-    for g in layout.groups:
+    caches = []
+    for gi, g in enumerate(layout.groups):
         k, v = jnp.stack([ks[i] for i in g.layers]), jnp.stack([vs[i] for i in g.layers])
         if g.is_ring:
-            index, pos, seg = next(ring)
-            k, v = (jnp.take_along_axis(a, index[None, :, :, None, None], axis=2) for a in (k, v))
+            _, pos, seg = rings[gi]
         else:
             k, v, pos, seg = _append_slots(plan, g, k, v, positions, segment_ids)
         caches.append(_constrain_cache(plan, KVCache(k, v, pos, seg)))
