@@ -213,6 +213,12 @@ def test_cache_is_one_pth_per_device():
         )
         assert held == ledger, (key, held, ledger)
         sizes[key] = (ledger, [g.local_slots for g in pre.layout.groups])
+        if P == 1:  # a full cache is refused, not silently overwritten
+            state, tok = pre.state, jnp.zeros((2,), jnp.int32)
+            for _ in range(NEW):
+                _, state = decode_step(m, state, tok, layout=pre.layout, plan=mp)
+            with pytest.raises(ValueError, match="max_new_tokens=7 decode steps"):
+                decode_step(m, state, tok, layout=pre.layout, plan=mp)
     # global group: 32 / 4 prompt slots (29 tokens padded to 2P = 8) + ceil(7 / 4) appended, one
     # device: 30 (29 padded to 2) + 7; ring: ceil(5 / 4) slots per device, 5 on one device
     assert sizes["cp"][1] == [8 + 2, 2] and sizes["single"][1] == [30 + 7, 5]

@@ -182,7 +182,17 @@ def decode_step(
     Returns:
       ``(logits, state)``: float32 ``[B', V]`` and the state with the tokens' K/V in the cache
       (:mod:`lcx.generate.cache`'s append and ring rules), ``pos + 1``, ``step + 1``.
+
+    Raises:
+      ValueError: the cache is full: ``state.step`` has reached the ``max_new_tokens`` the
+        prefill sized it for (reads the step from the device; :func:`generate`'s compiled loop
+        never calls this).
     """
+    if int(state.step) >= layout.max_new_tokens:
+        raise ValueError(
+            f"decode_step: the cache holds max_new_tokens={layout.max_new_tokens} decode steps and all are taken; "
+            "prefill again with a larger max_new_tokens"
+        )
     return _decode(model, state, tokens, layout=layout, plan=plan)
 
 
