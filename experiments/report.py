@@ -106,6 +106,84 @@ def bench_halo_setup() -> str:
     )
 
 
+def bench_generate() -> str:
+    """experiments/bench_generate.py: CP generation at long context against one device."""
+    rows = C.read_csv(RES / "bench_generate.csv")
+    mib = lambda x: _f(float(x) / 2**20, 3)
+    return _md(
+        [
+            "model (layer kinds)",
+            "devices",
+            "prefill (s)",
+            "prefill / one device's",
+            "decode (tokens/s)",
+            "KV cache / device, ledger (MiB)",
+            "KV cache / device, compiled (MiB)",
+            "ledger / compiled",
+            "cache / one device's",
+        ],
+        [
+            [
+                f"{r['model']} ({r['kinds']}, {r['layers']} layers)",
+                r["devices"],
+                _f(r["prefill_s"], 2),
+                _f(r["prefill_over_one_device"], 2),
+                _f(r["decode_tokens_per_s"], 1),
+                mib(r["kv_ledger_bytes"]),
+                mib(r["kv_compiled_bytes"]),
+                _f(r["ledger_over_compiled"], 4),
+                _f(r["kv_fraction_of_one_device"], 4),
+            ]
+            for r in rows
+        ],
+        left=(0,),
+    )
+
+
+def generate_exactness() -> str:
+    """experiments/generate_exactness.py: CP greedy decoding against one device and teacher forcing."""
+    rows = C.read_csv(RES / "generate_exactness.csv")
+    yes = lambda x: "yes" if x == "True" else "**no**"
+    return _md(
+        [
+            "model",
+            "strategy",
+            "layout",
+            "mesh",
+            "kernel",
+            "tokens = one device's",
+            "tokens = teacher argmax",
+            "max logit error vs teacher forcing",
+            "vs one device's decoding",
+        ],
+        [
+            [
+                r["model"],
+                r["strategy"],
+                r["layout"],
+                r["mesh"],
+                r["kernel"],
+                yes(r["tokens_equal_one_device"]),
+                yes(r["tokens_equal_teacher_argmax"]),
+                r["max_logit_err_vs_teacher"],
+                r["max_logit_err_vs_one_device"],
+            ]
+            for r in rows
+        ],
+        left=(0, 1, 2, 3, 4),
+    ) + (f"\n\nlcx {rows[0]['git_commit']}, python {rows[0]['python']}, jax {rows[0]['jax']}." if rows else "")
+
+
+def bench_generate_setup() -> str:
+    """The shapes and provenance of bench_generate.csv (one line)."""
+    r = C.read_csv(RES / "bench_generate.csv")[0]
+    return (
+        f"One prompt of {int(r['seq_len']):,} tokens, {r['new_tokens']} greedy tokens generated, float32, "
+        f"{r['machine']} (P = 8 is 8 simulated devices on these cores); median of {r['repeats']} runs after a "
+        f"warm-up; lcx {r['git_commit']}, python {r['python']}, jax {r['jax']}."
+    )
+
+
 def strategy_memory() -> str:
     """The memory-only run of ``experiments/bench_strategies.py`` (``strategy_memory.csv``)."""
     rows = [r for r in C.read_csv(RES / "strategy_memory.csv") if r["sweep"] == "strategies"]
@@ -480,6 +558,9 @@ TABLES = {
         strategy_benchmark,
         bench_halo,
         bench_halo_setup,
+        bench_generate,
+        bench_generate_setup,
+        generate_exactness,
         ring_degree,
         strategy_memory,
         ring_degree_memory,

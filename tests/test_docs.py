@@ -97,6 +97,7 @@ CONFIG = {
     "lcx.extend": "config",
     "lcx.eval": "eval_config",
     "lcx.export": "export_config",
+    "lcx.generate": "generate_config",
 }
 COMMAND = re.compile(r"python -m (lcx\.\w+)(.*)")
 NOT_RUN = re.compile(r"^\s*(pip install|python -m pytest|gcloud|cd |#|$)")

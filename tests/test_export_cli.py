@@ -12,9 +12,10 @@ import sys
 import jax
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_module
+from _checkpoints import compose as _compose
+from _checkpoints import train_tiny
 
-from lcx.config import export_query, run_config
+from lcx.config import export_query
 from lcx.data.tokenizers import get_tokenizer
 from lcx.export import run_export, tokenizer_files
 from lcx.models.hf import load_hf_llama
@@ -22,34 +23,9 @@ from lcx.sharding import Plan, bind
 from lcx.training.resume import checkpoint_run, load_model
 
 
-def _compose(name: str, overrides: list[str]):
-    with initialize_config_module(config_module="lcx.conf", version_base="1.3"):
-        return compose(config_name=name, overrides=overrides)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, devices):
-    from lcx.training.loop import train
-
-    root = tmp_path_factory.mktemp("export")
-    cfg = _compose(
-        "config",
-        [
-            "model=tiny",
-            "model.sliding_window=64",
-            "plan=allgather",
-            "train.seq_len=128",
-            "train.global_batch=8",
-            "train.steps=1",
-            "train.warmup_steps=0",
-            "train.eval_every=0",
-            f"checkpoint.dir={root / 'ckpt'}",
-            "checkpoint.every=0",
-        ],
-    )
-    with jax.numpy_dtype_promotion("standard"):
-        train(run_config(cfg), root / "run", devices)
-    return root / "ckpt"
+    return train_tiny(tmp_path_factory.mktemp("export"), devices, ["model.sliding_window=64", "plan=allgather"])
 
 
 def test_export_of_a_checkpoint_imports_bitwise(checkpoint, tmp_path, devices):

@@ -1,7 +1,7 @@
 """The edge of lcx: the composed Hydra config turned into typed, frozen values, once.
 
 Each entry point calls one reader of :mod:`lcx.config.run` (:func:`run_config` for ``lcx.train``,
-:func:`schedule_config` for ``lcx.extend``, :func:`plan_query`, :func:`eval_query`, :func:`export_query`) and
+:func:`schedule_config` for ``lcx.extend``, :func:`plan_query`, :func:`eval_query`, :func:`export_query`, :func:`generate_query`) and
 hands each function the section it needs; below the entry points and this package nothing reads
 OmegaConf. The typed classes live with the code that reads them and are the schema
 (:mod:`lcx.config.sections`, checked by :mod:`lcx.config.schema`; the plan's:
@@ -16,7 +16,7 @@ package ``lcx.conf`` (pyproject ``[tool.setuptools] package-dir``) and found by 
 
 import secrets
 
-from lcx.config.run import eval_query, export_query, plan_query, run_config, schedule_config, stages
+from lcx.config.run import eval_query, export_query, generate_query, plan_query, run_config, schedule_config, stages
 
 
 def register() -> None:
@@ -40,4 +40,13 @@ def register() -> None:
         OmegaConf.register_new_resolver("lcx_uid", lambda: secrets.token_hex(3), use_cache=True)
 
 
-__all__ = ["eval_query", "export_query", "plan_query", "register", "run_config", "schedule_config", "stages"]
+__all__ = [
+    "eval_query",
+    "export_query",
+    "generate_query",
+    "plan_query",
+    "register",
+    "run_config",
+    "schedule_config",
+    "stages",
+]

@@ -5,7 +5,8 @@
   run and its :func:`stages`);
 - :func:`plan_query`: ``lcx.plan`` -> :class:`lcx.reports.config.PlanQuery`;
 - :func:`eval_query`: ``lcx.eval`` -> :class:`lcx.reports.config.EvalQuery`;
-- :func:`export_query`: ``lcx.export`` -> :class:`lcx.reports.config.ExportQuery`.
+- :func:`export_query`: ``lcx.export`` -> :class:`lcx.reports.config.ExportQuery`;
+- :func:`generate_query`: ``lcx.generate`` -> :class:`lcx.reports.config.GenerateQuery`.
 
 Every error is raised here, before any device starts or anything compiles, naming the key, the
 value and the fix (:mod:`lcx.config.schema`).
@@ -38,6 +39,8 @@ from lcx.reports.config import (
     EvalQuery,
     ExportOptions,
     ExportQuery,
+    GenerateOptions,
+    GenerateQuery,
     PlannerConfig,
     PlanQuery,
     Published,
@@ -332,11 +335,30 @@ def export_query(cfg: DictConfig, tool: str = "lcx.export") -> ExportQuery:
     )
 
 
+def generate_query(cfg: DictConfig, tool: str = "lcx.generate") -> GenerateQuery:
+    """What ``lcx.generate`` runs: the checkpoint read, ``generate`` options, the ``plan=`` given
+    on the command line (None: the checkpoint's) and ``hardware``.
+
+    Raises:
+      ValueError: no ``checkpoint.dir``; no prompts; ``generate.max_new_tokens < 1``; a key
+        unknown or mistyped; a plan the plan checks refuse (:class:`lcx.sharding.PlanError`).
+    """
+    hardware = typed(cfg.get("hardware"), HardwareConfig, "hardware", tool=tool)
+    node = cfg.get("plan")
+    return GenerateQuery(
+        checkpoint=_checkpoint_to_read(cfg, tool, "python -m lcx.generate checkpoint.dir=DIR generate.prompts=[...]"),
+        generate=typed(cfg.get("generate"), GenerateOptions, "generate", tool=tool),
+        plan=None if node is None else plan_config(node, hardware),
+        hardware=hardware,
+    )
+
+
 __all__ = [
     "checkpoint_config",
     "data_config",
     "eval_query",
     "export_query",
+    "generate_query",
     "plain",
     "plan_query",
     "run_config",

@@ -185,7 +185,7 @@ def typed(
 
 # -- the command line -----------------------------------------------------------------------------
 
-_CHECKED_PREFIXES = ("train", "checkpoint", "memory", "eval", "distributed", "hardware", "data", "planner")
+_CHECKED_PREFIXES = ("train", "checkpoint", "memory", "eval", "generate", "distributed", "hardware", "data", "planner")
 
 
 TOOL_CONFIGS = {
@@ -195,6 +195,7 @@ TOOL_CONFIGS = {
     "lcx.plan": "plan_config",
     "lcx.eval": "eval_config",
     "lcx.export": "export_config",
+    "lcx.generate": "generate_config",
 }
 """The primary config (``conf/<name>.yaml``) each entry point composes."""
 
@@ -249,7 +250,7 @@ def check_overrides(argv: Sequence[str], tool: str = "lcx") -> None:
         section, leaf = parts[0], parts[1]
         if section == "data":
             valid = sorted({f.name for s in DATA_CONFIGS.values() for f in dataclasses.fields(s)})
-        elif section == "checkpoint" and tool in ("lcx.eval", "lcx.export"):
+        elif section == "checkpoint" and tool in ("lcx.eval", "lcx.export", "lcx.generate"):
             valid = [f.name for f in dataclasses.fields(EvalCheckpointConfig)]
         else:
             valid = [f.name for f in dataclasses.fields(SECTIONS[section])]

@@ -10,7 +10,7 @@ key with its type, and it is the schema of its YAML section. :func:`register_sch
 from __future__ import annotations
 
 from lcx.data.config import DATA_CONFIGS
-from lcx.reports.config import EvalCheckpointConfig, EvalConfig, PlannerConfig
+from lcx.reports.config import EvalCheckpointConfig, EvalConfig, GenerateOptions, PlannerConfig
 from lcx.training.config import CheckpointConfig, DistributedConfig, HardwareConfig, MemoryOptions, TrainConfig
 
 SECTIONS: dict[str, type] = {
@@ -18,6 +18,7 @@ SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointConfig,
     "memory": MemoryOptions,
     "eval": EvalConfig,
+    "generate": GenerateOptions,
     "distributed": DistributedConfig,
     "hardware": HardwareConfig,
     "planner": PlannerConfig,

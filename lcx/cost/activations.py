@@ -10,6 +10,8 @@ block (pre-norm GQA attention + SwiGLU MLP, scanned over layers) under the polic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from lcx.cost.dtypes import dtype_bytes
 from lcx.cost.flops import ModelDims
 from lcx.cost.policy import ActivationPolicy
@@ -80,6 +82,29 @@ def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, byte
     Llama 3 70B in 16-bit (80 layers, 8 kv heads of 128): 327,680 bytes (0.3125 MiB); tests/test_cost.py.
     """
     return 2 * n_layers * n_kv_heads * head_dim * bytes_per_element
+
+
+def kv_cache_bytes_per_device(
+    groups: Sequence[tuple[int, int]], *, local_batch: int, kv_heads: int, head_dim: int, bytes_per_element: int = 2
+) -> int:
+    """Bytes of a context-parallel KV cache on one device (:mod:`lcx.generate.cache`): K and V
+    of every layer of every cache group, plus the int32 position and segment id of each slot.
+
+    Args:
+      groups: ``(layers, local_slots)`` per cache group: the layers sharing the group's slots and
+        the slots one device holds (global layers: ``T / P`` prompt slots plus
+        ``ceil(max_new / P)`` appended; sliding/chunked: ``ceil(min(span, T + max_new) / P)``).
+      local_batch: b, rows per device.
+      kv_heads: k, kv heads per device.
+      head_dim: h.
+      bytes_per_element: a, of K and V (2 for bfloat16).
+
+    Returns:
+      ``sum_g (2 L_g b s_g k h a + 8 b s_g)`` bytes.
+    """
+    return sum(
+        2 * L * local_batch * s * kv_heads * head_dim * bytes_per_element + 8 * local_batch * s for L, s in groups
+    )
 
 
 def saved_bytes_per_token_per_layer(

@@ -20,6 +20,9 @@ from lcx.cost.activations import (
     attention_residual_bytes_per_token as attention_residual_bytes_per_token,
 )
 from lcx.cost.activations import (
+    kv_cache_bytes_per_device as kv_cache_bytes_per_device,
+)
+from lcx.cost.activations import (
     kv_cache_bytes_per_token as kv_cache_bytes_per_token,
 )
 from lcx.cost.activations import (

@@ -162,6 +162,42 @@ class EvalQuery:
 
 
 @dataclasses.dataclass(frozen=True)
+class GenerateOptions:
+    """``generate:`` of ``conf/generate_config.yaml`` (:func:`lcx.generate.generate`'s options).
+
+    Attributes:
+      prompts: the prompts as text, encoded with the checkpoint's tokenizer (``data.tokenizer``).
+      max_new_tokens: tokens generated per prompt.
+      temperature: 0: greedy; > 0: sampling. top_p: nucleus mass in (0, 1]. seed: the sampling key.
+      stop_at_eos: stop a row at the tokenizer's EOS id (when it has one).
+    """
+
+    prompts: list[str]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    stop_at_eos: bool
+
+    def __post_init__(self):
+        if not self.prompts:
+            raise ValueError("generate.prompts is empty: give at least one, e.g. generate.prompts='[\"def main\"]'")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"generate.max_new_tokens={self.max_new_tokens}: must be >= 1 (tokens per prompt)")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateQuery:
+    """What one ``python -m lcx.generate`` runs: ``checkpoint`` (read), ``generate`` options, the
+    ``plan`` to run on (None: the checkpoint's own) and ``hardware``."""
+
+    checkpoint: EvalCheckpointConfig
+    generate: GenerateOptions
+    plan: Optional[Plan]
+    hardware: HardwareConfig
+
+
+@dataclasses.dataclass(frozen=True)
 class ExportOptions:
     """``export:`` of ``conf/export_config.yaml`` (:func:`lcx.models.save_pretrained`'s options).
 
@@ -192,6 +228,8 @@ __all__ = [
     "EvalQuery",
     "ExportOptions",
     "ExportQuery",
+    "GenerateOptions",
+    "GenerateQuery",
     "PlanQuery",
     "PlannerConfig",
     "Published",
