@@ -48,6 +48,28 @@ MODELS = {
             LayerKind("global", sinks=True),
         ),
     ),
+    # every family option (biases, QK-norm, query_pre_attn_scalar, (1 + w) gains, sandwich norms,
+    # GeGLU, scaled embeddings) with Gemma 3's kinds: sliding, and global with its own RoPE
+    "family": ModelConfig(
+        vocab_size=64,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        mlp_dim=64,
+        attention_bias=True,
+        qk_norm=True,
+        query_pre_attn_scalar=12.0,
+        norm_gain_offset=1.0,
+        post_norms=True,
+        mlp_activation="gelu_tanh",
+        scale_embeddings=True,
+        layer_pattern=(
+            LayerKind("sliding", window=WINDOW),
+            LayerKind("global", rope_theta=1e6, rope_scaling_type="linear", rope_scaling_factor=4.0),
+        ),
+    ),
 }
 
 MESHES = {  # name: (mesh, activation rules)
@@ -65,6 +87,10 @@ def model(name: str):
     if m.blocks.attn.sinks is not None:  # non-zero sink logits, so a wrong merge shows
         sinks = jax.random.normal(jax.random.key(1), m.blocks.attn.sinks.shape)
         m = eqx.tree_at(lambda t: t.blocks.attn.sinks, m, sinks)
+    if name == "family":  # zero biases and unit gains would hide a dropped option: perturb every leaf
+        leaves, treedef = jax.tree.flatten(m)
+        keys = jax.random.split(jax.random.key(2), len(leaves))
+        m = jax.tree.unflatten(treedef, [x + 0.2 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
     return m
 
 
@@ -132,6 +158,7 @@ CP_CASES = [  # (model, strategy, layout, mesh)
     ("hybrid", "ring", "zigzag", "tp2-cp4"),
     ("gqa", "a2a", "balanced", "dp2-cp4"),
     ("gqa", "allgather", "contiguous", "dp2-cp4"),
+    ("family", {"global": "ring", "sliding": "halo"}, "zigzag", "dp2-cp4"),
 ]
 
 

@@ -117,7 +117,7 @@ def _prefill(
     model: Llama, tokens, positions, segment_ids, last, lengths, rings, *, layout: CacheLayout, plan: MeshPlan
 ):
     cfg = model.config
-    x = plan.constrain(model.embed(tokens).astype(jnp.dtype(cfg.dtype)), (ax.BATCH, ax.SEQ, ax.EMBED))
+    x = plan.constrain(model.embed_tokens(tokens), (ax.BATCH, ax.SEQ, ax.EMBED))
     rings = dict(zip((i for i, g in enumerate(layout.groups) if g.is_ring), rings, strict=True))
     ks, vs = [], []
     for i, kind in enumerate(cfg.layer_kinds):
@@ -200,7 +200,7 @@ def decode_step(
 def _decode(model: Llama, state: DecodeState, tokens, *, layout: CacheLayout, plan: MeshPlan):
     cfg = model.config
     pos = state.pos
-    x = model.embed(tokens[:, None]).astype(jnp.dtype(cfg.dtype))
+    x = model.embed_tokens(tokens[:, None])
     caches, writes = [], []
     for g, c in zip(layout.groups, state.caches):
         owner, slot = write_slots(g, state.step, pos, layout.degree)

@@ -25,7 +25,7 @@ from jaxtyping import Array, Float, Int
 from lcx.attention import KVBlock, Mask, QueryBlock, XlaKernel, attention, merge_partials, merge_sinks
 from lcx.attention.sinks import row_sinks
 from lcx.models.llama import Attention, Block, LayerOptions, Llama
-from lcx.models.rotary import RopeConfig, apply_rope, rope_cos_sin
+from lcx.models.rotary import RopeConfig
 from lcx.sharding import MeshPlan
 from lcx.sharding import axes as ax
 
@@ -46,19 +46,15 @@ def layer_block(model: Llama, layer: int) -> Block:
 def project_qkv(
     attn: Attention, x: Float[Array, "B T D"], positions: Int[Array, "B T"], rope: RopeConfig | None
 ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T K H"], Float[Array, "B T K H"]]:
-    """``q, k, v`` of :class:`lcx.models.llama.Attention`, RoPE applied to q and k at ``positions``."""
-    q = jnp.einsum("BTD,DNH->BTNH", x, attn.wq)
-    k = jnp.einsum("BSD,DKH->BSKH", x, attn.wk)
-    if rope is not None:
-        cos, sin = rope_cos_sin(positions, rope)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    return q, k, jnp.einsum("BSD,DKH->BSKH", x, attn.wv)
+    """``q, k, v`` of :class:`lcx.models.llama.Attention` (:meth:`~lcx.models.llama.Attention.project`:
+    biases, QK-norm, RoPE at ``positions``, the query scale), as the training forward computes them."""
+    return attn.project(x, positions, rope)
 
 
 def _finish(block: Block, x: Array, o: Array) -> Array:
-    """The rest of the block after attention: output projection, residual, MLP."""
-    x = x + jnp.einsum("BTNH,NHD->BTD", o, block.attn.wo)
-    return x + block.mlp(block.mlp_norm(x))
+    """The rest of the block after attention: output projection, then :meth:`Block.finish`
+    (post-norm, residual, MLP)."""
+    return block.finish(x, block.attn.output(o))
 
 
 def prefill_layer(

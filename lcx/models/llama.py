@@ -150,25 +150,37 @@ class Attention(eqx.Module):
         if sinks and self.sinks is None:
             raise ValueError("this layer kind has sinks but the model holds none: build it with the kind's config")
         with jax.named_scope("lcx.Attention"):
-            # named for remat: custom (model.remat_qkv); the identity otherwise
-            with jax.named_scope("qkv_proj"):
-                q = _plus(jnp.einsum("BTD,DNH->BTNH", x, self.wq), self.bq)
-                k = _plus(jnp.einsum("BSD,DKH->BSKH", x, self.wk), self.bk)
-                v = _plus(jnp.einsum("BSD,DKH->BSKH", x, self.wv), self.bv)
-                if self.q_norm is not None and self.k_norm is not None:
-                    q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3, Gemma 3)
-                if rope is not None:
-                    # exact phases from a float64 host table, shared by q and k (lcx.models.rotary)
-                    cos, sin = rope_cos_sin(positions, rope)
-                    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-                if self.q_scale != 1.0:
-                    q = q * jnp.asarray(self.q_scale, q.dtype)
-                q, k = checkpoint_name(q, "query"), checkpoint_name(k, "key")
-                v = checkpoint_name(v, "value")
+            q, k, v = self.project(x, positions, rope)
             s = self.sinks if sinks else None
             o = attention(q, k, v, plan=plan, mask=mask, positions=positions, segment_ids=segment_ids, sinks=s)
-            with jax.named_scope("o_proj"):
-                return jnp.einsum("BTNH,NHD->BTD", o, self.wo)
+            return self.output(o)
+
+    def project(
+        self, x: Hidden, positions: PerToken, rope: RopeConfig | None
+    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T K H"], Float[Array, "B T K H"]]:
+        """``q, k, v`` of ``x`` at ``positions``: projections (with biases), QK-norm, RoPE (``rope``;
+        None: none) and ``query_pre_attn_scalar``'s scale folded into q, exactly as :meth:`__call__`
+        feeds the attention kernels (generation's prefill and decode call this too)."""
+        # named for remat: custom (model.remat_qkv); the identity otherwise
+        with jax.named_scope("qkv_proj"):
+            q = _plus(jnp.einsum("BTD,DNH->BTNH", x, self.wq), self.bq)
+            k = _plus(jnp.einsum("BSD,DKH->BSKH", x, self.wk), self.bk)
+            v = _plus(jnp.einsum("BSD,DKH->BSKH", x, self.wv), self.bv)
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3, Gemma 3)
+            if rope is not None:
+                # exact phases from a float64 host table, shared by q and k (lcx.models.rotary)
+                cos, sin = rope_cos_sin(positions, rope)
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if self.q_scale != 1.0:
+                q = q * jnp.asarray(self.q_scale, q.dtype)
+            q, k = checkpoint_name(q, "query"), checkpoint_name(k, "key")
+            return q, k, checkpoint_name(v, "value")
+
+    def output(self, o: Float[Array, "B T N H"]) -> Hidden:
+        """The output projection of the attention's result ``o``."""
+        with jax.named_scope("o_proj"):
+            return jnp.einsum("BTNH,NHD->BTD", o, self.wo)
 
 
 class Block(eqx.Module):
@@ -198,10 +210,14 @@ class Block(eqx.Module):
     ) -> Hidden:
         """One layer of a kind (``layer``: :meth:`Llama.layer_options` of the model's kind)."""
         with jax.named_scope("lcx.Block"):
-            a = self.attn(self.attn_norm(x), positions, segment_ids, layer=layer, plan=plan)
-            x = x + (a if self.attn_post_norm is None else self.attn_post_norm(a))
-            m = self.mlp(self.mlp_norm(x))
-            return x + (m if self.mlp_post_norm is None else self.mlp_post_norm(m))
+            return self.finish(x, self.attn(self.attn_norm(x), positions, segment_ids, layer=layer, plan=plan))
+
+    def finish(self, x: Hidden, a: Hidden) -> Hidden:
+        """The block after its attention: ``x`` plus the attention output ``a`` (post-normed with
+        ``post_norms``), then the MLP's residual branch (generation's layers call this too)."""
+        x = x + (a if self.attn_post_norm is None else self.attn_post_norm(a))
+        m = self.mlp(self.mlp_norm(x))
+        return x + (m if self.mlp_post_norm is None else self.mlp_post_norm(m))
 
 
 class Llama(eqx.Module):
@@ -274,9 +290,7 @@ class Llama(eqx.Module):
         with jax.named_scope("lcx.Llama.features"):
             cfg = self.config
             dtype = jnp.dtype(cfg.dtype)
-            x = self.embed(tokens).astype(dtype)
-            if cfg.scale_embeddings:  # Gemma: sqrt(D), rounded to the compute dtype first
-                x = x * jnp.asarray(math.sqrt(cfg.d_model), dtype)
+            x = self.embed_tokens(tokens)
             x = plan.constrain(x, ("batch", "seq", "embed"))
 
             dynamic, static = eqx.partition(self.blocks, eqx.is_array)
@@ -312,6 +326,16 @@ class Llama(eqx.Module):
                 x = layers[j](x, jax.tree.map(lambda a, i=n * P + j: a[i], dynamic))
 
             return self.final_norm(x)
+
+    def embed_tokens(self, tokens: Int[Array, "*b T"]) -> Float[Array, "*b T D"]:
+        """The residual stream's input: the token embeddings in ``config.dtype``, times
+        ``sqrt(d_model)`` with ``scale_embeddings`` (Gemma: the factor rounded to that dtype first)."""
+        cfg = self.config
+        dtype = jnp.dtype(cfg.dtype)
+        x = self.embed(tokens).astype(dtype)
+        if cfg.scale_embeddings:
+            x = x * jnp.asarray(math.sqrt(cfg.d_model), dtype)
+        return x
 
     def output_head(self) -> Float[Array, "D V"]:
         """The output projection ``[D, V]`` in ``config.dtype`` (the embedding's transpose when tied)."""
