@@ -134,8 +134,9 @@ def _provenance(root: pathlib.Path) -> dict[str, str]:
     return C.provenance(info)
 
 
-def gather(root: pathlib.Path, out: pathlib.Path, first: int) -> None:
-    """The CSVs, the figure and the heat maps of the run in ``root``."""
+def gather(root: pathlib.Path, out: pathlib.Path, first: int, docs: pathlib.Path = C.ROOT / "docs") -> list[dict]:
+    """Write the CSVs and the figure of the run in ``root`` (stem ``out``), and copy the figure and
+    the heat maps into ``docs``; the summary rows (mean score by length, effective length)."""
     prov = _provenance(root)
     cells, summary, loss = [], [], []
     for cond in CONDITIONS:
@@ -156,13 +157,14 @@ def gather(root: pathlib.Path, out: pathlib.Path, first: int) -> None:
         )
         for r in C.read_csv(d / "perplexity_by_position.csv"):
             loss.append({"condition": cond, **r})
-        shutil.copyfile(d / "ruler_heatmap.png", C.ROOT / "docs" / f"length_extension_{cond}_heatmap.png")
-        print(f"wrote docs/length_extension_{cond}_heatmap.png")
+        shutil.copyfile(d / "ruler_heatmap.png", docs / f"length_extension_{cond}_heatmap.png")
+        print(f"wrote {C.rel(docs / f'length_extension_{cond}_heatmap.png')}")
     C.write_csv(cells, C.out_file(out, ".csv"))
     C.write_csv(summary, out.parent / f"{out.name}_summary.csv")
     C.write_csv(loss, out.parent / f"{out.name}_loss.csv")
-    shutil.copyfile(plot(summary, loss, first, C.out_file(out, ".png")), C.ROOT / "docs" / "length_extension_eval.png")
-    print("wrote docs/length_extension_eval.png")
+    shutil.copyfile(plot(summary, loss, first, C.out_file(out, ".png")), docs / "length_extension_eval.png")
+    print(f"wrote {C.rel(docs / 'length_extension_eval.png')}")
+    return summary
 
 
 def plot(summary, loss, first: int, path: pathlib.Path) -> pathlib.Path:
@@ -191,7 +193,7 @@ def plot(summary, loss, first: int, path: pathlib.Path) -> pathlib.Path:
     return C.save_figure(fig, path)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=pathlib.Path, help="gather this finished run directory instead of running")
     ap.add_argument("--root", type=pathlib.Path, help="run (or finish) in this directory instead of a new one")
@@ -200,7 +202,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8, help="rows per step of the first stage")
     ap.add_argument("--per-depth", type=int, default=2, help="samples per task, length and depth")
     ap.add_argument("--out", type=pathlib.Path, default=C.RESULTS / NAME, help="result file stem")
-    args = ap.parse_args()
+    ap.add_argument("--docs", type=pathlib.Path, default=C.ROOT / "docs", help="where the figures are copied")
+    args = ap.parse_args(argv)
     if args.runs is None:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         root = (args.root or C.ROOT / "outputs" / NAME / stamp).resolve()
@@ -211,7 +214,7 @@ def main() -> int:
         if not (root / "eval_yarn" / "ruler.json").is_file():
             print(f"--runs {root}: no eval_yarn/ruler.json; give a directory this script wrote", file=sys.stderr)
             return 2
-    gather(root, args.out, args.first)
+    gather(root, args.out, args.first, args.docs)
     return 0
 
 
