@@ -33,13 +33,11 @@ normal, its gain ``1 + w``).
 
 from __future__ import annotations
 
-import json
 import pathlib
 import shutil
+import sys
 
-import numpy as np
 import torch
-import transformers
 from transformers import (
     Gemma3Config,
     Gemma3ForCausalLM,
@@ -51,6 +49,9 @@ from transformers import (
     Qwen3ForCausalLM,
     SiglipVisionConfig,
 )
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from make_hf_mistral_fixture import write  # noqa: E402 - the sibling script, run from anywhere
 
 FIX = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 T = 64
@@ -107,24 +108,9 @@ def make(name: str, seed: int) -> None:
                 p.copy_((0.0 if gemma else 1.0) + 0.2 * torch.randn_like(p))
             elif n.endswith("bias"):
                 p.copy_(0.2 * torch.randn_like(p))
-    model.save_pretrained(out)
-    (out / "generation_config.json").unlink(missing_ok=True)
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, DIMS["vocab_size"], (2, T)).astype(np.int32)
     if name == "hf_tiny_gemma3_mm":  # text only: no image token (id 262144 is outside this vocab anyway)
         assert model.config.image_token_id >= DIMS["vocab_size"]
-    positions = np.stack([np.arange(T), 40 + np.arange(T)]).astype(np.int32)
-    np.save(out / "tokens.npy", tokens)
-    np.save(out / "positions.npy", positions)
-    m = model.double()
-    with torch.no_grad():
-        logits = m(input_ids=torch.from_numpy(tokens).long(), position_ids=torch.from_numpy(positions).long()).logits
-    np.save(out / "logits.npy", logits.float().numpy())
-    (out / "VERSIONS.json").write_text(
-        json.dumps({"torch": torch.__version__, "transformers": transformers.__version__}, indent=1) + "\n"
-    )
-    total = sum(p.stat().st_size for p in out.iterdir())
-    print(f"wrote {out} ({total / 1e3:.0f} KB), logit max {float(logits.abs().max()):.3f}")
+    write(model, out, seed, DIMS["vocab_size"], T)
 
 
 if __name__ == "__main__":

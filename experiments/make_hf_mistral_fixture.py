@@ -59,11 +59,17 @@ def make(name: str, seed: int) -> None:
         for n, p in model.named_parameters():
             if n.endswith("norm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    write(model, out, seed, DIMS["vocab_size"])
+
+
+def write(model, out: pathlib.Path, seed: int, vocab: int, T: int = 64) -> None:
+    """Save ``model`` (``save_pretrained``, float32) in ``out`` with its inputs and float64 logits:
+    tokens ``[2, T]`` from ``seed``, row 0 at positions 0..T-1, row 1 at 40..T+39."""
     model.save_pretrained(out)
     (out / "generation_config.json").unlink(missing_ok=True)
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, DIMS["vocab_size"], (2, 64)).astype(np.int32)
-    positions = np.stack([np.arange(64), 40 + np.arange(64)]).astype(np.int32)
+    tokens = rng.integers(0, vocab, (2, T)).astype(np.int32)
+    positions = np.stack([np.arange(T), 40 + np.arange(T)]).astype(np.int32)
     np.save(out / "tokens.npy", tokens)
     np.save(out / "positions.npy", positions)
     m = model.double()
