@@ -1,4 +1,4 @@
-"""Every snippet and command in README.md and docs/*.md runs, as written, and tables are current.
+"""Every snippet and command in README.md and docs/ (tutorials/ too) runs, as written, and tables are current.
 
 Sybil (https://sybil.readthedocs.io) finds the fenced code blocks of each page; the evaluators
 below run them, in page order, in a fresh temporary directory per page that links the checkout's
@@ -10,8 +10,10 @@ What runs, and how long commands are shortened:
 
 * ```` ```python ```` blocks: each in a fresh ``python`` process, so a block that needs 8 simulated
   CPU devices must set them up itself (as README's does); nothing of this test process leaks in.
-  On a page whose commands write a checkpoint (``checkpoint.dir=``), its Python blocks read that
-  checkpoint, so they run in the slow test, after the commands have run for real.
+  On a page whose commands write a checkpoint (``checkpoint.dir=``), its Python blocks after the
+  first such command read that checkpoint, so they run in the slow test, after the commands have
+  run for real; its blocks before it write the commands' inputs (a tutorial's tokenizer, corpus
+  and model), so they run in both tests, before the commands are validated or run.
 * ```` ```bash ```` blocks: every ``python -m lcx.train|plan|extend|eval ...`` command.
   Fast test: composed in this process with Hydra and validated as the entry point does before it
   touches a device: ``lcx.train`` with ``train.dry_run=true`` appended (the plan validated and the
@@ -20,10 +22,11 @@ What runs, and how long commands are shortened:
   job by job. Slow test (``@pytest.mark.slow``): each ``lcx.train`` / ``lcx.extend`` /
   ``lcx.eval`` command on ``hardware=cpu`` runs in a subprocess and must exit 0, shortened by
   appending :data:`SHORT` (which wins over the command's own value of the same key, so a
-  multirun's sweep over ``train.seq_len`` runs its jobs at 256 tokens). It runs the pages whose
+  multirun's sweep over ``train.seq_len`` runs its jobs at 256 tokens; ``model.n_layers`` is left
+  out for ``model=hf``, whose checkpoint fixes the depth). It runs the pages whose
   commands depend on one another (one writes a checkpoint the next, or a Python block, reads:
   checkpoints.md, cluster.md's submitit_local multirun, long_context_features.md's extend then
-  eval), in order, and README's quick start; ``LCX_DOCS_RUN_ALL=1`` also runs every other
+  eval, docs/tutorials/extend_a_checkpoint.md from its inputs to its heat map), in order, and README's quick start; ``LCX_DOCS_RUN_ALL=1`` also runs every other
   command for real, each as its own test (18 tests, about 10 minutes at -n 2 on 2 loaded cores,
   against 3.5 for the default set).
 * ```` ```text ```` blocks with ``$ python -m ...`` lines are documented refusals: the command
@@ -61,7 +64,11 @@ from sybil import Region, Sybil
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+PAGES = [
+    "README.md",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "tutorials").glob("*.md")),
+]
 LINKED = ("README.md", "docs", "conf", "experiments", "tests")
 
 SHORT = {
@@ -206,10 +213,18 @@ def _run_short(tool: str, args: list[str], cwd: pathlib.Path) -> str | None:
     """Run a command for real, shortened by :data:`SHORT`; None, or what went wrong."""
     if not _runs_here(tool, args):
         return None
-    p = _run([sys.executable, "-m", tool, *args, *SHORT.get(tool, [])], cwd)
+    short = _short(tool, args)
+    p = _run([sys.executable, "-m", tool, *args, *short], cwd)
     if p.returncode != 0:
-        return f"{tool} {' '.join(args + SHORT.get(tool, []))} exited {p.returncode}:\n{p.stderr[-3000:]}"
+        return f"{tool} {' '.join(args + short)} exited {p.returncode}:\n{p.stderr[-3000:]}"
     return None
+
+
+def _short(tool: str, args: list[str]) -> list[str]:
+    """:data:`SHORT`'s overrides for a command; a ``model=hf`` checkpoint keeps its own depth."""
+    if "model=hf" in args:
+        return [o for o in SHORT.get(tool, []) if not o.startswith("model.n_layers=")]
+    return SHORT.get(tool, [])
 
 
 def run_refusals(example) -> str | None:
@@ -232,8 +247,9 @@ def run_refusals(example) -> str | None:
 
 def run_python(example) -> str | None:
     ns = example.namespace
-    if (ns["tier"] == "slow") != ns.get("writes_files", False):
-        return None
+    if ns["tier"] == "fast" and ns.get("writes_files", False):
+        return None  # it reads a checkpoint the slow test writes
+    # the slow test runs only pages that write checkpoints: every block, in page order
     ns["snippets"] += 1
     p = _run([sys.executable, "-c", example.parsed], ns["tmp"])
     if p.returncode != 0:

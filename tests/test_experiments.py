@@ -299,3 +299,44 @@ def test_memory_vs_degree_run_with_overrides_writes_nothing(tmp_path, monkeypatc
     assert (
         "partial run (overrides ['memory_vs_degree.seq_lens=[4096]']): no CSV or PNG written" in capsys.readouterr().out
     )
+
+
+def test_length_extension_eval_gathers_scores_losses_and_provenance(tmp_path, capsys):
+    import _common
+    import length_extension_eval as le
+
+    root, docs = tmp_path / "run", tmp_path / "docs"
+    stage = root / "train_yarn" / "stage1_long"
+    stage.mkdir(parents=True)
+    (root / "train_yarn" / "schedule.json").write_text(json.dumps([{"run_dir": str(stage)}]))
+    info = {"git_commit": "0123456789abcdef", "python": "3.12.1", "packages": {"jax": "0.12.0"}}
+    (stage / "run_info.json").write_text(json.dumps(info))
+    for i, cond in enumerate(le.CONDITIONS):
+        d = root / f"eval_{cond}"
+        d.mkdir()
+        means = {"256": 1.0, "512": 0.5 * i, "1024": 0.0, "2048": 0.0}
+        eff = 512 if i == 2 else (256 if i else None)
+        (d / "ruler.json").write_text(json.dumps({"mean_by_length": means, "effective_length": eff, "threshold": 0.5}))
+        (d / "ruler.csv").write_text("task,seq_len,depth,samples,score,max_new_tokens\npasskey,256,0.5,2,1.0,15\n")
+        (d / "perplexity_by_position.csv").write_text(
+            "bin_start,bin_end,tokens,nll,perplexity\n0,128,512,5.0,148.4\n128,256,512,4.5,90.0\n"
+        )
+        (d / "ruler_heatmap.png").write_bytes(b"png")
+    docs.mkdir()
+    assert le.main(["--runs", str(root), "--out", str(tmp_path / "res"), "--docs", str(docs)]) == 0
+    summary = _common.read_csv(tmp_path / "res_summary.csv")
+    assert [(r["condition"], r["mean_1x"], r["mean_2x"], r["effective_length"]) for r in summary] == [
+        ("short", "1", "0", "none"),
+        ("plain", "1", "0.5", "256"),
+        ("yarn", "1", "1", "512"),
+    ]
+    cells = _common.read_csv(tmp_path / "res.csv")
+    assert len(cells) == 3 and cells[0]["git_commit"] == "0123456789ab" and cells[0]["jax"] == "0.12.0"
+    assert str(tmp_path) not in (tmp_path / "res.csv").read_text()  # never a local path
+    assert len(_common.read_csv(tmp_path / "res_loss.csv")) == 6
+    assert sorted(p.name for p in docs.iterdir()) == [
+        "length_extension_eval.png",
+        *(f"length_extension_{c}_heatmap.png" for c in sorted(le.CONDITIONS)),
+    ]
+    assert le.main(["--runs", str(tmp_path / "nothing")]) == 2
+    assert "no eval_yarn/ruler.json" in capsys.readouterr().err
