@@ -153,6 +153,7 @@ class Attention(eqx.Module):
             q, k, v = self.project(x, positions, rope)
             s = self.sinks if sinks else None
             o = attention(q, k, v, plan=plan, mask=mask, positions=positions, segment_ids=segment_ids, sinks=s)
+            assert not isinstance(o, tuple)  # return_lse=False: the output alone
             return self.output(o)
 
     def project(
