@@ -204,6 +204,7 @@ def test_gemma3_like_at_128k_on_v5p_halo_saves_over_ring(tmp_path, capsys):
     assert halo["model_flops_per_step"] == ring["model_flops_per_step"]
 
 
+@pytest.mark.slow  # ~1 min on the current stack; minutes on the floor's slower shape checks
 def test_gemma3_27b_plan_without_chips_prices_the_smallest_fitting_slice(tmp_path, capsys):
     """The issue's command, ``python -m lcx.plan model=gemma3_27b train.seq_len=131072
     hardware=tpu_v5p``: with no ``hardware.chips`` the planner prices the smallest power-of-two

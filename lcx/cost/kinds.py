@@ -50,7 +50,9 @@ def layer_groups(cfg: Any, *, window: int | None = None, chunk: int | None = Non
     """
     document = bool(getattr(cfg, "document_mask", False))
     kinds = getattr(cfg, "layer_kinds", None)
-    counts = collections.Counter(k.mask(document) for k in kinds) if kinds is not None else collections.Counter()
+    counts: collections.Counter = collections.Counter()
+    for kind, n in collections.Counter(kinds or ()).items():  # one mask per distinct kind, not per layer
+        counts[kind.mask(document)] += n
     if len(counts) <= 1 and (kinds is None or window is not None or chunk is not None):
         # uniform: n_layers layers of the mask window= / chunk= describe (a caller pricing a
         # uniform model with another window, as before layer kinds existed)
