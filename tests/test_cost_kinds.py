@@ -15,7 +15,7 @@ from lcx.attention.strategies import STRATEGIES, get_strategy
 from lcx.cost.flops import visible_pairs
 from lcx.cost.kinds import LayerGroup, layer_groups
 from lcx.cost.local import LocalStep, StepSizes
-from lcx.models.config import preset
+from lcx.models.presets import preset
 from lcx.reports.timing import kind_lines
 from lcx.sharding import PlanError
 from lcx.sharding.attention_config import KindStrategies

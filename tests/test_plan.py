@@ -311,7 +311,7 @@ def _hw(name: str):
 
 
 def _longctx():
-    from lcx.models.config import preset as model_preset
+    from lcx.models.presets import preset as model_preset
 
     return model_preset("llama3_1_8b_longctx")
 

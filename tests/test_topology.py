@@ -13,7 +13,7 @@ from lcx.cost import ActivationPolicy
 from lcx.cost.local import StepSizes
 from lcx.cost.search import strategy_meshes
 from lcx.cost.topology import is_subtorus, slice_topology
-from lcx.models.config import preset
+from lcx.models.presets import preset
 from lcx.sharding import AttentionConfig, Plan
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 layer kinds, family options, modules, parameter metadata (logical axes and weight-decay roles),
 parameter shardings, Hugging Face import (:func:`from_pretrained`) and export (:func:`save_pretrained`)."""
 
-from lcx.models.config import DTYPES, PRESETS, REMAT_POLICIES, ModelConfig, preset
+from lcx.models.config import DTYPES, REMAT_POLICIES, ModelConfig
 from lcx.models.hf import from_pretrained
 from lcx.models.hf_config import hf_config
 from lcx.models.hf_export import save_pretrained, to_hf_config
@@ -21,6 +21,7 @@ from lcx.models.llama import (
     rope_frequencies,
 )
 from lcx.models.params import ROLES, decay_mask, logical_axes, param, parameter_roles, parameters
+from lcx.models.presets import PRESETS, preset
 from lcx.models.rotary import ROPE_SCALING_TYPES, RopeConfig, rope_angles
 from lcx.models.sharding import init_sharded, model_shardings, shard_model
 
