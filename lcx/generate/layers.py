@@ -24,8 +24,7 @@ from jaxtyping import Array, Float, Int
 
 from lcx.attention import KVBlock, Mask, QueryBlock, XlaKernel, attention, merge_partials, merge_sinks
 from lcx.attention.sinks import row_sinks
-from lcx.models.llama import Attention, Block, LayerOptions, Llama
-from lcx.models.rotary import RopeConfig
+from lcx.models.llama import Block, LayerOptions, Llama
 from lcx.sharding import MeshPlan
 from lcx.sharding import axes as ax
 
@@ -43,20 +42,6 @@ def layer_block(model: Llama, layer: int) -> Block:
     return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, block)
 
 
-def project_qkv(
-    attn: Attention, x: Float[Array, "B T D"], positions: Int[Array, "B T"], rope: RopeConfig | None
-) -> tuple[Float[Array, "B T N H"], Float[Array, "B T K H"], Float[Array, "B T K H"]]:
-    """``q, k, v`` of :class:`lcx.models.llama.Attention` (:meth:`~lcx.models.llama.Attention.project`:
-    biases, QK-norm, RoPE at ``positions``, the query scale), as the training forward computes them."""
-    return attn.project(x, positions, rope)
-
-
-def _finish(block: Block, x: Array, o: Array) -> Array:
-    """The rest of the block after attention: output projection, then :meth:`Block.finish`
-    (post-norm, residual, MLP)."""
-    return block.finish(x, block.attn.output(o))
-
-
 def prefill_layer(
     block: Block,
     x: Float[Array, "B T D"],
@@ -69,11 +54,11 @@ def prefill_layer(
     """One layer over the laid-out prompt (the model's block, attention under the plan's
     strategy for the layer's kind); also returns the layer's K (after RoPE) and V."""
     with jax.named_scope("lcx.generate.prefill_layer"):
-        q, k, v = project_qkv(block.attn, block.attn_norm(x), positions, layer.rope)
+        q, k, v = block.attn.project(block.attn_norm(x), positions, layer.rope)
         sinks = block.attn.sinks if layer.sinks else None
         o = attention(q, k, v, plan=plan, mask=layer.mask, positions=positions, segment_ids=segment_ids, sinks=sinks)
         assert not isinstance(o, tuple)  # return_lse=False: the output alone
-        return plan.constrain(_finish(block, x, o), (ax.BATCH, ax.SEQ, ax.EMBED)), k, v
+        return plan.constrain(block.finish(x, block.attn.output(o)), (ax.BATCH, ax.SEQ, ax.EMBED)), k, v
 
 
 def decode_layer(
@@ -104,10 +89,10 @@ def decode_layer(
       ``(x, k, v)``: the layer's output ``[B, 1, D]`` and the group's updated K/V.
     """
     with jax.named_scope("lcx.generate.decode_layer"):
-        q, k, v = project_qkv(block.attn, block.attn_norm(x), positions[:, None], layer.rope)
+        q, k, v = block.attn.project(block.attn_norm(x), positions[:, None], layer.rope)
         sinks = block.attn.sinks if layer.sinks else None
         o, ck, cv = decode_attention(plan, layer.mask, q, k, v, cache, index, write, positions, sinks)
-        return _finish(block, x, o), ck, cv
+        return block.finish(x, block.attn.output(o)), ck, cv
 
 
 def decode_attention(
@@ -177,4 +162,4 @@ def output_logits(model: Llama, x: Float[Array, "B D"]) -> Float[Array, "B V"]:
     return jnp.einsum("BD,DV->BV", model.final_norm(x), head, preferred_element_type=jnp.float32)
 
 
-__all__ = ["decode_attention", "decode_layer", "layer_block", "output_logits", "prefill_layer", "project_qkv"]
+__all__ = ["decode_attention", "decode_layer", "layer_block", "output_logits", "prefill_layer"]
