@@ -129,7 +129,7 @@ def _row(source, label, hw, group, strategy, S, e, published, fitted, *, cfg, ri
 def recipe_rows(spec) -> list[Row]:
     """MaxText's long-context recipe tables, every second row (by length) held out."""
     from lcx.cost import ActivationPolicy
-    from lcx.models.config import preset
+    from lcx.models.presets import preset
     from lcx.reports.maxtext import fitted_in_calibration, recipe_plan, recipes
     from lcx.sharding import AttentionConfig
 
@@ -169,7 +169,7 @@ def comparison_rows(spec) -> list[Row]:
     """The strategy comparisons of MaxText's context-parallelism PRs."""
     from lcx.cost import ActivationPolicy
     from lcx.cost.search import strategy_meshes
-    from lcx.models.config import preset
+    from lcx.models.presets import preset
     from lcx.sharding import AttentionConfig, Plan
 
     held_lengths = {int(x) for x in spec.hold_out_comparison_lengths}

@@ -40,7 +40,7 @@ def rows_from(spec) -> list[dict]:
     from omegaconf import OmegaConf
 
     from lcx import cost
-    from lcx.models.config import preset
+    from lcx.models.presets import preset
 
     rows = []
 

@@ -58,7 +58,7 @@ import numpy as np  # noqa: E402
 
 from lcx import cost  # noqa: E402
 from lcx.models import init_model, model_shardings  # noqa: E402
-from lcx.models.config import preset  # noqa: E402
+from lcx.models.presets import preset  # noqa: E402
 from lcx.sharding import bind  # noqa: E402
 from lcx.sharding.config import preset as plan_preset  # noqa: E402
 from lcx.training.optim import make_optimizer  # noqa: E402

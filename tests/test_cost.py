@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from lcx import cost
 from lcx.attention.strategies import AttentionShard
-from lcx.models.config import preset
+from lcx.models.presets import preset
 from lcx.reports.candidates import table
 from lcx.reports.planner import reasons
 from lcx.sharding import causal_work_per_device

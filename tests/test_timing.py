@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from lcx import cost
 from lcx.cost.local import StepSizes
 from lcx.cost.timing import ROOFLINE, CalibratedRange, TimeModel, time_model_from_config
-from lcx.models.config import preset
+from lcx.models.presets import preset
 from lcx.reports.maxtext import recipe_plan, recipes
 from lcx.reports.planner import reasons
 from lcx.reports.timing import outside, time_words, versus_words
