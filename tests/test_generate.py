@@ -186,6 +186,7 @@ def test_cp_decoding_splash_kernel():
     assert np.abs(logits - forced).max() <= LOGIT_TOL
 
 
+@pytest.mark.slow  # ~50 s on 2 cores; the floor runs decoding under CP (test_cp_decoding_*)
 def test_generate_loop_batch_padding_eos_and_sampling():
     """generate(): the compiled loop gives the step-by-step tokens; a batch of 3 rows on a data
     degree of 2 (padded, the pad row dropped); EOS stops a row; seeded sampling is reproducible

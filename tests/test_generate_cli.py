@@ -29,6 +29,7 @@ def checkpoint(tmp_path_factory, devices):
     return train_tiny(tmp_path_factory.mktemp("generate"), devices, ["plan=ring"])
 
 
+@pytest.mark.slow  # ~65 s on 2 cores; the floor runs the library path (test_generate.py)
 def test_generate_cli_on_the_checkpoint_plan_and_another(checkpoint, tmp_path, devices):
     prompts = "[" + ",".join(f'"{p}"' for p in PROMPTS) + "]"
     base = [f"checkpoint.dir={checkpoint}", f"generate.prompts={prompts}", "generate.max_new_tokens=5"]
