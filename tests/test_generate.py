@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 
 from lcx.generate import cache_bytes_per_device, decode_step, generate, prefill, sample
+from lcx.generate.prompts import padded_length
 from lcx.models import LayerKind, ModelConfig, init_model
-from lcx.sharding import AttentionConfig, Plan, bind
+from lcx.sharding import AttentionConfig, Plan, PlanError, bind
 
 LOGIT_TOL = 1e-5  # the issue's bound, never loosened
 NEW = 7  # tokens generated per row: the sliding ring (8 slots) wraps during decoding
@@ -175,6 +176,24 @@ def test_cp_decoding_equals_single_device(case):
     np.testing.assert_array_equal(toks, ref_toks)
     err = np.abs(logits - forced).max()
     assert err <= LOGIT_TOL, f"{_case_id(case)}: logits differ from teacher forcing by {err:.2e}"
+
+
+def test_short_prompts_under_halo_are_padded_not_refused():
+    """Prompts of 6 and 3 tokens on dp2-cp4 zigzag pad to 8 tokens, 1 per layout chunk, less than
+    the W - 1 = 4 keys halo must fetch: they pad on to 32 (4 per chunk), the shortest length halo
+    runs, and decode as on one device. A plan halo cannot run at any length is still refused."""
+    m, mp = model("hybrid"), plan(HYBRID_HALO)
+    short = [p[:n] for p, n in zip(prompts(), (6, 3))]
+    masks = [m.layer_options(k).mask for k in m.config.layer_kinds]
+    assert padded_length(6, mp, masks) == 32 and padded_length(6, plan("ring"), masks) == 8
+    pre, ref = (prefill(m, short, plan=p, max_new_tokens=NEW) for p in (mp, single_plan()))
+    err = np.abs(np.asarray(pre.logits)[:2] - np.asarray(ref.logits)[:2]).max()
+    assert err <= LOGIT_TOL, f"prefill logits of padded short prompts differ by {err:.2e}"
+    np.testing.assert_array_equal(
+        generate(m, short, plan=mp, max_new_tokens=NEW), generate(m, short, plan=single_plan(), max_new_tokens=NEW)
+    )
+    with pytest.raises(PlanError, match="halo serves sliding and chunked layers only, not the global kind"):
+        prefill(m, short, plan=plan({**HYBRID_HALO, "global": "halo"}), max_new_tokens=NEW)
 
 
 @pytest.mark.slow

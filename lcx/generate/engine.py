@@ -79,14 +79,14 @@ def prefill(
 
     Raises:
       ValueError: an empty prompt, a token id outside the vocabulary, a prompt longer than the
-        RoPE range without scaling (:func:`lcx.generate.prompts.check_request`), and what the
-        plan's strategy refuses for the padded length (:func:`lcx.attention.attention`). Raised
-        before compiling.
+        RoPE range without scaling (:func:`lcx.generate.prompts.check_request`); a
+        ``PlanError`` (a ``ValueError``) where a layer kind's strategy refuses every padded
+        length (:func:`lcx.generate.prompts.padded_length`). Raised before compiling.
     """
     mp = _mesh_plan(plan)
     rows = as_rows(prompts)
     check_request(rows, model.config, max_new_tokens)
-    batch = prepare(rows, mp)
+    batch = prepare(rows, mp, [model.layer_options(k).mask for k in model.config.layer_kinds])
     layout = cache_layout(
         model.config.layer_kinds,
         degree=mp.context_degree,

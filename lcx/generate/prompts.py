@@ -2,7 +2,9 @@
 
 Prompts may have different lengths. Each row is right-padded to one length ``T``: the longest
 prompt rounded up to what the plan's layout needs (a multiple of P, or of 2P for zigzag and
-balanced; :func:`lcx.sharding.check_layout`). Padding tokens get segment id ``-1``, so no query
+balanced; :func:`lcx.sharding.check_layout`), and further where a layer kind's strategy runs only
+longer sequences (halo, whose window or attention chunk must fit one layout chunk:
+:func:`padded_length`). Padding tokens get segment id ``-1``, so no query
 sees them and they see nothing (:mod:`lcx.attention.masks`); the batch is padded to a multiple of
 the data degree with copies of its last row, whose outputs are dropped. Positions are
 ``0 .. n - 1`` per row (one document per prompt). Then the plan's layout permutes each row
@@ -18,8 +20,9 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from lcx.attention import Mask, check_layer_kinds
 from lcx.models.config import ModelConfig
-from lcx.sharding import MeshPlan
+from lcx.sharding import MeshPlan, PlanError
 from lcx.sharding.layout import row_permutations
 
 
@@ -99,22 +102,53 @@ def check_request(rows: list[np.ndarray], cfg: ModelConfig, max_new_tokens: int)
         )
 
 
-def padded_length(longest: int, mesh_plan: MeshPlan) -> int:
+def padded_length(longest: int, mesh_plan: MeshPlan, masks: Sequence[Mask] = ()) -> int:
     """The prompt length T: ``longest`` rounded up to the plan's layout chunks (P contiguous,
-    2P zigzag and balanced)."""
+    2P zigzag and balanced); then, if the strategy of one of ``masks`` (the model's layer kinds)
+    refuses T but runs a longer sequence, the shortest such length in whole chunks, at most
+    ``chunks * max(window, chunk)``. That is halo with a short prompt: a sliding window of W needs
+    W - 1 <= T / chunks (:meth:`lcx.attention.strategies.Halo.check_layer`). The padding is
+    masked out (segment id -1), so it costs prefill time and cache slots, never a changed logit.
+
+    Raises:
+      PlanError: what a strategy refuses at every such length (its refusal at the longest one,
+        e.g. halo for a global layer), before compiling.
+    """
     P = mesh_plan.context_degree
     chunks = P * (1 if mesh_plan.plan.attention.layout == "contiguous" else 2)
-    return chunks * math.ceil(longest / chunks)
+    T = chunks * math.ceil(longest / chunks)
+    masks = tuple(dict.fromkeys(masks))
+    if not masks:
+        return T
+    check = lambda t: check_layer_kinds(masks, mesh_plan.plan, mesh_plan.n_devices, t)
+    try:
+        check(T)
+        return T
+    except PlanError as first:
+        refusal = first
+    reach = max(m.window or m.chunk or 0 for m in masks)
+    for t in range(T + chunks, chunks * max(T // chunks, reach) + 1, chunks):
+        try:
+            check(t)
+            return t
+        except PlanError as e:
+            refusal = e
+    raise refusal
 
 
-def prepare(rows: list[np.ndarray], mesh_plan: MeshPlan) -> PromptBatch:
-    """Pad and lay out checked prompts (:func:`as_rows`, :func:`check_request`) for ``mesh_plan``."""
+def prepare(rows: list[np.ndarray], mesh_plan: MeshPlan, masks: Sequence[Mask] = ()) -> PromptBatch:
+    """Pad and lay out checked prompts (:func:`as_rows`, :func:`check_request`) for ``mesh_plan``
+    and a model of layer ``masks`` (:func:`padded_length`).
+
+    Raises:
+      PlanError: a layer kind the plan's strategy cannot run at any padded length.
+    """
     plan = mesh_plan.plan
     data = math.prod(dict(mesh_plan.mesh.shape)[a] for a in plan.batch_axes)
     B = len(rows)
     Bp = data * math.ceil(B / data)
     rows = rows + [rows[-1]] * (Bp - B)
-    T = padded_length(max(r.size for r in rows), mesh_plan)
+    T = padded_length(max(r.size for r in rows), mesh_plan, masks)
     lengths = np.array([r.size for r in rows], np.int32)
     tokens = np.zeros((Bp, T), np.int64)
     for b, r in enumerate(rows):
