@@ -50,11 +50,12 @@ MODELS = {
         ),
     ),
     # every family option (biases, QK-norm, query_pre_attn_scalar, (1 + w) gains, sandwich norms,
-    # GeGLU, scaled embeddings) with Gemma 3's kinds: sliding, and global with its own RoPE
+    # GeGLU, scaled embeddings) with Gemma 3's kinds: sliding, and global with its own RoPE; 5
+    # layers: decoding scans 2 periods of 2 kinds, then 1 remainder layer
     "family": ModelConfig(
         vocab_size=64,
         d_model=32,
-        n_layers=2,
+        n_layers=5,
         n_heads=4,
         n_kv_heads=2,
         head_dim=8,

@@ -21,7 +21,15 @@ from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from lcx.generate.cache import CacheGroup, CacheLayout, KVCache, cache_layout, ring_sources, write_slots
-from lcx.generate.layers import KV_AXES, PER_TOKEN, decode_layer, layer_block, output_logits, prefill_layer
+from lcx.generate.layers import (
+    KV_AXES,
+    PER_TOKEN,
+    cast_block,
+    decode_layer,
+    layer_block,
+    output_logits,
+    prefill_layer,
+)
 from lcx.generate.prompts import as_rows, check_request, prepare
 from lcx.generate.sampling import check_sampling, sample
 from lcx.models.llama import Llama
@@ -207,14 +215,51 @@ def _decode(model: Llama, state: DecodeState, tokens, *, layout: CacheLayout, pl
         hit = jnp.arange(c.pos.shape[1])[None, :] == (owner * g.local_slots + slot)[:, None]
         caches.append([c.k, c.v, jnp.where(hit, pos[:, None], c.pos), jnp.where(hit, 0, c.seg)])
         writes.append((owner, slot))
-    for i, kind in enumerate(cfg.layer_kinds):
-        gi, j = layout.layer_slot[i]
+
+    def run(x, kind, block, index):  # one layer: its group's K/V in `caches` updated
+        gi, j = index
         c = caches[gi]
-        x, c[0], c[1] = decode_layer(
-            layer_block(model, i), x, pos, tuple(c), j, writes[gi], layer=model.layer_options(kind), plan=plan
-        )
+        x, c[0], c[1] = decode_layer(block, x, pos, tuple(c), j, writes[gi], layer=model.layer_options(kind), plan=plan)
+        return x
+
+    kinds = cfg.period_kinds
+    n, rest = divmod(cfg.n_layers, len(kinds))
+    if n:  # one scan over the pattern's periods: compile time does not grow with depth
+        dynamic, static = eqx.partition(model.blocks, eqx.is_array)
+        periods = jax.tree.map(lambda a: a[: n * len(kinds)].reshape(n, len(kinds), *a.shape[1:]), dynamic)
+        slots = _period_slots(layout, len(kinds), n)
+
+        def period(carry, xs):
+            x, kvs = carry
+            for c, (k, v) in zip(caches, kvs, strict=True):
+                c[0], c[1] = k, v
+            params, p = xs
+            for r, kind in enumerate(kinds):
+                block = cast_block(eqx.combine(jax.tree.map(lambda a, r=r: a[r], params), static), model)
+                gi, m, j0 = slots[r]
+                x = run(x, kind, block, (gi, p * m + j0))
+            return (x, tuple((c[0], c[1]) for c in caches)), None
+
+        (x, kvs), _ = jax.lax.scan(period, (x, tuple((c[0], c[1]) for c in caches)), (periods, jnp.arange(n)))
+        for c, (k, v) in zip(caches, kvs, strict=True):
+            c[0], c[1] = k, v
+    for i in range(n * len(kinds), cfg.n_layers):  # the remainder layers: the pattern's first kinds
+        x = run(x, cfg.layer_kinds[i], layer_block(model, i), layout.layer_slot[i])
     new = tuple(_constrain_cache(plan, KVCache(*c)) for c in caches)
     return output_logits(model, x[:, 0]), DecodeState(new, pos + 1, state.step + 1)
+
+
+def _period_slots(layout: CacheLayout, kinds: int, n: int) -> tuple[tuple[int, int, int], ...]:
+    """``(group, m, j0)`` per kind of the pattern's period: layer ``p * kinds + r`` of the
+    scanned periods is index ``p * m + j0`` of cache group ``group`` (``m`` of the period's layers
+    share that group; :func:`lcx.generate.cache.cache_layout` numbers a group's layers in order)."""
+    groups = [layout.layer_slot[r][0] for r in range(kinds)]
+    slots = tuple((g, groups.count(g), layout.layer_slot[r][1]) for r, g in enumerate(groups))
+    for p in range(n):
+        for r, (g, m, j0) in enumerate(slots):
+            if layout.layer_slot[p * kinds + r] != (g, p * m + j0):  # pragma: no cover
+                raise AssertionError(f"cache layout is not periodic at layer {p * kinds + r}: {layout.layer_slot}")
+    return slots
 
 
 def generate(

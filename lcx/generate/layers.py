@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int
 
 from lcx.attention import KVBlock, Mask, QueryBlock, XlaKernel, attention, merge_partials, merge_sinks
@@ -37,8 +38,12 @@ axes, as in :func:`lcx.attention.attention`)."""
 def layer_block(model: Llama, layer: int) -> Block:
     """Decoder layer ``layer``'s :class:`Block`, its floating-point parameters cast to the
     model's compute dtype (as the forward casts each layer inside its scan)."""
+    return cast_block(jax.tree.map(lambda a: a[layer] if isinstance(a, jax.Array) else a, model.blocks), model)
+
+
+def cast_block(block: Block, model: Llama) -> Block:
+    """``block`` (one layer's parameters) with its floating-point arrays in the model's compute dtype."""
     dtype = jnp.dtype(model.config.dtype)
-    block = jax.tree.map(lambda a: a[layer] if isinstance(a, jax.Array) else a, model.blocks)
     return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, block)
 
 
@@ -66,7 +71,7 @@ def decode_layer(
     x: Float[Array, "B 1 D"],
     positions: Int[Array, " B"],
     cache: tuple[Array, Array, Array, Array],
-    index: int,
+    index: int | Int[Array, ""],
     write: tuple[Int[Array, " B"], Int[Array, " B"]],
     *,
     layer: LayerOptions,
@@ -80,7 +85,8 @@ def decode_layer(
       positions: int32 ``[B]`` their global positions.
       cache: the layer's group ``(k, v, pos, seg)``, K/V ``[L_g, B, S, K, H]``, ids ``[B, S]``
         (ids already hold the new tokens).
-      index: this layer's index in its group (static).
+      index: this layer's index in its group (an int, or an int32 scalar inside the scan over
+        periods).
       write: ``(owner, slot)`` int32 ``[B]``: the device and local slot of each new token.
       layer: the layer's options.
       plan: the plan (mesh and context axes).
@@ -102,7 +108,7 @@ def decode_attention(
     k: Float[Array, "B 1 K H"],
     v: Float[Array, "B 1 K H"],
     cache: tuple[Array, Array, Array, Array],
-    index: int,
+    index: int | Int[Array, ""],
     write: tuple[Int[Array, " B"], Int[Array, " B"]],
     positions: Int[Array, " B"],
     sinks: Float[Array, " N"] | None,
@@ -118,7 +124,7 @@ def decode_attention(
     row = plan.activation_spec((ax.BATCH,))
     owner, slot = write
 
-    def local(q, k, v, ck, cv, cpos, cseg, owner, slot, qpos, *s):
+    def local(q, k, v, ck, cv, cpos, cseg, owner, slot, qpos, index, *s):
         me = lax.axis_index(axes) if P > 1 else 0
         b = jnp.arange(q.shape[0])
 
@@ -140,8 +146,8 @@ def decode_attention(
         return out.astype(q.dtype), ck, cv
 
     in_specs = (q_spec, q_spec, q_spec, stack, stack, plan.activation_spec(PER_TOKEN), plan.activation_spec(PER_TOKEN))
-    in_specs += (row, row, plan.activation_spec((ax.BATCH, None)))
-    args = (q, k, v, ck, cv, cpos, cseg, owner, slot, positions[:, None])
+    in_specs += (row, row, plan.activation_spec((ax.BATCH, None)), PartitionSpec())
+    args = (q, k, v, ck, cv, cpos, cseg, owner, slot, positions[:, None], jnp.asarray(index, jnp.int32))
     if sinks is not None:
         in_specs += (plan.activation_spec((ax.HEADS,)),)
         args += (sinks.astype(jnp.float32),)
@@ -162,4 +168,4 @@ def output_logits(model: Llama, x: Float[Array, "B D"]) -> Float[Array, "B V"]:
     return jnp.einsum("BD,DV->BV", model.final_norm(x), head, preferred_element_type=jnp.float32)
 
 
-__all__ = ["decode_attention", "decode_layer", "layer_block", "output_logits", "prefill_layer"]
+__all__ = ["cast_block", "decode_attention", "decode_layer", "layer_block", "output_logits", "prefill_layer"]
