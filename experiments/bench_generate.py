@@ -80,7 +80,7 @@ def _median(fn, repeats: int) -> float:
 
 def compiled_cache_bytes(model, prompt, mp, new: int) -> int:
     """Per-device output bytes of the compiled prefill, the cache alone (``memory_analysis``)."""
-    batch = prepare(as_rows(prompt), mp)
+    batch = prepare(as_rows(prompt), mp, [model.layer_options(k).mask for k in model.config.layer_kinds])
     layout = cache_layout(
         model.config.layer_kinds, degree=mp.context_degree, prompt_len=batch.prompt_len, max_new_tokens=new
     )

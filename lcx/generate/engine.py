@@ -127,21 +127,38 @@ def _prefill(
     cfg = model.config
     x = plan.constrain(model.embed_tokens(tokens), (ax.BATCH, ax.SEQ, ax.EMBED))
     rings = dict(zip((i for i, g in enumerate(layout.groups) if g.is_ring), rings, strict=True))
-    ks, vs = [], []
-    for i, kind in enumerate(cfg.layer_kinds):
-        x, k, v = prefill_layer(
-            layer_block(model, i), x, positions, segment_ids, layer=model.layer_options(kind), plan=plan
-        )
-        g = layout.layer_slot[i][0]
+
+    def run(x, kind, block, g):  # one layer: its output and the K/V its cache group keeps
+        x, k, v = prefill_layer(block, x, positions, segment_ids, layer=model.layer_options(kind), plan=plan)
         if g in rings:  # keep only the ring's keys now: one layer's whole K/V is live at a time
             index = rings[g][0][:, :, None, None]
             k, v = jnp.take_along_axis(k, index, axis=1), jnp.take_along_axis(v, index, axis=1)
-        ks.append(k)
-        vs.append(v)
+        return x, (k, v)
+
+    kinds = cfg.period_kinds
+    n = cfg.n_layers // len(kinds)
+    slots = _period_slots(layout, len(kinds), n)
+    scanned: tuple = ()
+    if n:  # one scan over the pattern's periods, as decoding (compile time does not grow with depth)
+        dynamic, static = eqx.partition(model.blocks, eqx.is_array)
+        periods = jax.tree.map(lambda a: a[: n * len(kinds)].reshape(n, len(kinds), *a.shape[1:]), dynamic)
+
+        def period(x, params):
+            kvs = []
+            for r, kind in enumerate(kinds):
+                block = cast_block(eqx.combine(jax.tree.map(lambda a, r=r: a[r], params), static), model)
+                x, kv = run(x, kind, block, slots[r][0])
+                kvs.append(kv)
+            return x, tuple(kvs)
+
+        x, scanned = jax.lax.scan(period, x, periods)  # scanned[r]: K, V [n, ...] of kind r's layers
+    remainder = {}
+    for i in range(n * len(kinds), cfg.n_layers):  # the pattern's first kinds
+        x, remainder[i] = run(x, cfg.layer_kinds[i], layer_block(model, i), layout.layer_slot[i][0])
     logits = output_logits(model, jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0])
     caches = []
     for gi, g in enumerate(layout.groups):
-        k, v = jnp.stack([ks[i] for i in g.layers]), jnp.stack([vs[i] for i in g.layers])
+        k, v = (_group_stack(g, gi, slots, scanned, remainder, t, n * len(kinds)) for t in (0, 1))
         if g.is_ring:
             _, pos, seg = rings[gi]
         else:
@@ -149,6 +166,16 @@ def _prefill(
         caches.append(_constrain_cache(plan, KVCache(k, v, pos, seg)))
     state = DecodeState(tuple(caches), lengths.astype(jnp.int32), jnp.zeros((), jnp.int32))
     return state, logits
+
+
+def _group_stack(g: CacheGroup, gi: int, slots, scanned: tuple, remainder: dict, t: int, n_scanned: int):
+    """Cache group ``gi``'s K (``t`` 0) or V (1) ``[L_g, ...]``, its layers in order: those of the
+    scanned periods (``scanned[r][t]``: ``[n, ...]`` of the period's kind ``r``; period ``p``'s
+    kinds of this group at ``p * m + j0``, :func:`_period_slots`), then the remainder layers."""
+    here = [r for _, r in sorted((j0, r) for r, (group, _, j0) in enumerate(slots) if group == gi)]
+    parts = [jnp.stack([scanned[r][t] for r in here], 1)] if n_scanned and here else []
+    parts = [a.reshape(-1, *a.shape[2:]) for a in parts]
+    return jnp.concatenate(parts + [remainder[i][t][None] for i in g.layers if i >= n_scanned])
 
 
 def _append_slots(plan: MeshPlan, g: CacheGroup, k, v, positions, segment_ids):
@@ -223,7 +250,7 @@ def _decode(model: Llama, state: DecodeState, tokens, *, layout: CacheLayout, pl
         return x
 
     kinds = cfg.period_kinds
-    n, rest = divmod(cfg.n_layers, len(kinds))
+    n = cfg.n_layers // len(kinds)
     if n:  # one scan over the pattern's periods: compile time does not grow with depth
         dynamic, static = eqx.partition(model.blocks, eqx.is_array)
         periods = jax.tree.map(lambda a: a[: n * len(kinds)].reshape(n, len(kinds), *a.shape[1:]), dynamic)
