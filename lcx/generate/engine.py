@@ -24,11 +24,11 @@ from lcx.generate.cache import CacheGroup, CacheLayout, KVCache, cache_layout, r
 from lcx.generate.layers import (
     KV_AXES,
     PER_TOKEN,
-    cast_block,
     decode_layer,
     layer_block,
     output_logits,
     prefill_layer,
+    scanned_periods,
 )
 from lcx.generate.prompts import as_rows, check_request, prepare
 from lcx.generate.sampling import check_sampling, sample
@@ -136,18 +136,15 @@ def _prefill(
         return x, (k, v)
 
     kinds = cfg.period_kinds
-    n = cfg.n_layers // len(kinds)
+    n, periods, period_block = scanned_periods(model)
     slots = _period_slots(layout, len(kinds), n)
     scanned: tuple = ()
     if n:  # one scan over the pattern's periods, as decoding (compile time does not grow with depth)
-        dynamic, static = eqx.partition(model.blocks, eqx.is_array)
-        periods = jax.tree.map(lambda a: a[: n * len(kinds)].reshape(n, len(kinds), *a.shape[1:]), dynamic)
 
         def period(x, params):
             kvs = []
             for r, kind in enumerate(kinds):
-                block = cast_block(eqx.combine(jax.tree.map(lambda a, r=r: a[r], params), static), model)
-                x, kv = run(x, kind, block, slots[r][0])
+                x, kv = run(x, kind, period_block(params, r), slots[r][0])
                 kvs.append(kv)
             return x, tuple(kvs)
 
@@ -173,9 +170,11 @@ def _group_stack(g: CacheGroup, gi: int, slots, scanned: tuple, remainder: dict,
     scanned periods (``scanned[r][t]``: ``[n, ...]`` of the period's kind ``r``; period ``p``'s
     kinds of this group at ``p * m + j0``, :func:`_period_slots`), then the remainder layers."""
     here = [r for _, r in sorted((j0, r) for r, (group, _, j0) in enumerate(slots) if group == gi)]
-    parts = [jnp.stack([scanned[r][t] for r in here], 1)] if n_scanned and here else []
-    parts = [a.reshape(-1, *a.shape[2:]) for a in parts]
-    return jnp.concatenate(parts + [remainder[i][t][None] for i in g.layers if i >= n_scanned])
+    parts = [remainder[i][t][None] for i in g.layers if i >= n_scanned]
+    if n_scanned and here:  # [n, m, ...] -> [n * m, ...]: layer p * m + j0 in the group's order
+        a = jnp.stack([scanned[r][t] for r in here], 1)
+        parts.insert(0, a.reshape(-1, *a.shape[2:]))
+    return jnp.concatenate(parts)
 
 
 def _append_slots(plan: MeshPlan, g: CacheGroup, k, v, positions, segment_ids):
@@ -236,43 +235,38 @@ def _decode(model: Llama, state: DecodeState, tokens, *, layout: CacheLayout, pl
     cfg = model.config
     pos = state.pos
     x = model.embed_tokens(tokens[:, None])
-    caches, writes = [], []
+    ids, kvs, writes = [], [], []  # per group: (pos, seg) fixed for the step; (K, V) updated by its layers
     for g, c in zip(layout.groups, state.caches):
         owner, slot = write_slots(g, state.step, pos, layout.degree)
         hit = jnp.arange(c.pos.shape[1])[None, :] == (owner * g.local_slots + slot)[:, None]
-        caches.append([c.k, c.v, jnp.where(hit, pos[:, None], c.pos), jnp.where(hit, 0, c.seg)])
+        ids.append((jnp.where(hit, pos[:, None], c.pos), jnp.where(hit, 0, c.seg)))
+        kvs.append((c.k, c.v))
         writes.append((owner, slot))
 
-    def run(x, kind, block, index):  # one layer: its group's K/V in `caches` updated
-        gi, j = index
-        c = caches[gi]
-        x, c[0], c[1] = decode_layer(block, x, pos, tuple(c), j, writes[gi], layer=model.layer_options(kind), plan=plan)
-        return x
+    def run(x, kvs: tuple, kind, block, gi: int, j):  # one layer; its group's K/V replaced in kvs
+        k, v = kvs[gi]
+        x, k, v = decode_layer(
+            block, x, pos, (k, v, *ids[gi]), j, writes[gi], layer=model.layer_options(kind), plan=plan
+        )
+        return x, kvs[:gi] + ((k, v),) + kvs[gi + 1 :]
 
     kinds = cfg.period_kinds
-    n = cfg.n_layers // len(kinds)
+    n, periods, period_block = scanned_periods(model)
+    kvs = tuple(kvs)
     if n:  # one scan over the pattern's periods: compile time does not grow with depth
-        dynamic, static = eqx.partition(model.blocks, eqx.is_array)
-        periods = jax.tree.map(lambda a: a[: n * len(kinds)].reshape(n, len(kinds), *a.shape[1:]), dynamic)
         slots = _period_slots(layout, len(kinds), n)
 
         def period(carry, xs):
-            x, kvs = carry
-            for c, (k, v) in zip(caches, kvs, strict=True):
-                c[0], c[1] = k, v
-            params, p = xs
+            (x, kvs), (params, p) = carry, xs
             for r, kind in enumerate(kinds):
-                block = cast_block(eqx.combine(jax.tree.map(lambda a, r=r: a[r], params), static), model)
                 gi, m, j0 = slots[r]
-                x = run(x, kind, block, (gi, p * m + j0))
-            return (x, tuple((c[0], c[1]) for c in caches)), None
+                x, kvs = run(x, kvs, kind, period_block(params, r), gi, p * m + j0)
+            return (x, kvs), None
 
-        (x, kvs), _ = jax.lax.scan(period, (x, tuple((c[0], c[1]) for c in caches)), (periods, jnp.arange(n)))
-        for c, (k, v) in zip(caches, kvs, strict=True):
-            c[0], c[1] = k, v
+        (x, kvs), _ = jax.lax.scan(period, (x, kvs), (periods, jnp.arange(n)))
     for i in range(n * len(kinds), cfg.n_layers):  # the remainder layers: the pattern's first kinds
-        x = run(x, cfg.layer_kinds[i], layer_block(model, i), layout.layer_slot[i])
-    new = tuple(_constrain_cache(plan, KVCache(*c)) for c in caches)
+        x, kvs = run(x, kvs, cfg.layer_kinds[i], layer_block(model, i), *layout.layer_slot[i])
+    new = tuple(_constrain_cache(plan, KVCache(*kv, *i)) for kv, i in zip(kvs, ids, strict=True))
     return output_logits(model, x[:, 0]), DecodeState(new, pos + 1, state.step + 1)
 
 

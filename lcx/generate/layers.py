@@ -17,11 +17,14 @@ sinks join once, after the merge (:func:`lcx.attention.merge_sinks`), as in ever
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Int, PyTree
 
 from lcx.attention import KVBlock, Mask, QueryBlock, XlaKernel, attention, merge_partials, merge_sinks
 from lcx.attention.sinks import row_sinks
@@ -45,6 +48,18 @@ def cast_block(block: Block, model: Llama) -> Block:
     """``block`` (one layer's parameters) with its floating-point arrays in the model's compute dtype."""
     dtype = jnp.dtype(model.config.dtype)
     return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, block)
+
+
+def scanned_periods(model: Llama) -> tuple[int, PyTree, Callable[[PyTree, int], Block]]:
+    """``(n, periods, block)``: the number ``n`` of whole periods of the layer pattern, their
+    parameters stacked ``[n, P, ...]`` (a scan's ``xs``, as the training forward scans them), and
+    ``block(params, r)``: the :class:`Block` of kind ``r`` from one period's parameters, cast
+    (:func:`cast_block`). The ``n_layers mod P`` remainder layers are left to :func:`layer_block`."""
+    P = len(model.config.period_kinds)
+    n = model.config.n_layers // P
+    dynamic, static = eqx.partition(model.blocks, eqx.is_array)
+    periods = jax.tree.map(lambda a: a[: n * P].reshape(n, P, *a.shape[1:]), dynamic)
+    return n, periods, lambda params, r: cast_block(eqx.combine(jax.tree.map(lambda a: a[r], params), static), model)
 
 
 def prefill_layer(
@@ -168,4 +183,12 @@ def output_logits(model: Llama, x: Float[Array, "B D"]) -> Float[Array, "B V"]:
     return jnp.einsum("BD,DV->BV", model.final_norm(x), head, preferred_element_type=jnp.float32)
 
 
-__all__ = ["cast_block", "decode_attention", "decode_layer", "layer_block", "output_logits", "prefill_layer"]
+__all__ = [
+    "cast_block",
+    "decode_attention",
+    "decode_layer",
+    "layer_block",
+    "output_logits",
+    "prefill_layer",
+    "scanned_periods",
+]

@@ -117,22 +117,15 @@ def padded_length(longest: int, mesh_plan: MeshPlan, masks: Sequence[Mask] = ())
     P = mesh_plan.context_degree
     chunks = P * (1 if mesh_plan.plan.attention.layout == "contiguous" else 2)
     T = chunks * math.ceil(longest / chunks)
-    masks = tuple(dict.fromkeys(masks))
-    if not masks:
-        return T
-    check = lambda t: check_layer_kinds(masks, mesh_plan.plan, mesh_plan.n_devices, t)
-    try:
-        check(T)
-        return T
-    except PlanError as first:
-        refusal = first
-    reach = max(m.window or m.chunk or 0 for m in masks)
-    for t in range(T + chunks, chunks * max(T // chunks, reach) + 1, chunks):
+    reach = max((m.window or m.chunk or 0 for m in masks), default=0)
+    refusal = None
+    for t in range(T, chunks * max(T // chunks, reach) + 1, chunks):
         try:
-            check(t)
+            check_layer_kinds(masks, mesh_plan.plan, mesh_plan.n_devices, t)
             return t
         except PlanError as e:
             refusal = e
+    assert refusal is not None  # the range holds T
     raise refusal
 
 
