@@ -218,9 +218,13 @@ class AttentionConfig:
         if self.layout not in LAYOUTS:
             raise PlanError(f"unknown sequence layout {self.layout!r}; choose one of {LAYOUTS}")
         try:
-            self.blocks  # noqa: B018 - checks the four block sizes
+            # the four block sizes (>= 1), then the kernel's own tiling rules (splash and tokamax:
+            # Mosaic's (8, 128) tiles), so a plan a TPU cannot lower is refused when it is built
+            kernel_class(self.kernel).check_blocks(self.blocks)
         except ValueError as e:
             raise PlanError(str(e)) from None
+        except NotImplementedError:
+            pass  # the kernel's library is missing here: refused by name when the kernel is built
 
     def strategy_for(self, kind: str) -> str:
         """The strategy name that runs the layers of ``kind`` (a :data:`LAYER_KINDS` name).

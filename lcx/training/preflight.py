@@ -176,9 +176,7 @@ def setup(config: RunConfig, devices=None) -> Run:
     # lcx.config.run_config checked this already; a RunConfig built in code is checked here
     check_model_vocab(model_cfg.vocab_size, data.tokenizer, f"model={model_cfg.name}")
     key = jax.random.key(t.seed)
-    abstract = eqx.filter_eval_shape(init_model, model_cfg, key=key)
-    abstract_params, static = eqx.partition(abstract, is_arraylike)
-    optimizer, schedule = optimizer_from_config(t)
+    built = build_steps(config, mp, key)
     return Run(
         config=config,
         mp=mp,
@@ -187,13 +185,41 @@ def setup(config: RunConfig, devices=None) -> Run:
         hw=hardware_from_config(config.hardware, len(devices)),
         flops=training_flops(model_cfg, t.seq_len, t.global_batch, window=model_cfg.sliding_window),
         key=key,
-        abstract_params=abstract_params,
-        static=static,
-        optimizer=optimizer,
-        schedule=schedule,
-        # where parameters and optimizer state live between steps: pinned_host when offloaded
-        steps=make_steps(abstract, optimizer, mp, model_shardings(abstract, mp), config.memory),
+        abstract_params=built.abstract_params,
+        static=built.static,
+        optimizer=built.optimizer,
+        schedule=built.schedule,
+        steps=built.steps,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltSteps:
+    """The model's structure and the sharded steps of a run (:func:`build_steps`); nothing compiled.
+
+    Attributes:
+      abstract_params, static: the model's structure (``ShapeDtypeStruct`` leaves) and its static part.
+      optimizer, schedule: the optax transformation and its learning-rate schedule.
+      steps: the sharded (uncompiled) train and evaluation steps.
+    """
+
+    abstract_params: Any
+    static: Any
+    optimizer: optax.GradientTransformation
+    schedule: Callable[[int], Any]
+    steps: Steps
+
+
+def build_steps(config: RunConfig, mp: MeshPlan, key: jax.Array) -> BuiltSteps:
+    """The model's abstract structure (from ``key``), the optimizer and the train and evaluation
+    steps under ``mp``: what :func:`setup` builds besides the data, and all that lowering the
+    step needs (:mod:`lcx.training.lowering`)."""
+    abstract = eqx.filter_eval_shape(init_model, config.model, key=key)
+    abstract_params, static = eqx.partition(abstract, is_arraylike)
+    optimizer, schedule = optimizer_from_config(config.train)
+    # where parameters and optimizer state live between steps: pinned_host when offloaded
+    steps = make_steps(abstract, optimizer, mp, model_shardings(abstract, mp), config.memory)
+    return BuiltSteps(abstract_params, static, optimizer, schedule, steps)
 
 
 def dry_run_devices(hardware: HardwareConfig, distributed: DistributedConfig) -> tuple[int, int]:

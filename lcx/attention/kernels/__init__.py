@@ -14,6 +14,7 @@ from __future__ import annotations
 from lcx.attention.blocks import Cotangent, KVBlock, QueryBlock, output_delta
 from lcx.attention.kernels.base import AbstractKernel, Kernel, KernelCall, as_blocks, kernel_scope, merge_partials
 from lcx.attention.kernels.composed import AbstractComposedKernel
+from lcx.attention.kernels.interpret import interpret, pallas_interpret
 from lcx.attention.kernels.splash import KernelNotAvailableError, SplashKernel
 from lcx.attention.kernels.tokamax import TokamaxKernel
 from lcx.attention.kernels.xla import XlaKernel, block_size
@@ -60,8 +61,10 @@ __all__ = [
     "kernel_scope",
     "KernelCall",
     "KernelNotAvailableError",
+    "interpret",
     "KVBlock",
     "merge_partials",
+    "pallas_interpret",
     "output_delta",
     "QueryBlock",
     "SplashKernel",

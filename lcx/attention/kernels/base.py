@@ -36,7 +36,7 @@ import abc
 import contextlib
 import dataclasses
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -158,9 +158,15 @@ class AbstractKernel(eqx.Module):
     Attributes:
       blocks: forward and backward blocks in tokens (a static field of the final class, checked
         by :meth:`check_blocks` when the kernel is built).
+      mosaic_calls_per_chunk: (class) ``(forward, backward)``: the Pallas calls, each a Mosaic
+        ``tpu_custom_call`` when lowered for TPU with interpret mode off
+        (:mod:`lcx.attention.kernels.interpret`), that one kv chunk's :meth:`forward` and
+        :meth:`backward` make; None for a kernel that is not Pallas (tests/test_tpu_lowering.py
+        lowers every kernel that declares it).
     """
 
     blocks: eqx.AbstractVar[BlockSizes]
+    mosaic_calls_per_chunk: ClassVar[tuple[int, int] | None] = None
 
     def __check_init__(self):
         type(self).check_blocks(self.blocks)

@@ -48,11 +48,6 @@ def prescale(x: Array) -> Array:
     return x * jnp.asarray(1.0 / (x.shape[-1] ** 0.5), x.dtype)
 
 
-def interpret() -> bool:
-    """Run the Pallas kernels in interpret mode: everywhere but on TPUs."""
-    return jax.default_backend() != "tpu"
-
-
 def groups(n_heads: int, n_kv_heads: int) -> int:
     """``G = N / K`` query heads per kv head.
 

@@ -87,6 +87,7 @@ block with invisible queries/keys.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -94,9 +95,10 @@ import jax.numpy as jnp
 from lcx.attention.blocks import Cotangent, Grads, KVBlock, OutLse, QueryBlock
 from lcx.attention.kernels.base import KernelCall, as_blocks
 from lcx.attention.kernels.composed import AbstractComposedKernel
+from lcx.attention.kernels.interpret import interpret
 from lcx.attention.kernels.jax_splash import KernelNotAvailableError as KernelNotAvailableError
 from lcx.attention.kernels.jax_splash import SplashInternals, splash_internals
-from lcx.attention.kernels.sorted_chunks import chunked_backward, chunked_forward, interpret
+from lcx.attention.kernels.sorted_chunks import chunked_backward, chunked_forward
 from lcx.attention.kernels.splash_intervals import LANES as LANES
 from lcx.attention.kernels.splash_intervals import MAX_KV_CHUNK as MAX_KV_CHUNK
 from lcx.attention.kernels.splash_intervals import SUBLANES as SUBLANES
@@ -127,6 +129,10 @@ class SplashKernel(AbstractComposedKernel):
     """
 
     blocks: BlockSizes = eqx.field(static=True)
+    mosaic_calls_per_chunk: ClassVar[tuple[int, int] | None] = (
+        1,
+        2,
+    )  # the forward kernel; the dQ and the dK/dV kernels
 
     def __init__(self, *blocks: BlockSizes | int | None, **block_sizes: int | None):
         self.blocks = as_blocks(blocks, block_sizes)

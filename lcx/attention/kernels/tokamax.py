@@ -57,6 +57,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -64,7 +65,8 @@ import jax.numpy as jnp
 from lcx.attention.blocks import Cotangent, Grads, KVBlock, OutLse, QueryBlock
 from lcx.attention.kernels.base import KernelCall, as_blocks
 from lcx.attention.kernels.composed import AbstractComposedKernel
-from lcx.attention.kernels.sorted_chunks import chunked_backward, chunked_forward, interpret
+from lcx.attention.kernels.interpret import interpret
+from lcx.attention.kernels.sorted_chunks import chunked_backward, chunked_forward
 from lcx.attention.kernels.splash import KernelNotAvailableError, SplashKernel
 from lcx.attention.kernels.splash_intervals import _HI_BITS, LANES, MAX_KV_CHUNK, SUBLANES, _mask_fn, _Plan
 from lcx.attention.masks import Mask
@@ -215,6 +217,7 @@ class TokamaxKernel(AbstractComposedKernel):
     """
 
     blocks: BlockSizes = eqx.field(static=True)
+    mosaic_calls_per_chunk: ClassVar[tuple[int, int] | None] = (1, 1)  # the forward kernel; the fused dQ/dK/dV kernel
 
     def __init__(self, *blocks: BlockSizes | int | None, **block_sizes: int | None):
         self.blocks = as_blocks(blocks, block_sizes)
