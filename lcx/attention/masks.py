@@ -154,11 +154,7 @@ class Mask:
         - padding (any mask, when segment ids are given): ``min(q_seg) >= 0`` and
           ``min(k_seg) >= 0``.
 
-        Args:
-          q_pos: int32 global query positions ``[..., t]``.
-          k_pos: int32 global key positions ``[..., s]``.
-          q_seg: int32 query segment ids (required by a document mask).
-          k_seg: int32 key segment ids (required by a document mask).
+        Args: as :meth:`any_visible` (int32 ``[..., t]`` / ``[..., s]`` positions and segment ids).
 
         Returns:
           bool ``[]``: True if in every batch row every (query, key) pair is visible.

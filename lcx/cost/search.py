@@ -166,30 +166,7 @@ class Candidate:
             "policy": dataclasses.asdict(self.policy),
             "policy_label": self.policy.label,
             "runnable_in_lcx": self.runnable_in_lcx,
-            "memory_bytes_per_device": e.memory.as_dict(),
-            "comm_bytes_per_device": e.comm.as_dict(),
-            "model_flops_per_step": e.flops.total,
-            "attention_flops_per_step": e.flops.attention,
-            "recompute_flops_per_step": e.recompute_flops,
-            "compute_time_s": e.compute_time,
-            "comm_time_s": e.comm_time,
-            "exposed_comm_time_s": e.exposed_comm_time,
-            "host_bytes_per_device": e.host_bytes,
-            "host_time_s": e.host_time,
-            "exposed_host_time_s": e.exposed_host_time,
-            "step_time_s": e.step_time,
-            "kinds": [dataclasses.asdict(k) for k in e.kinds],
-            "ring_block_tokens": e.ring_block,
-            "ring_min_block_tokens": e.ring_min_block,
-            "overlap": e.overlap,
-            "fits": e.fits,
-            "fits_hbm": e.fits_hbm,
-            "fits_host": e.fits_host,
-            "predicted_mfu": e.mfu,
-            "roofline_step_time_s": e.roofline_step_time,
-            "roofline_mfu": e.roofline_mfu,
-            "calibrated": e.calibrated,
-            "tokens_per_sec": e.tokens_per_sec,
+            **estimate_dict(e),
         }
 
 
@@ -323,3 +300,34 @@ def choose(fitting: Sequence[Candidate]) -> Choice:
     at = sorted((c for c in fitting if c.context_degree == p_min), key=rank)
     runnable = sorted((c for c in fitting if c.runnable_in_lcx), key=lambda c: (c.context_degree, *rank(c)))
     return Choice(p_min, tuple(at), tuple(runnable))
+
+
+def estimate_dict(e: Estimate) -> dict[str, Any]:
+    """An :class:`~lcx.cost.ledger.Estimate` as the plain values ``plan.json`` holds: bytes per
+    device, FLOPs per step, seconds per step, the fit and the MFU (the field names say the unit)."""
+    return {
+        "memory_bytes_per_device": e.memory.as_dict(),
+        "comm_bytes_per_device": e.comm.as_dict(),
+        "model_flops_per_step": e.flops.total,
+        "attention_flops_per_step": e.flops.attention,
+        "recompute_flops_per_step": e.recompute_flops,
+        "compute_time_s": e.compute_time,
+        "comm_time_s": e.comm_time,
+        "exposed_comm_time_s": e.exposed_comm_time,
+        "host_bytes_per_device": e.host_bytes,
+        "host_time_s": e.host_time,
+        "exposed_host_time_s": e.exposed_host_time,
+        "step_time_s": e.step_time,
+        "kinds": [dataclasses.asdict(k) for k in e.kinds],
+        "ring_block_tokens": e.ring_block,
+        "ring_min_block_tokens": e.ring_min_block,
+        "overlap": e.overlap,
+        "fits": e.fits,
+        "fits_hbm": e.fits_hbm,
+        "fits_host": e.fits_host,
+        "predicted_mfu": e.mfu,
+        "roofline_step_time_s": e.roofline_step_time,
+        "roofline_mfu": e.roofline_mfu,
+        "calibrated": e.calibrated,
+        "tokens_per_sec": e.tokens_per_sec,
+    }

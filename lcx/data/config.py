@@ -42,8 +42,23 @@ def _check_pipeline(d: Any) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _CorpusOptions:
+    """The fields every corpus source has besides where its text comes from (keyword-only, so
+    each source lists its own fields first); documented on :class:`StdlibData`."""
+
+    tokenizer: str
+    val_fraction: float
+    split_seed: int
+    add_bos: Optional[bool] = None
+    add_eos: Optional[bool] = None
+    workers: int = 0
+    prefetch: int = 2
+    shards: Optional[int] = None
+
+
 @dataclasses.dataclass(frozen=True)
-class StdlibData:
+class StdlibData(_CorpusOptions):
     """``data=stdlib`` / ``data=stdlib_bpe``: the Python standard library's sources, embedded
     (``conf/data/stdlib.yaml``: byte tokens; ``conf/data/stdlib_bpe.yaml``: the embedded BPE).
 
@@ -64,21 +79,13 @@ class StdlibData:
     """
 
     name: str
-    tokenizer: str
-    val_fraction: float
-    split_seed: int
-    add_bos: Optional[bool] = None
-    add_eos: Optional[bool] = None
-    workers: int = 0
-    prefetch: int = 2
-    shards: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check_pipeline(self)
 
 
 @dataclasses.dataclass(frozen=True)
-class TextData:
+class TextData(_CorpusOptions):
     """``data=text``: files, globs and directories (``conf/data/text.yaml``), and its presets
     ``data=jsonl`` / ``data=parquet`` / ``data=arrayrecord``, which set ``format``
     (:func:`lcx.data.corpora.text_corpus`).
@@ -113,14 +120,6 @@ class TextData:
     text_field: Optional[str]
     document: str
     document_separator: str
-    tokenizer: str
-    val_fraction: float
-    split_seed: int
-    add_bos: Optional[bool] = None
-    add_eos: Optional[bool] = None
-    workers: int = 0
-    prefetch: int = 2
-    shards: Optional[int] = None
     mixture: Optional[list[dict[str, Any]]] = None
 
     def __post_init__(self) -> None:

@@ -17,6 +17,7 @@ import pathlib
 import sys
 from typing import Any
 
+from lcx.cost.search import estimate_dict
 from lcx.reports.candidates import table
 from lcx.reports.config import PlanQuery
 from lcx.reports.maxtext import compare_with_maxtext, recipe_differences, recipe_of
@@ -274,7 +275,7 @@ def _given(job: _Job, given, arrays, source: str, say) -> tuple[dict[str, Any], 
             f"  ring: {e.ring_block:,} tokens per hop, overlap needs >= {e.ring_min_block:,.0f}: "
             f"{'holds' if e.overlap else 'FAILS'}"
         )
-    report["estimate"] = _est_dict(e)
+    report["estimate"] = estimate_dict(e)
     return report, e
 
 
@@ -397,24 +398,3 @@ def run(q: PlanQuery, out_dir: str | pathlib.Path | None = None) -> dict[str, An
         print(f"\nwrote {out / 'plan.json'}", file=sys.stderr)
     return report
 
-
-def _est_dict(e) -> dict[str, Any]:
-    return {
-        "memory_bytes_per_device": e.memory.as_dict(),
-        "comm_bytes_per_device": e.comm.as_dict(),
-        "model_flops_per_step": e.flops.total,
-        "recompute_flops_per_step": e.recompute_flops,
-        "compute_time_s": e.compute_time,
-        "exposed_comm_time_s": e.exposed_comm_time,
-        "host_bytes_per_device": e.host_bytes,
-        "host_time_s": e.host_time,
-        "exposed_host_time_s": e.exposed_host_time,
-        "step_time_s": e.step_time,
-        "kinds": [dataclasses.asdict(k) for k in e.kinds],
-        "fits": e.fits,
-        "overlap": e.overlap,
-        "predicted_mfu": e.mfu,
-        "roofline_step_time_s": e.roofline_step_time,
-        "roofline_mfu": e.roofline_mfu,
-        "calibrated": e.calibrated,
-    }

@@ -14,7 +14,7 @@ from __future__ import annotations
 from lcx.attention.blocks import Cotangent, KVBlock, QueryBlock, output_delta
 from lcx.attention.kernels.base import AbstractKernel, Kernel, KernelCall, as_blocks, kernel_scope, merge_partials
 from lcx.attention.kernels.composed import AbstractComposedKernel
-from lcx.attention.kernels.interpret import interpret, pallas_interpret
+from lcx.attention.kernels.interpret import interpret, mosaic_calls, pallas_interpret
 from lcx.attention.kernels.splash import KernelNotAvailableError, SplashKernel
 from lcx.attention.kernels.tokamax import TokamaxKernel
 from lcx.attention.kernels.xla import XlaKernel, block_size
@@ -64,6 +64,7 @@ __all__ = [
     "interpret",
     "KVBlock",
     "merge_partials",
+    "mosaic_calls",
     "pallas_interpret",
     "output_delta",
     "QueryBlock",
