@@ -397,4 +397,3 @@ def run(q: PlanQuery, out_dir: str | pathlib.Path | None = None) -> dict[str, An
         (out / "plan.json").write_text(json.dumps(report, indent=1, default=str))
         print(f"\nwrote {out / 'plan.json'}", file=sys.stderr)
     return report
-
