@@ -126,6 +126,8 @@ def environment() -> str:
     except OSError:
         pass
     isa = "avx512f" if " avx512f" in flags else "avx2" if " avx2" in flags else "other"
+    if " amx_tile" in flags:  # XLA's CPU kernels differ on AMX machines (Sapphire Rapids and later)
+        isa += "+amx"
     return f"jax {jax.__version__} jaxlib {jaxlib.__version__} {platform.machine()} {isa}"
 
 
