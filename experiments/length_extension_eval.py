@@ -175,9 +175,9 @@ def plot(summary, loss, first: int, path: pathlib.Path) -> pathlib.Path:
         xs = sorted(int(k[5:-1]) for k in s if k.startswith("mean_"))
         a.plot([x * first for x in xs], [s[f"mean_{x}x"] for x in xs], "o-", label=s["condition"])
     a.set_xscale("log", base=2)
-    a.set_ylim(-0.03, 1.03)
+    a.set_ylim(-3, 103)  # RULER's percentages (lcx.evals.scoring)
     a.set_xlabel("context length (tokens)")
-    a.set_ylabel(f"mean score ({', '.join(TASKS)})")
+    a.set_ylabel(f"mean score, 0-100 ({', '.join(TASKS)})")
     a.set_title("RULER tasks by generation")
     a.legend()
     for cond in CONDITIONS:

@@ -10,8 +10,8 @@ directory (:func:`lcx.reports.passkey.run_eval`); prints the grid.
 ``eval=ruler`` (``niah``, ``perplexity``): RULER's tasks scored by generation (:mod:`lcx.evals`)
 with the checkpoint's tokenizer; writes ``<name>.csv``, ``<name>_heatmap.png``, ``<name>.json``
 with the effective length, and the loss-by-position curve
-(:func:`lcx.reports.ruler.run_generation_eval`); prints the mean score per length and the
-effective length.
+(:func:`lcx.reports.ruler.run_generation_eval`); prints the mean score per length (RULER's
+percentage), the tasks a length could not hold (not run there) and the effective length.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from lcx.reports.ruler import run_generation_eval  # noqa: F401  (likewise)
 
 def evaluate(cfg: DictConfig) -> float:
     """Evaluate ``checkpoint.dir``; the mean exact match over the (length, depth) grid
-    (``eval=passkey``), or the mean score over the lengths (generation presets; NaN: only a curve).
+    (``eval=passkey``, a fraction), or the mean score over the lengths (generation presets, a
+    percentage; NaN: only a curve).
 
     Raises:
       ValueError: no ``checkpoint.dir``, or a key unknown or mistyped; and :func:`run_eval`'s /
@@ -53,12 +54,22 @@ def evaluate(cfg: DictConfig) -> float:
 
 
 def generation_summary(rep: dict, out) -> float:
-    """Print the mean score per length and the effective length of a generation report; return
-    the mean over the lengths (NaN without tasks)."""
+    """Print the mean score per length (with the tasks it covers when some did not run), the
+    tasks not run and why, and the effective length of a generation report; return the mean over
+    the lengths (percent; NaN without tasks, or where no task ran)."""
+    tasks = rep["tasks"]
     for s, v in rep["mean_by_length"].items():
-        print(f"length {int(s):>7}  mean score {v:.3f}", file=sys.stderr)
-    if rep["tasks"]:
-        print(f"effective length {rep['effective_length']} (threshold {rep['threshold']:g})", file=sys.stderr)
+        ran = rep["tasks_by_length"].get(s, tasks)
+        cover = "" if len(ran) == len(tasks) else f"  ({len(ran)} of {len(tasks)} tasks: {', '.join(ran)})"
+        print(f"length {int(s):>7}  mean score {v:.2f}{cover}", file=sys.stderr)
+    for r in rep["skipped"]:
+        print(f"not run: {r['task']} at {r['seq_len']}: {r['reason']}", file=sys.stderr)
+    if tasks:
+        over = ", ".join(map(str, rep["complete_lengths"])) or "none: no length ran every task"
+        print(
+            f"effective length {rep['effective_length']} (threshold {rep['threshold']:g}, over lengths {over})",
+            file=sys.stderr,
+        )
     print(f"wrote {out}/{rep['eval']}.json", file=sys.stderr)
     means = list(rep["mean_by_length"].values())
     return float(sum(means) / len(means)) if means else float("nan")

@@ -80,7 +80,7 @@ def test_hook_logs_long_eval_scores(trained):
     assert [r["step"] for r in records] == [1, 2]
     keys = [f"long_eval/{t}" for t in LONG_EVAL_TASKS]
     for r in records:
-        assert all(0.0 <= r[k] <= 1.0 for k in keys)
+        assert all(0.0 <= r[k] <= 100.0 for k in keys)  # RULER's percentages
         assert r["long_eval/mean"] == pytest.approx(np.mean([r[k] for k in keys]))
     # per scoring: 2 depths x (niah_single, niah_multikey) + vt's one cell, 2 samples each
     assert calls == [(2, 17), (2, 17), (2, 17), (2, 17), (2, 43)] * 2
@@ -132,24 +132,26 @@ def test_cli_ruler_writes_csv_heatmap_effective_length_and_curve(trained, tmp_pa
     assert p.returncode == 0, p.stderr[-3000:]
     assert "effective length" in p.stderr
     rows = list(csv.DictReader(open(tmp_path / "ruler.csv")))
-    assert [(r["task"], r["seq_len"], r["depth"], r["samples"]) for r in rows] == [
-        ("passkey", "448", "0.0", "2"),
-        ("passkey", "448", "1.0", "2"),
-        ("passkey", "640", "0.0", "2"),
-        ("passkey", "640", "1.0", "2"),
-        ("vt", "448", "", "2"),
-        ("vt", "640", "", "2"),
+    assert [(r["task"], r["seq_len"], r["depth"], r["samples"], r["reason"]) for r in rows] == [
+        ("passkey", "448", "0.0", "2", ""),
+        ("passkey", "448", "1.0", "2", ""),
+        ("passkey", "640", "0.0", "2", ""),
+        ("passkey", "640", "1.0", "2", ""),
+        ("vt", "448", "", "2", ""),
+        ("vt", "640", "", "2", ""),
     ]
     rep = json.loads((tmp_path / "ruler.json").read_text())
-    assert rep["step"] == 2 and rep["train_seq_len"] == SEQ and rep["tokenizer"] == "byte" and rep["threshold"] == 0.856
+    assert rep["step"] == 2 and rep["train_seq_len"] == SEQ and rep["tokenizer"] == "byte" and rep["threshold"] == 85.6
+    assert rep["complete_lengths"] == [448, 640] and rep["skipped"] == []
+    assert rep["tasks_by_length"] == {"448": ["passkey", "vt"], "640": ["passkey", "vt"]}
     assert "effective_length" in rep and rep["effective_length"] in (None, 448, 640)
     means = {int(s): v for s, v in rep["mean_by_length"].items()}
-    from lcx.evals import effective_length, match_all
+    from lcx.evals import effective_length, string_match_all
 
     assert rep["effective_length"] == effective_length(means)
-    for r, c in zip(rep["results"], rows):  # each score is the scorer's on the predictions kept in the JSON
-        assert len(r["predictions"]) == len(r["answers"]) == 2
-        assert r["score"] == float(np.mean([match_all(x, a) for x, a in zip(r["predictions"], r["answers"])]))
+    for r, c in zip(rep["results"], rows):  # each score is RULER's on the predictions kept in the JSON
+        assert len(r["predictions"]) == len(r["answers"]) == len(r["sample_scores"]) == 2
+        assert r["score"] == string_match_all(r["predictions"], r["answers"])
         assert float(c["score"]) == r["score"]
     assert (tmp_path / "ruler_heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     curve = list(csv.DictReader(open(tmp_path / "perplexity_by_position.csv")))
@@ -223,7 +225,11 @@ def test_refusals_come_before_the_model_is_loaded(trained, tmp_path, devices, mo
     monkeypatch.setattr(resume, "load_model", no_load)
     root, _ = trained
     ckpt = f"checkpoint.dir={root / 'ckpt'}"
-    with pytest.raises(ValueError, match=r"eval length 300 is too short for task niah_single: .* at least \d+"):
+    # a length asked for that fits none of the tasks (a length that fits some runs those)
+    with pytest.raises(
+        ValueError,
+        match=r"eval.lengths=\[300\]: 300 tokens fit none of eval.tasks \(at 300, tokenizer byte: niah_single at least \d+",
+    ):
         run_generation_eval(_query("eval=niah", ckpt, "eval.lengths=[300]"), tmp_path, devices)
     with pytest.raises(ValueError, match=r"eval.generator='lcx.nosuch:generate': cannot import lcx.nosuch"):
         run_generation_eval(
@@ -232,6 +238,35 @@ def test_refusals_come_before_the_model_is_loaded(trained, tmp_path, devices, mo
     with pytest.raises(ValueError, match=r"no held-out document of the embedded corpus has 1000001 tokens"):
         run_generation_eval(_query("eval=perplexity", ckpt, "eval.lengths=[1000000]"), tmp_path, devices)
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_niah_preset_defaults_run_what_fits_and_say_what_did_not(trained, tmp_path, devices):
+    # eval=niah with its default lengths (half, once and twice train.seq_len: 320, 640, 1280): no
+    # niah task fits 320 byte tokens and niah_multiquery not 640 (about 650); neither is refused
+    from lcx.eval import generation_summary, run_generation_eval
+
+    root, _ = trained
+    q = _query(
+        "eval=niah",
+        f"checkpoint.dir={root / 'ckpt'}",
+        "eval.depths=[0.5]",
+        "eval.per_depth=1",
+        "eval.generator=_greedy:greedy",
+    )
+    rep = run_generation_eval(q, tmp_path, devices)
+    tasks = ["niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery"]
+    assert rep["lengths"] == [SEQ // 2, SEQ, 2 * SEQ]
+    assert rep["tasks_by_length"] == {"320": [], "640": tasks[:3], "1280": tasks}
+    assert rep["complete_lengths"] == [1280] and list(rep["mean_by_length"]) == ["640", "1280"]
+    assert rep["effective_length"] in (None, 1280)
+    assert [(r["task"], r["seq_len"]) for r in rep["skipped"]] == [*((t, 320) for t in tasks), ("niah_multiquery", 640)]
+    rows = list(csv.DictReader(open(tmp_path / "niah.csv")))
+    assert len(rows) == 12  # 4 tasks x 3 lengths x 1 depth
+    for r in rows:
+        skipped = (r["task"], int(r["seq_len"])) in {(s["task"], s["seq_len"]) for s in rep["skipped"]}
+        assert (r["score"] == "" and r["samples"] == "0") == skipped
+        assert r["reason"].startswith(f"eval length {r['seq_len']} is too short for task {r['task']}") == skipped
+    generation_summary(rep, tmp_path)  # prints without a KeyError
 
 
 def test_perplexity_preset_writes_only_the_curve(trained, tmp_path, devices):

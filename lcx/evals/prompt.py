@@ -5,7 +5,8 @@ as token arrays (never re-encoded as one text), so each piece keeps its own toke
 the prompt is an exact sum, and the needles and the question survive decoding unchanged. A
 context length ``L`` (tokens) holds the prompt and the answer budget: ``len(prompt) +
 max_new_tokens == L``, as in RULER, where generation stays inside the length evaluated. A length
-too short for a task is refused, naming both numbers; nothing is ever truncated.
+too short for a task is refused with :class:`LengthTooShort`, naming both numbers; nothing is
+ever truncated.
 """
 
 from __future__ import annotations
@@ -24,6 +25,24 @@ MIN_HAYSTACK = 16
 ANSWER_SLACK = 8
 """Tokens of the answer budget beyond the longest answer's UTF-8 bytes (the budget: bytes + this;
 a byte-level tokenizer, lcx's byte and BPE ones, spends at most one token per byte)."""
+
+
+class LengthTooShort(ValueError):
+    """A context length that cannot hold a task's prompt and answer budget.
+
+    A ``ValueError`` (callers that refuse a grid see the same error as before); the evaluation
+    report catches only this one to mark a (task, length) cell as not run
+    (:func:`lcx.evals.runner.fit_grid`), never any other error.
+
+    Attributes:
+      task: the task's name; length: the length refused, in tokens.
+      need: the least length, in tokens, that holds this example (None where it is not known:
+        ``fwe``'s ranking that never came out without a tie).
+    """
+
+    def __init__(self, message: str, *, task: str, length: int, need: int | None):
+        super().__init__(message)
+        self.task, self.length, self.need = task, int(length), need
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,16 +106,19 @@ class Frame:
         """Tokens left for the haystack once ``fixed`` tokens of template are placed.
 
         Raises:
-          ValueError: fewer than :data:`MIN_HAYSTACK` left; names the length, the minimum
+          LengthTooShort: fewer than :data:`MIN_HAYSTACK` left; names the length, the minimum
             length and the tokenizer.
         """
         n = self.prompt_tokens - fixed
         if n < MIN_HAYSTACK:
             need = fixed + MIN_HAYSTACK + self.budget
-            raise ValueError(
+            raise LengthTooShort(
                 f"eval length {self.length} is too short for task {self.task}: its template, needles and "
                 f"answer budget of {self.budget} tokens need at least {need} tokens of tokenizer "
-                f"{self.tokenizer.name} (with {MIN_HAYSTACK} of haystack); use lengths >= {need}"
+                f"{self.tokenizer.name} (with {MIN_HAYSTACK} of haystack); use lengths >= {need}",
+                task=self.task,
+                length=self.length,
+                need=need,
             )
         return n
 
@@ -114,7 +136,7 @@ class Frame:
           int32 ``[prompt_tokens]``.
 
         Raises:
-          ValueError: the length cannot hold the pieces (:meth:`filler_size`).
+          LengthTooShort: the length cannot hold the pieces (:meth:`filler_size`).
         """
         h, t = np.concatenate([self.bos, self.encode(head)]), self.encode(tail)
         placed = sorted(((float(d), self.encode(f"\n{x}\n")) for d, x in needles), key=lambda p: p[0])
@@ -133,7 +155,7 @@ class Frame:
         tokens (the real text takes what the items leave).
 
         Raises:
-          ValueError: the pieces leave fewer than :data:`MIN_HAYSTACK` tokens of real text.
+          LengthTooShort: the pieces leave fewer than :data:`MIN_HAYSTACK` tokens of real text.
         """
         h, t = self.encode(head), self.encode(tail)
         xs = [self.encode(x) for x in items]
@@ -148,4 +170,4 @@ def _join(parts: Sequence[np.ndarray], size: int) -> np.ndarray:
     return out
 
 
-__all__ = ["ANSWER_SLACK", "MIN_HAYSTACK", "Example", "Frame"]
+__all__ = ["ANSWER_SLACK", "MIN_HAYSTACK", "Example", "Frame", "LengthTooShort"]

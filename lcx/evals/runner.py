@@ -1,10 +1,12 @@
 """A grid of long-context tasks run through a generation function and scored.
 
 :func:`run_tasks` builds every example of the grid (task x length x depth x sample) first, so a
-length too short for a task is refused before anything compiles, then generates each cell's
-answers greedily with a :class:`GenerateFn` (by default ``lcx.generate.generate``, resolved when
-first needed: :func:`resolve_generator`) and scores them by the task's RULER rule
-(:mod:`lcx.evals.scoring`).
+length too short for a task is refused before anything compiles (:func:`build_grid`; the
+evaluation report instead marks such a (task, length) as not run: :func:`fit_grid`), then
+generates each cell's answers greedily with a :class:`GenerateFn` (by default
+``lcx.generate.generate``, resolved when first needed: :func:`resolve_generator`) and scores them
+by the task's RULER rule (:mod:`lcx.evals.scoring`): per sample a fraction, per cell and per task
+RULER's percentage with 2 decimals.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from lcx.data.tokenizers import Tokenizer
-from lcx.evals.prompt import Example
-from lcx.evals.scoring import score
-from lcx.evals.tasks import get_task
+from lcx.evals.prompt import Example, LengthTooShort
+from lcx.evals.scoring import ruler_score, score
+from lcx.evals.tasks import Task, get_task
 
 DEFAULT_GENERATOR = "lcx.generate:generate"
 """``module:function`` of the generation function used when none is given (``eval.generator``)."""
@@ -83,12 +85,34 @@ def resolve_generator(spec: str | GenerateFn | None = None) -> GenerateFn:
 
 
 def decode_answer(tokenizer: Tokenizer, ids: np.ndarray) -> str:
-    """The text of generated ``ids`` (int ``[N]``), cut at the first EOS when the tokenizer has one."""
+    """The text of generated ``ids`` (int ``[N]``), cut at the first EOS when the tokenizer has
+    one: the only stop; the rest of the continuation is scored whole, as RULER's (no stop word)."""
     ids = np.asarray(ids)
     if tokenizer.eos_id is not None:
         stop = np.flatnonzero(ids == tokenizer.eos_id)
         ids = ids[: stop[0]] if stop.size else ids
     return tokenizer.decode(ids)
+
+
+def _check_grid(tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[float], samples: int) -> None:
+    if not tasks or not lengths or not depths:
+        raise ValueError(
+            f"eval needs at least one task, length and depth, got tasks={list(tasks)}, "
+            f"lengths={list(lengths)}, depths={list(depths)}"
+        )
+    if samples < 1:
+        raise ValueError(f"eval.per_depth={samples}: must be >= 1 (samples per task, length and depth)")
+
+
+def _task_cells(
+    tokenizer: Tokenizer, task: Task, length: int, depths: Sequence[float], samples: int, seed: int
+) -> list[list[Example]]:
+    """The cells of one task at one length, one per depth (one, depth None, for a task without
+    one); raises :class:`LengthTooShort` from the first example the length cannot hold."""
+    return [
+        [task.example(tokenizer, seed=seed, length=int(length), depth=float(d), index=i) for i in range(samples)]
+        for d in (depths if task.uses_depth else [0.5])
+    ]
 
 
 def build_grid(
@@ -101,31 +125,68 @@ def build_grid(
     seed: int,
 ) -> list[list[Example]]:
     """The examples of the grid, one list per (task, length, depth) cell, task-major; a task that
-    uses no depth has one cell per length (depth None).
+    uses no depth has one cell per length (depth None). Every cell must fit (:func:`fit_grid`
+    skips those that do not).
 
     Raises:
       ValueError: an unknown task, no task / length / depth, ``samples < 1``, a depth outside
-        [0, 1] or a length too short for a task (names both numbers).
+        [0, 1]; :class:`LengthTooShort` (a ``ValueError``): a length too short for a task
+        (names both numbers).
     """
-    if not tasks or not lengths or not depths:
-        raise ValueError(
-            f"eval needs at least one task, length and depth, got tasks={list(tasks)}, "
-            f"lengths={list(lengths)}, depths={list(depths)}"
-        )
-    if samples < 1:
-        raise ValueError(f"eval.per_depth={samples}: must be >= 1 (samples per task, length and depth)")
+    _check_grid(tasks, lengths, depths, samples)
     cells = []
     for name in tasks:
         task = get_task(name)
         for length in lengths:
-            for depth in depths if task.uses_depth else [0.5]:
-                cells.append(
-                    [
-                        task.example(tokenizer, seed=seed, length=int(length), depth=float(depth), index=i)
-                        for i in range(samples)
-                    ]
-                )
+            cells += _task_cells(tokenizer, task, length, depths, samples, seed)
     return cells
+
+
+def fit_grid(
+    tokenizer: Tokenizer,
+    *,
+    tasks: Sequence[str],
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    samples: int,
+    seed: int,
+) -> tuple[list[list[Example]], list[dict[str, Any]]]:
+    """:func:`build_grid`, where a task that does not fit a length is not run there: none of its
+    cells at that length is built (one example too short drops the whole (task, length), every
+    depth), and each of them becomes a row that says why.
+
+    Returns:
+      ``(cells, skipped)``: the cells that fit, as :func:`build_grid`'s; one row per cell not
+      run, with :func:`score_cells`'s keys ``task``, ``seq_len``, ``depth``, ``max_new_tokens``,
+      ``samples`` (0), ``score`` (None) and ``reason`` (the refusal's message), plus ``need``
+      (the least length that held the refused example, tokens, or None), in grid order.
+
+    Raises:
+      ValueError: as :func:`build_grid`, except a length too short for a task.
+    """
+    _check_grid(tasks, lengths, depths, samples)
+    cells: list[list[Example]] = []
+    skipped: list[dict[str, Any]] = []
+    for name in tasks:
+        task = get_task(name)
+        for length in lengths:
+            try:
+                cells += _task_cells(tokenizer, task, length, depths, samples, seed)
+            except LengthTooShort as e:
+                skipped += [
+                    {
+                        "task": task.name,
+                        "seq_len": int(length),
+                        "depth": float(d) if task.uses_depth else None,
+                        "samples": 0,
+                        "score": None,
+                        "max_new_tokens": task.max_new_tokens,
+                        "reason": str(e),
+                        "need": e.need,
+                    }
+                    for d in (depths if task.uses_depth else [0.5])
+                ]
+    return cells, skipped
 
 
 def score_cells(
@@ -148,8 +209,10 @@ def score_cells(
 
     Returns:
       One dict per cell: ``task``, ``seq_len`` (tokens), ``depth`` (None for a task without
-      one), ``samples``, ``score`` (mean, 0-1), ``max_new_tokens``, ``predictions`` (the
-      decoded answers, in order) and ``answers`` (each example's references).
+      one), ``samples``, ``score`` (RULER's: :func:`lcx.evals.scoring.ruler_score` of the
+      samples, a percentage with 2 decimals), ``sample_scores`` (each sample's, 0-1),
+      ``max_new_tokens``, ``reason`` (None: it ran), ``predictions`` (the decoded answers, in
+      order) and ``answers`` (each example's references).
 
     Raises:
       ValueError: the generation function returns another shape than ``[rows, max_new_tokens]``.
@@ -165,14 +228,17 @@ def score_cells(
                 raise ValueError(f"the generation function returned shape {ids.shape}, expected {(len(rows), n)}")
             preds += [decode_answer(tokenizer, r) for r in ids]
         e = cell[0]
+        per = [score(p, x.answers, x.metric) for p, x in zip(preds, cell)]
         out.append(
             {
                 "task": e.task,
                 "seq_len": e.length,
                 "depth": e.depth,
                 "samples": len(cell),
-                "score": float(np.mean([score(p, x.answers, x.metric) for p, x in zip(preds, cell)])),
+                "score": ruler_score(per),
+                "sample_scores": per,
                 "max_new_tokens": n,
+                "reason": None,
                 "predictions": preds,
                 "answers": [list(x.answers) for x in cell],
             }
@@ -214,30 +280,62 @@ def run_tasks(
     return score_cells(model, mp, tokenizer, cells, generate=gen, batch=batch)
 
 
+def _ran(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in rows if r.get("score") is not None]
+
+
 def mean_by_task(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
-    """``{task: {length: mean score over the task's cells at that length}}``."""
+    """``{task: {length: score}}``: RULER's score of each task at each length, over all its
+    samples there (every depth pooled, in row order; :func:`lcx.evals.scoring.ruler_score`), a
+    percentage with 2 decimals. Rows not run (``score`` None) are left out.
+
+    Raises:
+      KeyError: a row that ran without ``sample_scores`` (:func:`score_cells`'s rows have them).
+    """
     acc: dict[str, dict[int, list[float]]] = {}
-    for r in rows:
-        acc.setdefault(r["task"], {}).setdefault(int(r["seq_len"]), []).append(float(r["score"]))
-    return {t: {s: float(np.mean(v)) for s, v in by.items()} for t, by in acc.items()}
+    for r in _ran(rows):
+        acc.setdefault(r["task"], {}).setdefault(int(r["seq_len"]), []).extend(r["sample_scores"])
+    return {t: {s: ruler_score(v) for s, v in by.items()} for t, by in acc.items()}
+
+
+def tasks_by_length(rows: Sequence[Mapping[str, Any]]) -> dict[int, list[str]]:
+    """``{length: the tasks that ran there, in row order}`` (a length where none ran: [])."""
+    out: dict[int, list[str]] = {int(r["seq_len"]): [] for r in rows}
+    for r in _ran(rows):
+        if r["task"] not in out[int(r["seq_len"])]:
+            out[int(r["seq_len"])].append(r["task"])
+    return dict(sorted(out.items()))
 
 
 def mean_by_length(rows: Sequence[Mapping[str, Any]]) -> dict[int, float]:
-    """``{length: mean over tasks of each task's mean score at that length}`` (RULER averages
-    the tasks, each over its depths and samples); a length some task lacks averages the others."""
-    by_task = mean_by_task(rows)
-    lengths = sorted({s for by in by_task.values() for s in by})
-    return {s: float(np.mean([by[s] for by in by_task.values() if s in by])) for s in lengths}
+    """``{length: mean over the tasks that ran there of their scores}`` (:func:`mean_by_task`),
+    a percentage rounded to 2 decimals as RULER rounds each task's (RULER's per-length number is
+    the mean of its tasks, README table). A length where no task ran is left out; one where only
+    some ran averages those (:func:`tasks_by_length` says which)."""
+    by: dict[int, list[float]] = {}
+    for t in mean_by_task(rows).values():
+        for s, v in t.items():
+            by.setdefault(s, []).append(v)
+    return {s: round(sum(v) / len(v), 2) for s, v in sorted(by.items())}
+
+
+def complete_lengths(rows: Sequence[Mapping[str, Any]], tasks: Sequence[str]) -> list[int]:
+    """The lengths of ``rows`` at which every one of ``tasks`` ran: those the effective length
+    is computed over (a mean that leaves a task out is not comparable)."""
+    return [s for s, ran in tasks_by_length(rows).items() if set(tasks) <= set(ran)]
 
 
 __all__ = [
     "DEFAULT_GENERATOR",
     "GenerateFn",
     "build_grid",
+    "complete_lengths",
     "decode_answer",
+    "fit_grid",
     "mean_by_length",
     "mean_by_task",
     "resolve_generator",
     "run_tasks",
     "score_cells",
+    "tasks_by_length",
 ]

@@ -1,21 +1,27 @@
-"""RULER's scoring rules and its effective context length.
+"""RULER's scoring rules and its effective context length, exactly as its reference code.
 
 Source: RULER (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your Long-Context
-Language Models?", arXiv:2404.06654; github.com/NVIDIA/RULER, ``scripts/eval/synthetic/constants.py``
-and ``scripts/eval/evaluate.py``). A prediction is first cleaned (control characters become line
-breaks, surrounding white space is stripped); matching ignores case.
+Language Models?", arXiv:2404.06654); github.com/NVIDIA/RULER, ``scripts/eval/evaluate.py``
+(``postprocess_pred``) and ``scripts/eval/synthetic/constants.py`` (``string_match_all``,
+``string_match_part``). A prediction is cleaned first: stripped, every C0 control character
+(``\\x00``-``\\x1f``) turned into a line break, stripped again (:func:`clean`); nothing else is
+cut (no stop word: the whole continuation is scored, up to the tokenizer's EOS, which the runner
+applies when it decodes). A reference counts when it occurs in the cleaned prediction as a
+substring, both lower-cased.
 
 - ``all`` (RULER's ``string_match_all``; needle-in-a-haystack, variable tracking, common- and
-  frequent-words extraction): the fraction of the reference answers that occur in the
-  prediction, so a prediction naming 3 of 4 needles scores 0.75.
-- ``part`` (RULER's ``string_match_part``; question answering): 1 if any reference occurs in the
-  prediction, else 0.
+  frequent-words extraction): per sample, the fraction of the references found, so a
+  prediction naming 3 of 4 needles scores 0.75.
+- ``part`` (RULER's ``string_match_part``; question answering): per sample, 1 if any reference
+  is found, else 0.
 
-Scores here are fractions in [0, 1]; RULER prints them as percentages.
+A task's score (:func:`ruler_score`) is the mean of its samples' scores as a percentage rounded
+to 2 decimals, RULER's ``round(sum(scores) / len(scores) * 100, 2)``: per sample a fraction in
+[0, 1], per task (and per cell of lcx's grid) a percentage in [0, 100].
 
-The effective context length (RULER section 4): the longest length at which the model's mean
-score over the tasks stays at or above a threshold; RULER's threshold is Llama-2-7B's mean score
-at its own 4K training length, 85.6% (RULER's results table), :data:`RULER_THRESHOLD`.
+The effective context length (RULER's README and section 4): the longest length whose score
+exceeds a threshold, Llama-2-7B's mean at its own 4K training length, 85.6
+(:data:`RULER_THRESHOLD`; :func:`effective_length`).
 """
 
 from __future__ import annotations
@@ -24,8 +30,8 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 
-RULER_THRESHOLD = 0.856
-"""RULER's effective-length threshold as a fraction: Llama-2-7B's mean score at 4K, 85.6%."""
+RULER_THRESHOLD = 85.6
+"""RULER's effective-length threshold, a percentage: Llama-2-7B's mean score at 4K (RULER's README)."""
 
 METRICS = ("all", "part")
 """The scoring rules by name (module docstring)."""
@@ -34,14 +40,14 @@ _CONTROL = re.compile(r"[\x00-\x1f]")
 
 
 def clean(prediction: str) -> str:
-    """``prediction`` with control characters replaced by line breaks and outer white space
-    stripped (RULER's post-processing of a generated answer)."""
-    return _CONTROL.sub("\n", prediction).strip()
+    """RULER's ``postprocess_pred``: ``prediction`` stripped, each C0 control character
+    (``\\x00``-``\\x1f``) replaced by a line break, stripped again."""
+    return _CONTROL.sub("\n", prediction.strip()).strip()
 
 
 def match_all(prediction: str, references: Sequence[str]) -> float:
-    """RULER's ``string_match_all``: the fraction (0-1) of ``references`` that occur in the
-    cleaned ``prediction``, ignoring case.
+    """One sample of RULER's ``string_match_all``: the fraction (0-1) of ``references`` that occur
+    in the cleaned ``prediction`` (:func:`clean`), both lower-cased.
 
     Raises:
       ValueError: no reference.
@@ -49,12 +55,12 @@ def match_all(prediction: str, references: Sequence[str]) -> float:
     if not references:
         raise ValueError("match_all needs at least one reference answer, got none")
     p = clean(prediction).lower()
-    return sum(r.lower() in p for r in references) / len(references)
+    return sum(1.0 if r.lower() in p else 0.0 for r in references) / len(references)
 
 
 def match_part(prediction: str, references: Sequence[str]) -> float:
-    """RULER's ``string_match_part``: 1.0 if any of ``references`` occurs in the cleaned
-    ``prediction`` (ignoring case), else 0.0.
+    """One sample of RULER's ``string_match_part``: 1.0 if any of ``references`` occurs in the
+    cleaned ``prediction`` (:func:`clean`), both lower-cased, else 0.0.
 
     Raises:
       ValueError: no reference.
@@ -62,11 +68,11 @@ def match_part(prediction: str, references: Sequence[str]) -> float:
     if not references:
         raise ValueError("match_part needs at least one reference answer, got none")
     p = clean(prediction).lower()
-    return float(any(r.lower() in p for r in references))
+    return max(1.0 if r.lower() in p else 0.0 for r in references)
 
 
 def score(prediction: str, references: Sequence[str], metric: str) -> float:
-    """The score in [0, 1] of one prediction under the rule ``metric`` (:data:`METRICS`).
+    """The score in [0, 1] of one sample under the rule ``metric`` (:data:`METRICS`).
 
     Raises:
       ValueError: an unknown ``metric`` (names the valid ones), or no reference.
@@ -78,34 +84,100 @@ def score(prediction: str, references: Sequence[str], metric: str) -> float:
     raise ValueError(f"unknown scoring rule {metric!r}; use one of {', '.join(METRICS)}")
 
 
-def effective_length(mean_by_length: Mapping[int, float], threshold: float = RULER_THRESHOLD) -> int | None:
-    """The effective context length: the longest evaluated length ``L`` such that the mean score
-    at ``L`` and at every shorter evaluated length is ``>= threshold`` (RULER: "the maximum length
-    a model performs above the threshold"; a length that passes after one that failed does not
-    count, as the context before it was not used).
+def ruler_score(sample_scores: Sequence[float]) -> float:
+    """RULER's score of a task from its samples' scores: ``round(sum(s) / len(s) * 100, 2)``
+    (``scripts/eval/synthetic/constants.py``), a percentage in [0, 100] with 2 decimals.
 
     Args:
-      mean_by_length: mean score (fraction, 0-1; NaN counts as failing) by context length in
-        tokens.
-      threshold: the score to reach, a fraction (default RULER's 0.856).
-
-    Returns:
-      the length in tokens, or None when even the shortest length falls below ``threshold``.
+      sample_scores: each sample's score in [0, 1] (:func:`score`), in sample order (Python's
+        ``sum``, as RULER's).
 
     Raises:
-      ValueError: no length, or ``threshold`` outside (0, 1].
+      ValueError: no sample.
     """
-    if not mean_by_length:
+    if not sample_scores:
+        raise ValueError("a task score needs at least one sample, got none")
+    return round(sum(sample_scores) / len(sample_scores) * 100, 2)
+
+
+def string_match_all(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
+    """RULER's ``string_match_all`` over samples: :func:`ruler_score` of :func:`match_all` per
+    (prediction, references) pair, a percentage with 2 decimals.
+
+    Raises:
+      ValueError: no sample, a different number of predictions and references, or a sample
+        without a reference.
+    """
+    return ruler_score([match_all(p, r) for p, r in _pairs(predictions, references)])
+
+
+def string_match_part(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
+    """RULER's ``string_match_part`` over samples: :func:`ruler_score` of :func:`match_part` per
+    (prediction, references) pair, a percentage with 2 decimals.
+
+    Raises:
+      ValueError: as :func:`string_match_all`.
+    """
+    return ruler_score([match_part(p, r) for p, r in _pairs(predictions, references)])
+
+
+def _pairs(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> list[tuple[str, Sequence[str]]]:
+    if len(predictions) != len(references):
+        raise ValueError(
+            f"{len(predictions)} predictions for {len(references)} reference lists: one list per prediction"
+        )
+    return list(zip(predictions, references))
+
+
+def effective_length(score_by_length: Mapping[int, float], threshold: float = RULER_THRESHOLD) -> int | None:
+    """RULER's effective context length: the longest evaluated length whose score exceeds
+    ``threshold`` (strictly: RULER's README counts a model "effectively handling" a length when
+    it exceeds Llama-2-7B's 85.6 at 4K, and gives Llama-2-7B itself, at 85.6, none). A length
+    that passes after a shorter one failed counts, as in RULER; lcx's report passes only the
+    lengths at which every task ran (:func:`lcx.evals.runner.complete_lengths`).
+
+    Args:
+      score_by_length: score (percentage, 0-100; NaN counts as failing) by context length in
+        tokens.
+      threshold: the score to exceed, a percentage (default RULER's 85.6).
+
+    Returns:
+      the length in tokens, or None when no length exceeds ``threshold``.
+
+    Raises:
+      ValueError: no length, or ``threshold`` outside (1, 100] (a value <= 1 reads as a
+        fraction: scores are percentages).
+    """
+    if not score_by_length:
         raise ValueError("effective_length needs at least one evaluated length, got none")
-    if not 0.0 < threshold <= 1.0:
-        raise ValueError(f"threshold={threshold}: must be a fraction in (0, 1] (RULER's is {RULER_THRESHOLD})")
-    best = None
-    for length in sorted(mean_by_length):
-        s = mean_by_length[length]
-        if math.isnan(s) or s < threshold:
-            break
-        best = int(length)
-    return best
+    check_threshold(threshold, "threshold")
+    passed = [int(s) for s, v in score_by_length.items() if not math.isnan(v) and v > threshold]
+    return max(passed) if passed else None
 
 
-__all__ = ["METRICS", "RULER_THRESHOLD", "clean", "effective_length", "match_all", "match_part", "score"]
+def check_threshold(threshold: float, key: str = "eval.threshold") -> None:
+    """Refuse a threshold that is not a percentage in (1, 100].
+
+    Raises:
+      ValueError: outside (1, 100]; a value <= 1 is named as a fraction (RULER's is 85.6, not 0.856).
+    """
+    if not 1.0 < threshold <= 100.0:
+        raise ValueError(
+            f"{key}={threshold}: must be a percentage in (1, 100] on RULER's 0-100 scale "
+            f"(RULER's is {RULER_THRESHOLD}; a fraction such as 0.856 reads as 0.856%: write 85.6)"
+        )
+
+
+__all__ = [
+    "METRICS",
+    "RULER_THRESHOLD",
+    "check_threshold",
+    "clean",
+    "effective_length",
+    "match_all",
+    "match_part",
+    "ruler_score",
+    "score",
+    "string_match_all",
+    "string_match_part",
+]

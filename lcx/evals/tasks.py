@@ -29,7 +29,7 @@ import numpy as np
 
 from lcx.data.tokenizers import Tokenizer
 from lcx.evals.haystack import WORD_LENGTHS, draw_words, word_pool
-from lcx.evals.prompt import ANSWER_SLACK, MIN_HAYSTACK, Example, Frame
+from lcx.evals.prompt import ANSWER_SLACK, MIN_HAYSTACK, Example, Frame, LengthTooShort
 from lcx.evals.scoring import METRICS
 
 
@@ -68,7 +68,8 @@ class Task(abc.ABC):
             by a task that does not use it); seed, index: which example.
 
         Raises:
-          ValueError: ``depth`` outside [0, 1]; ``length`` too short for the task (names both
+          ValueError: ``depth`` outside [0, 1].
+          LengthTooShort: ``length`` too short for the task (a ``ValueError``; names both
             numbers).
         """
         if not 0.0 <= depth <= 1.0:
@@ -283,9 +284,12 @@ class FrequentWords(Task):
             if len(ranked) > self.top and ranked[self.top - 1][1] > ranked[self.top][1]:
                 answers = tuple(w for w, _ in ranked[: self.top])
                 return frame.with_list(FWE_HEAD, [f" {w}" for w in items], tail), answers
-        raise ValueError(
+        raise LengthTooShort(
             f"eval length {frame.length} is too short for task {self.name}: 100 draws of its "
-            f"{frame.prompt_tokens}-token text never ranked {self.top} words without a tie; use a longer length"
+            f"{frame.prompt_tokens}-token text never ranked {self.top} words without a tie; use a longer length",
+            task=self.name,
+            length=frame.length,
+            need=None,
         )
 
 

@@ -91,14 +91,15 @@ class EvalConfig:
       digits: pass key digits of ``passkey`` (None: the checkpoint's ``data.digits``, else 5);
         seed: the rows' (examples') seed.
       tasks: ``generation``: names in :data:`lcx.evals.TASKS` (may be empty with a curve).
-      threshold: the effective length's score threshold, a fraction (RULER's 0.856).
+      threshold: the effective length's score threshold, a percentage on RULER's 0-100 scale
+        (RULER's 85.6); the effective length is the longest length whose score exceeds it.
       generator: ``module:function`` of the generation function (:class:`lcx.evals.GenerateFn`).
       perplexity_docs: held-out documents of the perplexity-by-position curve (0: no curve);
         perplexity_bins: its position bins.
 
     Raises:
       ValueError: an unknown ``task`` or generation task, no task and no curve, a threshold
-        outside (0, 1], a negative ``perplexity_docs`` or ``perplexity_bins < 1``.
+        outside (1, 100] (a fraction such as 0.856 is named as one), a negative ``perplexity_docs`` or ``perplexity_bins < 1``.
     """
 
     task: str
@@ -116,6 +117,7 @@ class EvalConfig:
     perplexity_bins: int
 
     def __post_init__(self):
+        from lcx.evals.scoring import check_threshold
         from lcx.evals.tasks import get_task
 
         if self.task not in EVAL_TASKS:
@@ -130,8 +132,7 @@ class EvalConfig:
                 raise ValueError(
                     "eval.tasks=[] and eval.perplexity_docs=0: nothing to evaluate; name tasks or documents"
                 )
-        if not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"eval.threshold={self.threshold}: must be a fraction in (0, 1] (RULER's: 0.856)")
+        check_threshold(self.threshold, "eval.threshold")
         if self.perplexity_docs < 0 or self.perplexity_bins < 1:
             raise ValueError(
                 f"eval.perplexity_docs={self.perplexity_docs}, eval.perplexity_bins={self.perplexity_bins}: "

@@ -130,9 +130,10 @@ LONG_EVAL_DEPTHS = (0.25, 0.75)
 @dataclasses.dataclass
 class LongEvalHook:
     """Scores :data:`LONG_EVAL_TASKS` at the training length by greedy generation
-    (:func:`lcx.evals.runner.score_cells`) on the step's parameters, and puts the mean score
-    (0-1) of each task in the step's record as ``long_eval/<task>`` (and ``long_eval/mean``),
-    so :class:`MetricsHook` and :class:`TensorBoardHook` log it. The examples are built once,
+    (:func:`lcx.evals.runner.score_cells`) on the step's parameters, and puts the score of each
+    task (RULER's percentage, 0-100: :func:`lcx.evals.runner.mean_by_task`) in the step's record
+    as ``long_eval/<task>`` (and their mean as ``long_eval/mean``), so :class:`MetricsHook` and
+    :class:`TensorBoardHook` log it. The examples are built once,
     when the hook is made (:func:`long_eval_hook`), and are the same at every evaluation.
 
     Attributes:

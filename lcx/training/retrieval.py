@@ -210,14 +210,16 @@ def write_grid_png(
     label: str,
     ylabel: str = "key depth",
     what: str = "eval.json",
+    vmax: float = 1.0,
 ) -> str:
-    """A heat map of ``v`` (``[len(rows), len(lengths)]``, values in [0, 1], NaN: empty cell)
+    """A heat map of ``v`` (``[len(rows), len(lengths)]``, values in [0, vmax], NaN: empty cell)
     with its values written in the cells, as a PNG at ``path``.
 
     Args:
       rows: the row labels (top to bottom); lengths: the columns' context lengths in tokens.
       title, label, ylabel: the plot's title, colour-bar label and y-axis label.
       what: the file written without matplotlib, for the error.
+      vmax: the top of the colour scale (1: fractions; 100: percentages).
 
     Returns:
       ``"matplotlib"``.
@@ -227,7 +229,7 @@ def write_grid_png(
     """
     plt = pyplot(path, what)
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 1.2 + 0.45 * len(rows)))
-    im = ax.imshow(v, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+    im = ax.imshow(v, cmap="RdYlGn", vmin=0, vmax=vmax, aspect="auto")
     ax.set_xticks(range(len(lengths)), [str(s) for s in lengths])
     ax.set_yticks(range(len(rows)), list(rows))
     ax.set_xlabel("context length (tokens)")
@@ -235,7 +237,7 @@ def write_grid_png(
     for i in range(len(rows)):
         for j in range(len(lengths)):
             if np.isfinite(v[i, j]):
-                ax.text(j, i, f"{v[i, j]:.2f}", ha="center", va="center", fontsize=8)
+                ax.text(j, i, f"{v[i, j]:.2f}" if vmax <= 1 else f"{v[i, j]:.1f}", ha="center", va="center", fontsize=8)
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label=label)
     fig.tight_layout()
