@@ -533,3 +533,11 @@ def test_a_resume_may_change_long_eval_every():
     assert config_changes(saved, {"train": {"lr": 1e-3, "long_eval_every": 50}}, step=10) == []
     assert config_changes(saved, {"train": {"lr": 2e-3, "long_eval_every": 0}}, step=10) == ["train.lr: 0.001 -> 0.002"]
 
+
+def test_the_teacher_forced_passkey_refuses_a_checkpoint_of_another_tokenizer():
+    from lcx.reports.passkey import check_byte_level
+
+    check_byte_level({"data": {"tokenizer": "byte"}}, "c")
+    check_byte_level({}, "c")  # no data section: byte, as lcx.train's default
+    with pytest.raises(ValueError, match=r"tokenizer='stdlib_bpe'.*eval=ruler eval.tasks=\[passkey\] checkpoint.dir=c"):
+        check_byte_level({"data": {"tokenizer": "stdlib_bpe"}}, "c")

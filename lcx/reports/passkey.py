@@ -14,13 +14,36 @@ import pathlib
 from lcx.reports.config import EvalQuery
 
 
+def check_byte_level(run: dict, ckpt) -> None:
+    """Refuse a checkpoint trained with another tokenizer than ``byte``: the teacher-forced
+    pass key rows are bytes (:mod:`lcx.data.passkey`), which such a model would read as other
+    tokens, scoring noise.
+
+    Args:
+      run: the checkpoint's run record (``data.tokenizer``; absent: ``byte``); ckpt: its
+        directory, for the message.
+
+    Raises:
+      ValueError: ``data.tokenizer`` is not ``byte``; names it and the command that scores the
+        pass key by generation in the checkpoint's own tokenizer.
+    """
+    tok = (run.get("data") or {}).get("tokenizer", "byte")
+    if tok != "byte":
+        raise ValueError(
+            f"eval=passkey reads byte-level rows (lcx.data.passkey), but checkpoint {ckpt} was trained with "
+            f"data.tokenizer={tok!r}, whose ids mean other text; score the pass key by generation in the "
+            f"checkpoint's own tokenizer: python -m lcx.eval eval=ruler eval.tasks=[passkey] checkpoint.dir={ckpt}"
+        )
+
+
 def run_eval(query: EvalQuery, out_dir: str | pathlib.Path, devices) -> dict:
     """Evaluate the checkpoint ``query.checkpoint`` names as ``query.eval`` says; write
     ``eval.json`` and the heatmap.
 
     Raises:
       FileNotFoundError: no checkpoint there. ValueError / PlanError: a length the task or the
-        plan cannot serve.
+        plan cannot serve; a checkpoint whose tokenizer is not ``byte`` (:func:`check_byte_level`,
+        before the model is loaded).
     """
     from lcx.sharding import bind
     from lcx.sharding.config import plan_from_dict
@@ -29,6 +52,7 @@ def run_eval(query: EvalQuery, out_dir: str | pathlib.Path, devices) -> dict:
 
     ckpt, e, hw = query.checkpoint.dir, query.eval, query.hardware
     step, run = checkpoint_run(ckpt, query.checkpoint.step)
+    check_byte_level(run, ckpt)
     # a checkpoint stores its plan as a mapping; null blocks and kernel: this hardware's
     plan = plan_from_dict(run["plan"], default_block=hw.attention_block, default_kernel=hw.attention_kernel)
     mp = bind(plan, devices)
