@@ -409,7 +409,7 @@ def test_runner_scores_an_oracle_and_a_wrong_generator():
         ("vt", 1000, None),
     ]
     assert all(r["score"] == 100.0 and r["samples"] == 2 for r in rows) and seen == [2] * 10
-    assert all(r["sample_scores"] == [1.0, 1.0] and r["reason"] is None for r in rows)
+    assert all(r["sample_scores"] == [1.0, 1.0] and r["reason"] is None and r["out_of_vocab"] == 0 for r in rows)
     assert effective_length(mean_by_length(rows)) == 1000
 
     def wrong(model, prompts, *, plan, max_new_tokens, **kw):
@@ -434,6 +434,14 @@ def test_generation_stops_at_eos(bpe):
     ids = np.concatenate([bpe.encode(" 1234567"), [bpe.eos_id], bpe.encode(" 7654321")])
     assert decode_answer(bpe, ids) == " 1234567"
     assert decode_answer(BYTE, BYTE.encode("abc")) == "abc"
+    # ids past the tokenizer's vocabulary (a model's padded rows) have no text: left out, as Hugging
+    # Face tokenizers' decode leaves them out, and counted; after EOS nothing counts
+    from lcx.evals.runner import out_of_vocab
+
+    ids = np.concatenate([BYTE.encode("abc"), [256, 300], BYTE.encode("d")])
+    assert decode_answer(BYTE, ids) == "abcd" and out_of_vocab(BYTE, ids) == 2
+    ids = np.concatenate([bpe.encode(" 1234567"), [bpe.vocab_size], [bpe.eos_id], [bpe.vocab_size + 1]])
+    assert decode_answer(bpe, ids) == " 1234567" and out_of_vocab(bpe, ids) == 1
 
 
 def test_a_missing_generator_is_refused_before_generating():

@@ -86,12 +86,29 @@ def resolve_generator(spec: str | GenerateFn | None = None) -> GenerateFn:
 
 def decode_answer(tokenizer: Tokenizer, ids: np.ndarray) -> str:
     """The text of generated ``ids`` (int ``[N]``), cut at the first EOS when the tokenizer has
-    one: the only stop; the rest of the continuation is scored whole, as RULER's (no stop word)."""
-    ids = np.asarray(ids)
+    one: the only stop; the rest of the continuation is scored whole, as RULER's (no stop word).
+
+    An id the tokenizer does not have (a model's vocabulary is often padded past its
+    tokenizer's: ids in ``[tokenizer.vocab_size, model vocab)``) has no text and is left out,
+    as Hugging Face ``tokenizers``' decode (which RULER's HF wrapper calls) leaves it out;
+    :func:`out_of_vocab` counts them, and :func:`score_cells` reports the count.
+    """
+    ids = _before_eos(tokenizer, np.asarray(ids))
+    return tokenizer.decode(ids[(ids >= 0) & (ids < tokenizer.vocab_size)])
+
+
+def out_of_vocab(tokenizer: Tokenizer, ids: np.ndarray) -> int:
+    """How many of generated ``ids`` (int ``[N]``) before the first EOS the tokenizer does not
+    have (:func:`decode_answer` leaves them out)."""
+    ids = _before_eos(tokenizer, np.asarray(ids))
+    return int(((ids < 0) | (ids >= tokenizer.vocab_size)).sum())
+
+
+def _before_eos(tokenizer: Tokenizer, ids: np.ndarray) -> np.ndarray:
     if tokenizer.eos_id is not None:
         stop = np.flatnonzero(ids == tokenizer.eos_id)
         ids = ids[: stop[0]] if stop.size else ids
-    return tokenizer.decode(ids)
+    return ids
 
 
 def _check_grid(tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[float], samples: int) -> None:
@@ -211,8 +228,9 @@ def score_cells(
       One dict per cell: ``task``, ``seq_len`` (tokens), ``depth`` (None for a task without
       one), ``samples``, ``score`` (RULER's: :func:`lcx.evals.scoring.ruler_score` of the
       samples, a percentage with 2 decimals), ``sample_scores`` (each sample's, 0-1),
-      ``max_new_tokens``, ``reason`` (None: it ran), ``predictions`` (the decoded answers, in
-      order) and ``answers`` (each example's references).
+      ``max_new_tokens``, ``reason`` (None: it ran), ``out_of_vocab`` (generated ids before EOS
+      that the tokenizer does not have, left out of the text: :func:`decode_answer`),
+      ``predictions`` (the decoded answers, in order) and ``answers`` (each example's references).
 
     Raises:
       ValueError: the generation function returns another shape than ``[rows, max_new_tokens]``.
@@ -221,12 +239,14 @@ def score_cells(
     for cell in cells:
         n, step = cell[0].max_new_tokens, batch or len(cell)
         preds: list[str] = []
+        unknown = 0
         for i in range(0, len(cell), step):
             rows = cell[i : i + step]
             ids = np.asarray(generate(model, [e.prompt for e in rows], plan=mp, max_new_tokens=n, temperature=0.0))
             if ids.shape != (len(rows), n):
                 raise ValueError(f"the generation function returned shape {ids.shape}, expected {(len(rows), n)}")
             preds += [decode_answer(tokenizer, r) for r in ids]
+            unknown += sum(out_of_vocab(tokenizer, r) for r in ids)
         e = cell[0]
         per = [score(p, x.answers, x.metric) for p, x in zip(preds, cell)]
         out.append(
@@ -239,6 +259,7 @@ def score_cells(
                 "sample_scores": per,
                 "max_new_tokens": n,
                 "reason": None,
+                "out_of_vocab": unknown,
                 "predictions": preds,
                 "answers": [list(x.answers) for x in cell],
             }
@@ -334,6 +355,7 @@ __all__ = [
     "fit_grid",
     "mean_by_length",
     "mean_by_task",
+    "out_of_vocab",
     "resolve_generator",
     "run_tasks",
     "score_cells",
