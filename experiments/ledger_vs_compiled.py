@@ -39,6 +39,7 @@ Two diagnostics per row (``--no-diagnostics`` skips them, halving the time):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import pathlib
@@ -55,6 +56,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import equinox as eqx  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
 from lcx import cost  # noqa: E402
 from lcx.models import init_model, model_shardings  # noqa: E402
@@ -193,7 +195,7 @@ def compare(
     lowered = lower_train(cfg, plan, seq_len, batch, jax.devices()[:n_devices])
     extra = {}
     if diagnostics:
-        with tempfile.TemporaryDirectory() as d:
+        with tempfile.TemporaryDirectory() as d, no_persistent_cache():
             m = lowered.compile(compiler_options=dump_options(d)).memory_analysis()
             alloc, live = live_temp_peak(d)
         assert alloc == m.temp_size_in_bytes, (alloc, m.temp_size_in_bytes)
@@ -221,6 +223,21 @@ def compare(
         "compile_s": time.perf_counter() - t0,
         **{f"ledger_{k}_mib": v / MiB for k, v in mem.as_dict().items() if k not in ("total", "host")},
     }
+
+
+@contextlib.contextmanager
+def no_persistent_cache():
+    """Compile for real inside the block: XLA dumps only what it compiles, and a hit in JAX's
+    persistent compilation cache (``JAX_COMPILATION_CACHE_DIR``; CI shares one per run) would
+    dump nothing. The setting is restored on exit."""
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    compilation_cache.reset_cache()  # the cache is set up once per process: re-read the setting
+    try:
+        yield
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+        compilation_cache.reset_cache()
 
 
 def dump_options(d) -> dict:

@@ -69,7 +69,7 @@ def compiled_memory(cfg, devices, diagnostics: bool = False):
     lowered = steps.train.lower(params, opt_state, b)
     diag = {}
     if diagnostics:
-        with tempfile.TemporaryDirectory() as d:
+        with tempfile.TemporaryDirectory() as d, lvc.no_persistent_cache():
             m = lowered.compile(compiler_options=lvc.dump_options(d)).memory_analysis()
             alloc, live = lvc.live_temp_peak(d)
         assert alloc == m.temp_size_in_bytes, (alloc, m.temp_size_in_bytes)
