@@ -161,6 +161,33 @@ class PasskeyData:
     split_seed: int
 
 
+@dataclasses.dataclass(frozen=True)
+class TasksData:
+    """``data=tasks``: training rows in the long-context tasks' formats mixed with the embedded
+    corpus (``conf/data/tasks.yaml``, :mod:`lcx.evals.training_rows`), drawn from the tasks'
+    ``train`` split (:mod:`lcx.evals.splits`), disjoint from every evaluation example.
+
+    Attributes:
+      name: ``tasks``.
+      tokenizer: a registered tokenizer name or a tokenizer.json path.
+      tasks: names in :data:`lcx.evals.TASKS`, drawn with equal probability.
+      corpus_fraction: share of the rows that are windows of the corpus (language-modelling loss)
+        rather than task examples (loss on the answer), in [0, 1].
+      eval_rows: validation rows (same mix, own seeds).
+      split_seed: seed of the validation rows.
+      add_bos, add_eos: the tokenizer's rule (None: its own).
+    """
+
+    name: str
+    tokenizer: str
+    tasks: list[str]
+    corpus_fraction: float
+    eval_rows: int
+    split_seed: int
+    add_bos: Optional[bool] = None
+    add_eos: Optional[bool] = None
+
+
 MIXTURE_FIXED = frozenset({"name", "tokenizer", "add_bos", "add_eos", "workers", "prefetch", "shards", "mixture"})
 """Keys of the ``data`` section a mixture entry may not override: one tokenizer (one vocabulary)
 and one pipeline serve every source (an entry's ``name`` names the source instead)."""
@@ -229,7 +256,7 @@ def mixture_sources(data: Any) -> list[tuple[str, float, Any]]:
     return out
 
 
-DataConfig = StdlibData | TextData | PasskeyData
+DataConfig = StdlibData | TextData | PasskeyData | TasksData
 """The ``data`` section of a run, whichever source it names."""
 
 DATA_CONFIGS: dict[str, type] = {
@@ -240,6 +267,7 @@ DATA_CONFIGS: dict[str, type] = {
     "parquet": TextData,  # data=text with format=parquet
     "arrayrecord": TextData,  # data=text with format=arrayrecord
     "passkey": PasskeyData,
+    "tasks": TasksData,
 }
 """The typed config of each data source, by its ``data.name``."""
 
@@ -250,6 +278,7 @@ __all__ = [
     "DataConfig",
     "PasskeyData",
     "StdlibData",
+    "TasksData",
     "TextData",
     "check_mixture",
     "mixture_sources",

@@ -7,6 +7,7 @@ its config class in :data:`lcx.data.config.DATA_CONFIGS` and its ``conf/data/<na
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,15 @@ from lcx.data.passkey import passkey_data
 from lcx.data.stream import BatchSpec, Data
 from lcx.sharding.layout import BALANCED_BLOCK
 
+
+def tasks_data(data: Any, spec: BatchSpec) -> Data:
+    """``data=tasks``: :func:`lcx.evals.training_rows.tasks_data`, looked up when called. The rows
+    are built by the evaluation tasks themselves (their ``train`` split), and :mod:`lcx.evals`
+    sits above :mod:`lcx.data` (it reads the tokenizers and the corpus): the one source reached
+    through importlib, as a plan reaches the strategy registry."""
+    return importlib.import_module("lcx.evals.training_rows").tasks_data(data, spec)
+
+
 SOURCES: dict[str, Callable[[Any, BatchSpec], Data]] = {
     "stdlib": corpus_data,  # the embedded Python standard library sources
     "stdlib_bpe": corpus_data,  # the same, in the embedded BPE's tokens (lcx.data.tokenizers.STDLIB_BPE)
@@ -24,6 +34,7 @@ SOURCES: dict[str, Callable[[Any, BatchSpec], Data]] = {
     "parquet": corpus_data,  # data=text with data.format=parquet
     "arrayrecord": corpus_data,  # data=text with data.format=arrayrecord
     "passkey": passkey_data,  # the synthetic retrieval task (lcx.data.passkey)
+    "tasks": tasks_data,  # the long-context tasks' formats mixed with the corpus (lcx.evals.training_rows)
 }
 
 

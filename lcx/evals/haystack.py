@@ -1,10 +1,12 @@
 """The haystack and word pools of the long-context tasks: lcx's embedded real text.
 
 The haystack is the embedded standard-library snapshot (:func:`lcx.data.corpora.stdlib_corpus`,
-734 real documents, 12.1 MB), not RULER's repeated "the grass is green" noise: documents are
-taken in corpus order from a start document drawn from the example's generator, each followed by
-a blank line, encoded with the run's tokenizer, and cut to the exact number of tokens asked for.
-The words of the key and word-list tasks are the lowercase words of the same corpus.
+734 real documents, 12.1 MB), not RULER's repeated "the grass is green" noise: the documents of
+one split (:mod:`lcx.evals.splits`: the validation documents for evaluation, the training ones
+for ``data=tasks``) are taken in corpus order from a start document drawn from the example's
+generator, each followed by a blank line, encoded with the run's tokenizer, and cut to the exact
+number of tokens asked for. The words of the key and word-list tasks are the lowercase words of
+the same corpus, those of the split (:func:`lcx.evals.splits.in_split`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from lcx.data.corpora import stdlib_corpus
 from lcx.data.tokenizers import Tokenizer
+from lcx.evals.splits import corpus_documents, in_split
 
 SEPARATOR = "\n\n"
 """Text put after each haystack document."""
@@ -28,27 +31,28 @@ MIN_COUNT = 20
 """Occurrences in the corpus a word of :func:`word_pool` has at least (no rare hex or typos)."""
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=1024)
 def _document_tokens(tokenizer: Tokenizer, index: int) -> np.ndarray:
     return tokenizer.encode(stdlib_corpus()[index] + SEPARATOR)
 
 
-def haystack_tokens(tokenizer: Tokenizer, n: int, rng: np.random.Generator) -> np.ndarray:
-    """``n`` tokens of real text: the embedded corpus from a start document drawn from ``rng``.
+def haystack_tokens(tokenizer: Tokenizer, n: int, rng: np.random.Generator, split: str = "eval") -> np.ndarray:
+    """``n`` tokens of real text: the documents of ``split`` from a start document drawn from ``rng``.
 
     Args:
       tokenizer: the run's tokenizer.
       n: tokens wanted, ``>= 0``.
       rng: the example's generator (one draw: the start document).
+      split: ``eval`` (the corpus's validation documents) or ``train`` (:mod:`lcx.evals.splits`).
 
     Returns:
       int32 ``[n]`` token ids.
     """
-    corpus = stdlib_corpus()
-    i = int(rng.integers(len(corpus)))
+    docs = corpus_documents(split)
+    i = int(rng.integers(len(docs)))
     parts, have = [], 0
     while have < n:
-        t = _document_tokens(tokenizer, i % len(corpus))
+        t = _document_tokens(tokenizer, docs[i % len(docs)])
         parts.append(t[: n - have])
         have += parts[-1].size
         i += 1
@@ -56,11 +60,14 @@ def haystack_tokens(tokenizer: Tokenizer, n: int, rng: np.random.Generator) -> n
 
 
 @functools.cache
-def word_pool() -> tuple[str, ...]:
+def word_pool(split: str | None = None) -> tuple[str, ...]:
     """The lowercase words of 4 to 8 letters (:data:`WORD_LENGTHS`) that occur at least
     :data:`MIN_COUNT` times in the embedded corpus (English of its comments and docstrings, and
-    common identifiers), sorted (about 2 s, cached): the keys of the needle-in-a-haystack tasks
-    and the words of common-words extraction."""
+    common identifiers), sorted (about 2 s, cached): with ``split``, those of that split
+    (:func:`lcx.evals.splits.in_split`): the keys of the needle-in-a-haystack tasks and the words
+    of common-words extraction."""
+    if split is not None:
+        return tuple(w for w in word_pool() if in_split(w, split))
     lo, hi = WORD_LENGTHS
     pat = re.compile(rf"(?<![A-Za-z0-9_])[a-z]{{{lo},{hi}}}(?![A-Za-z0-9_])")
     counts: collections.Counter[str] = collections.Counter()
@@ -100,9 +107,9 @@ def long_documents(
     return out
 
 
-def draw_words(rng: np.random.Generator, k: int) -> list[str]:
-    """``k`` distinct words of :func:`word_pool`, drawn from ``rng``."""
-    pool = word_pool()
+def draw_words(rng: np.random.Generator, k: int, split: str = "eval") -> list[str]:
+    """``k`` distinct words of ``split``'s :func:`word_pool`, drawn from ``rng``."""
+    pool = word_pool(split)
     return [pool[i] for i in rng.choice(len(pool), size=k, replace=False)]
 
 

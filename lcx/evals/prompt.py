@@ -78,6 +78,7 @@ class Frame:
       tokenizer: the run's tokenizer.
       rng: the example's generator.
       length: L, the context length in tokens; budget: the answer budget in tokens.
+      split: whose material the example draws (:mod:`lcx.evals.splits`): ``eval`` or ``train``.
     """
 
     task: str
@@ -85,6 +86,7 @@ class Frame:
     rng: np.random.Generator
     length: int
     budget: int
+    split: str = "eval"
 
     @property
     def prompt_tokens(self) -> int:
@@ -141,7 +143,7 @@ class Frame:
         h, t = np.concatenate([self.bos, self.encode(head)]), self.encode(tail)
         placed = sorted(((float(d), self.encode(f"\n{x}\n")) for d, x in needles), key=lambda p: p[0])
         n = self.filler_size(h.size + t.size + sum(x.size for _, x in placed))
-        hay = haystack_tokens(self.tokenizer, n, self.rng)
+        hay = haystack_tokens(self.tokenizer, n, self.rng, self.split)
         parts, at = [h], 0
         for d, x in placed:
             cut = int(round(d * n))
@@ -160,7 +162,7 @@ class Frame:
         h, t = self.encode(head), self.encode(tail)
         xs = [self.encode(x) for x in items]
         n = self.filler_size(self.bos.size + h.size + t.size + sum(x.size for x in xs))
-        hay = haystack_tokens(self.tokenizer, n, self.rng)
+        hay = haystack_tokens(self.tokenizer, n, self.rng, self.split)
         return _join([self.bos, hay, h, *xs, t], self.prompt_tokens)
 
 

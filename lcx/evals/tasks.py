@@ -10,9 +10,11 @@ over: 7-digit values, 4 needles for the multi-needle variants, 1 chain of 4 hops
 30 times against 3 times, a Zipf exponent of 2 and the 3 most frequent words. The wording is
 lcx's and the haystack is lcx's embedded real text (:mod:`lcx.evals.haystack`).
 
-An example is a pure function of ``(task, seed, length, depth, index)`` and the tokenizer
+An example is a pure function of ``(task, seed, length, depth, index, split)`` and the tokenizer
 (:meth:`Task.example`); its prompt has exactly ``length - max_new_tokens`` tokens
-(:mod:`lcx.evals.prompt`). A new task is a final subclass of :class:`Task` and one line in
+(:mod:`lcx.evals.prompt`). Its haystack, keys, values and names come from one split
+(:mod:`lcx.evals.splits`): ``eval`` for scoring, ``train`` for the training rows of
+``data=tasks``; no two examples of different splits share any of them. A new task is a final subclass of :class:`Task` and one line in
 :data:`TASKS`.
 """
 
@@ -31,6 +33,7 @@ from lcx.data.tokenizers import Tokenizer
 from lcx.evals.haystack import WORD_LENGTHS, draw_words, word_pool
 from lcx.evals.prompt import ANSWER_SLACK, MIN_HAYSTACK, Example, Frame, LengthTooShort
 from lcx.evals.scoring import METRICS
+from lcx.evals.splits import check_split, draw_in_split
 
 
 class Task(abc.ABC):
@@ -58,17 +61,21 @@ class Task(abc.ABC):
         """The answer budget in tokens: :meth:`answer_bytes` + :data:`ANSWER_SLACK`."""
         return self.answer_bytes() + ANSWER_SLACK
 
-    def example(self, tokenizer: Tokenizer, *, seed: int, length: int, depth: float, index: int) -> Example:
+    def example(
+        self, tokenizer: Tokenizer, *, seed: int, length: int, depth: float, index: int, split: str = "eval"
+    ) -> Example:
         """Example ``index`` of this task at ``(length, depth)``: a pure function of the
-        arguments (the generator is seeded by all of them and the task's name).
+        arguments (the generator is seeded by all of them but the split, and the task's name).
 
         Args:
           tokenizer: the run's tokenizer; length: L, tokens of prompt plus answer budget.
           depth: the needle's place in the haystack, in [0, 1] (ignored, and recorded as None,
             by a task that does not use it); seed, index: which example.
+          split: ``eval`` (scoring) or ``train`` (training rows): whose haystack documents, keys,
+            values and names it draws (:mod:`lcx.evals.splits`).
 
         Raises:
-          ValueError: ``depth`` outside [0, 1].
+          ValueError: ``depth`` outside [0, 1]; an unknown split.
           LengthTooShort: ``length`` too short for the task (a ``ValueError``; names both
             numbers).
         """
@@ -77,16 +84,16 @@ class Task(abc.ABC):
         d = float(depth) if self.uses_depth else None
         code = -1 if d is None else int(round(d * 1_000_000))
         rng = np.random.default_rng([int(seed) % 2**32, zlib.crc32(self.name.encode()), int(length), code + 1, index])
-        frame = Frame(self.name, tokenizer, rng, int(length), self.max_new_tokens)
+        frame = Frame(self.name, tokenizer, rng, int(length), self.max_new_tokens, check_split(split))
         prompt, answers = self.build(frame, 0.5 if d is None else d)
         return Example(self.name, int(length), d, prompt, answers, self.max_new_tokens, self.metric)
 
 
-def _numbers(rng: np.random.Generator, k: int, digits: int) -> list[str]:
-    """``k`` distinct decimal numbers of exactly ``digits`` digits."""
+def _numbers(rng: np.random.Generator, k: int, digits: int, split: str) -> list[str]:
+    """``k`` distinct decimal numbers of exactly ``digits`` digits, of ``split``."""
     out: list[str] = []
     while len(out) < k:
-        v = str(int(rng.integers(10 ** (digits - 1), 10**digits)))
+        v = draw_in_split(rng, lambda r: str(int(r.integers(10 ** (digits - 1), 10**digits))), split)
         if v not in out:
             out.append(v)
     return out
@@ -141,10 +148,10 @@ class Needles(Task):
 
     def build(self, frame: Frame, depth: float) -> tuple[np.ndarray, tuple[str, ...]]:
         rng = frame.rng
-        words = draw_words(rng, 2 * self.keys) if self.keyed else ["", ""]
+        words = draw_words(rng, 2 * self.keys, frame.split) if self.keyed else ["", ""]
         keys = ["-".join(words[2 * i : 2 * i + 2]) for i in range(self.keys)]
         counts = [self.values if i < self.queries else 1 for i in range(self.keys)]
-        values = _numbers(rng, sum(counts), self.digits)
+        values = _numbers(rng, sum(counts), self.digits, frame.split)
         pairs = [(k, values.pop(0)) for k, c in zip(keys, counts) for _ in range(c)]
         depths = [depth, *rng.uniform(0.0, 1.0, len(pairs) - 1)]
         needles = [(d, self.needle.format(key=k, value=v)) for d, (k, v) in zip(depths, pairs)]
@@ -180,10 +187,10 @@ class VariableTracking(Task):
         rng = frame.rng
         names: list[str] = []
         while len(names) < self.chains * (self.hops + 1):
-            n = "".join(rng.choice(list(string.ascii_uppercase), 5))
+            n = draw_in_split(rng, lambda r: "".join(r.choice(list(string.ascii_uppercase), 5)), frame.split)
             if n not in names:
                 names.append(n)
-        values = _numbers(rng, self.chains, self.digits)
+        values = _numbers(rng, self.chains, self.digits, frame.split)
         needles = []
         for c in range(self.chains):
             chain = names[c * (self.hops + 1) : (c + 1) * (self.hops + 1)]
@@ -222,7 +229,10 @@ class CommonWords(Task):
     def build(self, frame: Frame, depth: float) -> tuple[np.ndarray, tuple[str, ...]]:
         rng = frame.rng
         tail = CWE_QUESTION.format(n=self.common)
-        words = draw_words(rng, min(len(word_pool()), self.common + max(0, frame.prompt_tokens) // self.freq_rare))
+        pool = word_pool(frame.split)
+        words = draw_words(
+            rng, min(len(pool), self.common + max(0, frame.prompt_tokens) // self.freq_rare), frame.split
+        )
         cost = {w: frame.encode(f" {w}").size for w in words}
         items = [w for w in words[: self.common] for _ in range(self.freq_common)]
         fixed = frame.bos.size + frame.encode(CWE_HEAD).size + frame.encode(tail).size
@@ -269,7 +279,7 @@ class FrequentWords(Task):
         room = frame.prompt_tokens - MIN_HAYSTACK - fixed
         coded: dict[str, int] = {}
         while len(coded) < self.vocab:
-            w = "".join(rng.choice(list(string.ascii_lowercase), self.letters))
+            w = draw_in_split(rng, lambda r: "".join(r.choice(list(string.ascii_lowercase), self.letters)), frame.split)
             coded.setdefault(w, frame.encode(f" {w}").size)
         vocab = list(coded)
         for _ in range(100):

@@ -71,7 +71,8 @@ class ModelConfig:
       mlp_dim: F, hidden width of the SwiGLU MLP.
       rope_theta: RoPE base wavelength (RoFormer, arXiv:2104.09864); 500000 in Llama 3.
       rope_scaling_type: RoPE frequency scaling for long context (:mod:`lcx.models.rotary`):
-        None (plain RoPE), ``"llama3"`` (Llama 3.1, Meta's llama-models ``apply_scaling``) or
+        None (plain RoPE), ``"linear"`` (position interpolation), ``"ntk"`` (NTK-aware: the base
+        raised to ``theta * s ** (H / (H - 2))``), ``"llama3"`` (Llama 3.1, Meta's llama-models ``apply_scaling``) or
         ``"yarn"`` (Peng et al. 2023, arXiv:2309.00071, as Hugging Face transformers computes
         it). Left None while ``rope_scaling_factor`` is set it becomes ``"llama3"``.
       rope_scaling_factor: context stretch factor s (8 in Llama 3.1): llama3 stretches
@@ -374,3 +375,26 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
+
+
+def check_rope_overrides(rope: Any, *, where: str) -> None:
+    """Refuse RoPE overrides of a stored model config that name anything but a RoPE field.
+
+    Args:
+      rope: ``{field: value}`` to set (None: nothing); where: the config key, for messages.
+
+    Raises:
+      ValueError: not a mapping, or a key that is not a ``rope_*`` field of :class:`ModelConfig`
+        (names it and the valid ones).
+    """
+    valid = sorted(f.name for f in dataclasses.fields(ModelConfig) if f.name.startswith("rope_"))
+    if rope is not None and not isinstance(rope, Mapping):
+        raise ValueError(
+            f"{where}={rope!r}: must be null or a mapping of RoPE fields, e.g. {{rope_scaling_type: yarn}}"
+        )
+    for k in rope or {}:
+        if k not in valid:
+            raise ValueError(
+                f"{where}.{k}: only the model's RoPE fields can be changed on a trained model (no parameter "
+                f"depends on them); use some of {', '.join(valid)}"
+            )

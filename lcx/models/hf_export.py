@@ -49,6 +49,12 @@ def _export_rope(r: RopeConfig) -> dict[str, Any] | None:
     """transformers 4.x ``rope_scaling`` (read by 5.x too) of ``r``, or None for plain RoPE."""
     if r.scaling_type is None:
         return None
+    if r.scaling_type == "ntk":
+        raise ValueError(
+            f"rope_scaling_type='ntk' has no transformers rope_type (its 'dynamic' follows the sequence "
+            f"length); export the same frequencies as plain RoPE: model.rope_scaling_type=null "
+            f"model.rope_scaling_factor=null model.rope_theta={r.base!r}"
+        )
     out: dict[str, Any] = {"rope_type": r.scaling_type, "factor": float(r.factor)}  # type: ignore[arg-type]
     if r.scaling_type == "llama3":
         out.update(

@@ -31,6 +31,11 @@ Scaling methods (``RopeConfig.scaling_type``):
 - ``"linear"``: position interpolation (Chen et al. 2023, arXiv:2306.15595; transformers'
   ``_compute_linear_scaling_rope_parameters``): every frequency divided by the factor (Gemma 3's
   global layers, factor 8).
+- ``"ntk"``: NTK-aware scaling (bloc97, "NTK-Aware Scaled RoPE", 2023; YaRN paper,
+  arXiv:2309.00071, section 3.1, eq. 16): plain RoPE with the base ``theta`` raised to
+  ``theta * factor ** (H / (H - 2))``, which stretches the slowest pair's wavelength by exactly
+  the factor and leaves the fastest pair unchanged (static: the factor does not follow the
+  sequence, unlike transformers' ``dynamic`` rope type).
 - ``"llama3"``: Llama 3.1 (Meta llama-models ``apply_scaling``; Hugging Face
   ``_compute_llama3_parameters``): wavelengths longer than ``original_max_len / low_freq_factor``
   are stretched by ``factor``, those shorter than ``original_max_len / high_freq_factor`` are
@@ -55,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-ROPE_SCALING_TYPES: tuple[str | None, ...] = (None, "linear", "llama3", "yarn")
+ROPE_SCALING_TYPES: tuple[str | None, ...] = (None, "linear", "ntk", "llama3", "yarn")
 
 _DIGIT_BITS = 8  # position digits: 4 x 8 bits cover every int32
 _N_DIGITS = 4
@@ -73,7 +78,7 @@ class RopeConfig:
       head_dim: H, features per head (even); H/2 rotated pairs.
       theta: base wavelength.
       scaling_type: None, ``"linear"`` (position interpolation: every frequency divided by the
-        factor), ``"llama3"`` or ``"yarn"`` (module docstring).
+        factor), ``"ntk"`` (NTK-aware: a larger base), ``"llama3"`` or ``"yarn"`` (module docstring).
       factor: context stretch factor s (>= 1) for the scaled types; None for plain RoPE.
       original_max_len: tokens the unscaled model was trained at.
       low_freq_factor, high_freq_factor: Llama 3.1 band edges (Meta's defaults 1 and 4).
@@ -105,11 +110,19 @@ class RopeConfig:
         if self.scaling_type == "yarn" and not self.beta_fast > self.beta_slow > 0:
             raise ValueError(f"yarn rope scaling needs beta_fast ({self.beta_fast}) > beta_slow ({self.beta_slow}) > 0")
 
+    @property
+    def base(self) -> float:
+        """The base of the frequency table: ``theta``, or NTK-aware's ``theta * factor ** (H / (H - 2))``."""
+        if self.scaling_type != "ntk":
+            return float(self.theta)
+        assert self.factor is not None  # __post_init__: a scaling type needs a factor
+        return float(self.theta) * float(self.factor) ** (self.head_dim / (self.head_dim - 2))
+
     def frequencies(self) -> np.ndarray:
         """Angular frequencies in radians per token, float64 NumPy ``[H/2]`` (host constants)."""
         H = self.head_dim
-        freq = float(self.theta) ** (-np.arange(0, H, 2, dtype=np.float64) / H)
-        if self.scaling_type is None:
+        freq = self.base ** (-np.arange(0, H, 2, dtype=np.float64) / H)
+        if self.scaling_type in (None, "ntk"):
             return freq
         assert self.factor is not None  # __post_init__: a scaling type needs a factor
         s = float(self.factor)

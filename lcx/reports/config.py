@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Optional
+from typing import Any, Optional
 
 from lcx.models.config import ModelConfig
 from lcx.sharding.plan import Plan
@@ -96,6 +96,8 @@ class EvalConfig:
       generator: ``module:function`` of the generation function (:class:`lcx.evals.GenerateFn`).
       perplexity_docs: held-out documents of the perplexity-by-position curve (0: no curve);
         perplexity_bins: its position bins.
+      rope: ``model.rope_*`` fields set on the checkpoint's model before it is scored (a RoPE
+        scaling applied with no fine-tuning, :func:`lcx.training.resume.load_model`); None: as trained.
 
     Raises:
       ValueError: an unknown ``task`` or generation task, no task and no curve, a threshold
@@ -115,11 +117,14 @@ class EvalConfig:
     generator: str
     perplexity_docs: int
     perplexity_bins: int
+    rope: Optional[dict[str, Any]] = None
 
     def __post_init__(self):
         from lcx.evals.scoring import check_threshold
         from lcx.evals.tasks import get_task
+        from lcx.models.config import check_rope_overrides
 
+        check_rope_overrides(self.rope, where="eval.rope")
         if self.task not in EVAL_TASKS:
             raise ValueError(
                 f"eval.task={self.task!r} is unknown; lcx.eval has {', '.join(EVAL_TASKS)} "

@@ -56,7 +56,7 @@ def run_eval(query: EvalQuery, out_dir: str | pathlib.Path, devices) -> dict:
     # a checkpoint stores its plan as a mapping; null blocks and kernel: this hardware's
     plan = plan_from_dict(run["plan"], default_block=hw.attention_block, default_kernel=hw.attention_kernel)
     mp = bind(plan, devices)
-    model, meta = load_model(ckpt, mp, step=step)
+    model, meta = load_model(ckpt, mp, step=step, rope=query.eval.rope)
     S = int(run["train"]["seq_len"])
     lengths = list(e.lengths) if e.lengths is not None else [S // 2, S, 2 * S]
     digits = e.digits if e.digits is not None else int((run.get("data") or {}).get("digits", 5))

@@ -231,7 +231,7 @@ def run_generation_eval(
         docs = long_documents(tok, e.perplexity_docs, max(lengths) + 1, **split)
     plan = plan_from_dict(run["plan"], default_block=hw.attention_block, default_kernel=hw.attention_kernel)
     mp = bind(plan, devices)
-    model, meta = load_model(ckpt, mp, step=step)
+    model, meta = load_model(ckpt, mp, step=step, rope=e.rope)
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     title = f"{e.name}, {run['model']['name']} step {meta['step']}"
@@ -245,7 +245,8 @@ def run_generation_eval(
         "eval": e.name,
         "checkpoint": str(ckpt),
         "step": int(meta["step"]),
-        "model": run["model"],
+        "model": meta["config"]["model"],
+        "rope": e.rope,
         "plan": plan.name,
         "tokenizer": tok.name,
         "train_seq_len": S,

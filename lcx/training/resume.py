@@ -21,6 +21,7 @@ import equinox as eqx
 import jax
 import optax
 
+from lcx.models.config import check_rope_overrides
 from lcx.training.checkpoint import Checkpoints, Restored
 from lcx.training.config import TrainConfig
 from lcx.training.preflight import Run
@@ -154,20 +155,28 @@ def checkpoint_run(directory: str | os.PathLike, step: int | None = None) -> tup
         c.close()
 
 
-def load_model(directory: str | os.PathLike, mp: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+def load_model(
+    directory: str | os.PathLike, mp: Any, step: int | None = None, rope: Mapping[str, Any] | None = None
+) -> tuple[Any, dict[str, Any]]:
     """The model of a checkpoint, placed on the bound plan ``mp`` (any plan, any device count).
 
     Args:
       directory: a ``checkpoint.dir``.
       mp: :class:`lcx.sharding.MeshPlan` to place the parameters by.
       step: checkpoint step; default the newest.
+      rope: ``model.rope_*`` fields set on the stored model config before the model is built
+        (a RoPE scaling applied with no fine-tuning; no parameter depends on them), e.g.
+        ``{"rope_scaling_type": "yarn", "rope_scaling_factor": 4.0, "rope_original_max_len": 256}``.
 
     Returns:
-      ``(model, meta)``.
+      ``(model, meta)``; ``meta["config"]["model"]`` holds the fields ``rope`` set.
 
     Raises:
       FileNotFoundError: no checkpoint in ``directory`` (or no such ``step``).
+      ValueError: a ``rope`` key that is not a ``rope_*`` field of the model config, or a value the
+        model config refuses.
     """
+    check_rope_overrides(rope, where="rope")
     ckpts = Checkpoints(directory, read_only=True)
     try:
         steps = ckpts.steps()
@@ -176,11 +185,15 @@ def load_model(directory: str | os.PathLike, mp: Any, step: int | None = None) -
                 f"no checkpoint{'' if step is None else f' for step {step}'} in {directory}; steps there: {steps}"
             )
         step = steps[-1] if step is None else step
-        target, static = train_state_target(ckpts.read_meta(step)["config"], mp)
+        config = ckpts.read_meta(step)["config"]
+        if rope:
+            config = {**config, "model": {**config["model"], **rope}}
+        target, static = train_state_target(config, mp)
         r = ckpts.restore(step, target)
     finally:
         ckpts.close()
-    return eqx.combine(r.state.params, static), r.meta
+    meta = {**r.meta, "config": {**r.meta["config"], "model": config["model"]}} if rope else r.meta
+    return eqx.combine(r.state.params, static), meta
 
 
 def check_compatible(meta: Mapping[str, Any], model: Mapping[str, Any], *, where: str) -> None:
