@@ -30,8 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from lcx.data.config import PasskeyData
-from lcx.data.packing import BATCH_KEYS
-from lcx.data.stream import Batch, BatchSpec, Data, RowCursor, Rows
+from lcx.data.stream import Batch, BatchSpec, Data, FixedRows, RowCursor, Rows, stack_rows
 from lcx.data.tokenizers import ByteTokenizer
 from lcx.sharding.layout import BALANCED_BLOCK, check_layout
 
@@ -171,11 +170,6 @@ def _draw(rng: np.random.Generator, digits: int) -> str:
     return "".join(str(d) for d in rng.integers(0, 10, size=digits))
 
 
-def _stack(examples: Sequence[PasskeyExample]) -> Batch:
-    """The rows of ``examples`` as one contiguous batch ``[len(examples), S]`` of each key."""
-    return {k: np.stack([e.arrays[k] for e in examples]) for k in BATCH_KEYS}
-
-
 class PasskeyBatches(Rows, RowCursor):
     """Infinite, deterministic, resumable training batches of passkey rows.
 
@@ -259,7 +253,7 @@ class PasskeyBatches(Rows, RowCursor):
     def __next__(self) -> Batch:
         ex = [self.example(self._row + i) for i in range(self.global_batch)]
         self._row += self.global_batch
-        return self.lay_out(_stack(ex))
+        return self.lay_out(stack_rows([e.arrays for e in ex]))
 
     def state(self) -> dict[str, int]:
         """The stream position (``epoch``, ``row``) and its identity (``seed``, ``seq_len``, ``digits``)."""
@@ -291,7 +285,7 @@ class PasskeyBatches(Rows, RowCursor):
 
 
 @dataclasses.dataclass(eq=False)
-class PasskeyEval(Rows, Sequence[Batch]):
+class PasskeyEval(FixedRows):
     """A fixed evaluation set: ``per_depth`` rows at each depth of ``depths``, depth-major.
 
     Rows are drawn from a stream independent of every training seed. ``examples`` lists them
@@ -327,20 +321,9 @@ class PasskeyEval(Rows, Sequence[Batch]):
                 offset = int(rng.integers(0, len(FILLER) if self.filler == "sentences" else 2**31))
                 self.examples.append(passkey_example(self.seq_len, key, float(d), offset, filler=self.filler))
 
-    def __len__(self) -> int:
-        return -(-len(self.examples) // self.global_batch)
-
-    def __getitem__(self, i: int) -> Batch:  # type: ignore[override]
-        i = self.batch_index(i, len(self))
-        ex = list(self.examples[i * self.global_batch : (i + 1) * self.global_batch])
-        pad = self.global_batch - len(ex)
-        batch = _stack(ex + [ex[-1]] * pad)
-        if pad:
-            batch["loss_mask"][-pad:] = 0.0
-        return self.lay_out(batch)
-
-    def __iter__(self):
-        return (self[i] for i in range(len(self)))
+    def fixed_rows(self) -> list[dict[str, np.ndarray]]:
+        """The rows of :attr:`examples`."""
+        return [e.arrays for e in self.examples]
 
     def unigram_entropy(self) -> float:
         """Entropy of a uniform decimal digit, nats: the loss of a model that guesses the digits."""

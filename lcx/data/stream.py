@@ -81,6 +81,37 @@ class Rows:
         return i % n
 
 
+def stack_rows(rows: Sequence[Mapping[str, np.ndarray]]) -> Batch:
+    """The rows (dicts of the five batch arrays, each ``[S]``) as one batch ``[len(rows), S]`` of each key."""
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+@dataclasses.dataclass(eq=False)
+class FixedRows(Rows, Sequence[Batch]):
+    """A fixed evaluation pass over rows built once (:meth:`fixed_rows`), in laid-out batches of
+    ``global_batch`` rows; the last batch is padded with copies of the last row whose loss mask
+    is zeroed. Generated sources' validation sets share it."""
+
+    @abc.abstractmethod
+    def fixed_rows(self) -> Sequence[Mapping[str, np.ndarray]]:
+        """The rows, in order, each a dict of the five batch arrays ``[seq_len]``."""
+
+    def __len__(self) -> int:
+        return -(-len(self.fixed_rows()) // self.global_batch)
+
+    def __getitem__(self, i: int) -> Batch:  # type: ignore[override]
+        i = self.batch_index(i, len(self))
+        rows = list(self.fixed_rows()[i * self.global_batch : (i + 1) * self.global_batch])
+        pad = self.global_batch - len(rows)
+        batch = stack_rows(rows + [rows[-1]] * pad)
+        if pad:
+            batch["loss_mask"][-pad:] = 0.0
+        return self.lay_out(batch)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
 class BatchStream(Iterator[Batch], abc.ABC):
     """Infinite, deterministic training batches whose position is their whole state.
 
@@ -235,4 +266,4 @@ class Data(NamedTuple):
         return self.val.unigram_entropy()  # type: ignore[attr-defined]
 
 
-__all__ = ["Batch", "BatchSpec", "BatchStream", "Data", "RowCursor", "Rows", "lay_out"]
+__all__ = ["Batch", "BatchSpec", "BatchStream", "Data", "FixedRows", "RowCursor", "Rows", "lay_out", "stack_rows"]

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from lcx.data.packing import BATCH_KEYS, PAD_SEGMENT
+from lcx.data.packing import PAD_SEGMENT
 from lcx.data.pipeline import check_batch_args
-from lcx.data.stream import Batch, BatchSpec, Data, RowCursor, Rows
+from lcx.data.stream import Batch, BatchSpec, Data, FixedRows, RowCursor, Rows, stack_rows
 from lcx.data.tokenizers import Tokenizer, data_tokenizer
 from lcx.evals.haystack import haystack_tokens
 from lcx.evals.prompt import Example, LengthTooShort
@@ -91,10 +91,6 @@ def corpus_row(tokenizer: Tokenizer, rng: np.random.Generator, seq_len: int) -> 
         "segment_ids": np.ones(seq_len, np.int32),
         "loss_mask": np.ones(seq_len, np.float32),
     }
-
-
-def _stack(rows: Sequence[Mapping[str, np.ndarray]]) -> Batch:
-    return {k: np.stack([r[k] for r in rows]) for k in BATCH_KEYS}
 
 
 def check_tasks(tokenizer: Tokenizer, tasks: Sequence[str], seq_len: int, corpus_fraction: float) -> None:
@@ -174,7 +170,7 @@ class TaskBatches(_TaskRows, RowCursor):
     def __next__(self) -> Batch:
         rows = [self.row(self.seed + TRAIN_SEED_OFFSET, self._row + i) for i in range(self.global_batch)]
         self._row += self.global_batch
-        return self.lay_out(_stack(rows))
+        return self.lay_out(stack_rows(rows))
 
     def state(self) -> dict[str, Any]:
         """The position (``epoch``, ``row``) and the stream's identity (``seed``, ``seq_len``, ``tasks``)."""
@@ -207,7 +203,7 @@ class TaskBatches(_TaskRows, RowCursor):
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
-class TaskEval(_TaskRows, Sequence[Batch]):
+class TaskEval(_TaskRows, FixedRows):
     """A fixed validation set of ``rows`` rows, ``row(split_seed + VAL_SEED_OFFSET, i)``, in
     batches of ``global_batch`` (the last one padded with loss-free copies)."""
 
@@ -218,20 +214,9 @@ class TaskEval(_TaskRows, Sequence[Batch]):
         super().__post_init__()
         self._rows = [self.row(self.split_seed + VAL_SEED_OFFSET, i) for i in range(int(self.rows))]
 
-    def __len__(self) -> int:
-        return -(-len(self._rows) // self.global_batch)
-
-    def __getitem__(self, i: int) -> Batch:  # type: ignore[override]
-        i = self.batch_index(i, len(self))
-        rows = list(self._rows[i * self.global_batch : (i + 1) * self.global_batch])
-        pad = self.global_batch - len(rows)
-        batch = _stack(rows + [rows[-1]] * pad)
-        if pad:
-            batch["loss_mask"][-pad:] = 0.0
-        return self.lay_out(batch)
-
-    def __iter__(self):
-        return (self[i] for i in range(len(self)))
+    def fixed_rows(self) -> list[dict[str, np.ndarray]]:
+        """The validation rows."""
+        return self._rows
 
     def unigram_entropy(self) -> float:
         """Entropy of the validation rows' scored targets, nats (the loss of a unigram guess)."""
