@@ -32,7 +32,7 @@ import numpy as np
 from lcx.data.config import PasskeyData
 from lcx.data.stream import Batch, BatchSpec, Data, FixedRows, RowCursor, Rows, stack_rows
 from lcx.data.tokenizers import ByteTokenizer
-from lcx.sharding.layout import BALANCED_BLOCK, check_layout
+from lcx.sharding.layout import check_layout
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +186,8 @@ class PasskeyBatches(Rows, RowCursor):
     Args:
       digits: passkey length in decimal digits.
       state: optional :meth:`state` dict to resume from.
+      rows: :class:`lcx.data.stream.Rows`' fields (``seq_len``, ``global_batch``, ``layout``,
+        ``context_degree``, ``layout_block``).
 
     Yields:
       dicts of the five :data:`BATCH_KEYS`, each ``[global_batch, seq_len]``, in ``layout``.
@@ -197,10 +199,6 @@ class PasskeyBatches(Rows, RowCursor):
     def __init__(
         self,
         *,
-        seq_len: int,
-        global_batch: int,
-        layout: str = "contiguous",
-        context_degree: int = 1,
         seed: int = 0,
         digits: int = 5,
         min_depth: float = 0.0,
@@ -209,24 +207,20 @@ class PasskeyBatches(Rows, RowCursor):
         filler: str = "sentences",
         loss_on: str = "answer",
         state: Mapping[str, int] | None = None,
-        layout_block: int = BALANCED_BLOCK,
+        **rows: Any,
     ):
-        check_layout(layout, seq_len, context_degree)
-        if global_batch < 1:
-            raise ValueError(f"global batch must be >= 1 rows, got {global_batch}")
+        super().__init__(**rows)  # seq_len, global_batch, layout, context_degree, layout_block: Rows'
+        check_layout(self.layout, self.seq_len, self.context_degree)
+        if self.global_batch < 1:
+            raise ValueError(f"global batch must be >= 1 rows, got {self.global_batch}")
         if not 0.0 <= min_depth <= max_depth <= 1.0:
             raise ValueError(f"need 0 <= data.min_depth <= data.max_depth <= 1, got {min_depth}, {max_depth}")
         if digits < 1:
             raise ValueError(f"data.digits must be >= 1, got {digits}")
-        if seq_len < min_seq_len(digits):
-            raise ValueError(f"train.seq_len={seq_len} is too short for the passkey task; use >= {min_seq_len(digits)}")
-        super().__init__(
-            seq_len=seq_len,
-            global_batch=global_batch,
-            layout=layout,
-            context_degree=context_degree,
-            layout_block=layout_block,
-        )
+        if self.seq_len < min_seq_len(digits):
+            raise ValueError(
+                f"train.seq_len={self.seq_len} is too short for the passkey task; use >= {min_seq_len(digits)}"
+            )
         self.seed, self.digits = int(seed), int(digits)
         self.min_depth, self.max_depth = float(min_depth), float(max_depth)
         self.recall_loss = bool(recall_loss)

@@ -132,31 +132,18 @@ def _task_cells(
     ]
 
 
-def build_grid(
-    tokenizer: Tokenizer,
-    *,
-    tasks: Sequence[str],
-    lengths: Sequence[int],
-    depths: Sequence[float],
-    samples: int,
-    seed: int,
-) -> list[list[Example]]:
+def build_grid(tokenizer: Tokenizer, **grid: Any) -> list[list[Example]]:
     """The examples of the grid, one list per (task, length, depth) cell, task-major; a task that
-    uses no depth has one cell per length (depth None). Every cell must fit (:func:`fit_grid`
-    skips those that do not).
+    uses no depth has one cell per length (depth None). Every cell must fit (:func:`fit_grid`,
+    whose keywords ``tasks``, ``lengths``, ``depths``, ``samples`` and ``seed`` it takes, skips
+    those that do not).
 
     Raises:
       ValueError: an unknown task, no task / length / depth, ``samples < 1``, a depth outside
         [0, 1]; :class:`LengthTooShort` (a ``ValueError``): a length too short for a task
         (names both numbers).
     """
-    _check_grid(tasks, lengths, depths, samples)
-    cells = []
-    for name in tasks:
-        task = get_task(name)
-        for length in lengths:
-            cells += _task_cells(tokenizer, task, length, depths, samples, seed)
-    return cells
+    return fit_grid(tokenizer, strict=True, **grid)[0]
 
 
 def fit_grid(
@@ -167,6 +154,7 @@ def fit_grid(
     depths: Sequence[float],
     samples: int,
     seed: int,
+    strict: bool = False,
 ) -> tuple[list[list[Example]], list[dict[str, Any]]]:
     """:func:`build_grid`, where a task that does not fit a length is not run there: none of its
     cells at that length is built (one example too short drops the whole (task, length), every
@@ -178,8 +166,12 @@ def fit_grid(
       ``samples`` (0), ``score`` (None) and ``reason`` (the refusal's message), plus ``need``
       (the least length that held the refused example, tokens, or None), in grid order.
 
+    Args:
+      strict: raise :class:`LengthTooShort` for a length too short for a task instead
+        (:func:`build_grid`).
+
     Raises:
-      ValueError: as :func:`build_grid`, except a length too short for a task.
+      ValueError: as :func:`build_grid`, except a length too short for a task (unless ``strict``).
     """
     _check_grid(tasks, lengths, depths, samples)
     cells: list[list[Example]] = []
@@ -190,6 +182,8 @@ def fit_grid(
             try:
                 cells += _task_cells(tokenizer, task, length, depths, samples, seed)
             except LengthTooShort as e:
+                if strict:
+                    raise
                 skipped += [
                     {
                         "task": task.name,
@@ -272,23 +266,20 @@ def run_tasks(
     mp: Any,
     tokenizer: Tokenizer,
     *,
-    tasks: Sequence[str],
-    lengths: Sequence[int],
-    depths: Sequence[float],
-    samples: int,
-    seed: int,
     generate: GenerateFn | str | None = None,
     batch: int | None = None,
+    **grid: Any,
 ) -> list[dict[str, Any]]:
     """Score ``model`` on every (task, length, depth) cell by greedy generation:
     :func:`build_grid`, :func:`resolve_generator` (both refuse before anything is generated),
     then :func:`score_cells`.
 
     Args:
-      tasks: names in :data:`lcx.evals.TASKS`; lengths: context lengths in tokens (prompt plus
-        answer budget); depths: needle depths in [0, 1]; samples: examples per cell; seed: the
-        examples' seed. generate: a :class:`GenerateFn` or ``module:function`` (None:
-        :data:`DEFAULT_GENERATOR`). The rest as :func:`score_cells`.
+      grid: :func:`fit_grid`'s keywords: ``tasks`` (names in :data:`lcx.evals.TASKS`),
+        ``lengths`` (context lengths in tokens, prompt plus answer budget), ``depths`` (needle
+        depths in [0, 1]), ``samples`` (examples per cell) and ``seed`` (the examples' seed).
+      generate: a :class:`GenerateFn` or ``module:function`` (None: :data:`DEFAULT_GENERATOR`).
+        The rest as :func:`score_cells`.
 
     Returns:
       :func:`score_cells`'s rows.
@@ -296,7 +287,7 @@ def run_tasks(
     Raises:
       ValueError: as :func:`build_grid`, :func:`resolve_generator` and :func:`score_cells`.
     """
-    cells = build_grid(tokenizer, tasks=tasks, lengths=lengths, depths=depths, samples=samples, seed=seed)
+    cells = build_grid(tokenizer, **grid)
     gen = resolve_generator(generate)
     return score_cells(model, mp, tokenizer, cells, generate=gen, batch=batch)
 
