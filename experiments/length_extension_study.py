@@ -217,6 +217,7 @@ def gather(root: pathlib.Path, args, docs: pathlib.Path) -> list[dict[str, Any]]
                 **key,
                 "train_len": L,
                 **{f"mean_{s // L}L": means[s] for s in sorted(means)},
+                **{f"spread_{s // L}L": "" for s in sorted(means)},  # the seeds' rows only
                 "effective_length": eff if eff is not None else "none",
                 "threshold": res["threshold"],
                 **prov,

@@ -340,3 +340,62 @@ def test_length_extension_eval_gathers_scores_losses_and_provenance(tmp_path, ca
     ]
     assert le.main(["--runs", str(tmp_path / "nothing")]) == 2
     assert "no eval_yarn/ruler.json" in capsys.readouterr().err
+
+
+def test_length_extension_study_gathers_cells_seeds_steps_and_the_middle(tmp_path, capsys):
+    import _common
+    import length_extension_study as st
+
+    root, docs = tmp_path / "run", tmp_path / "docs"
+    info = {"git_commit": "0123456789abcdef", "python": "3.12.1", "packages": {"jax": "0.12.1"}}
+    (root / "base_run").mkdir(parents=True)
+    (root / "base_run" / "run_info.json").write_text(json.dumps(info))
+    (root / "study.json").write_text(json.dumps({"base_run": str(root / "base_run")}))
+    conds = st.conditions(type("A", (), {"steps": 100, "seeds": [0, 1]})())
+    assert len(conds) == 3 * len(st.METHODS)
+    for c in conds:
+        d = root / "eval" / c["tag"]
+        d.mkdir(parents=True)
+        ft = c["finetune_steps"] > 0
+        # fine-tuned: 100 at L..4L and seed-dependent at 8L; no fine-tune: 100 at L only
+        s8 = {0: 60.0, 1: 80.0}.get(c["seed"], 0.0)
+        means = {"256": 100.0, "512": 90.0 if ft else 0.0, "1024": 90.0 if ft else 0.0, "2048": s8}
+        (d / "ruler.json").write_text(
+            json.dumps({"mean_by_length": means, "effective_length": 1024 if ft else 256, "threshold": 85.6})
+        )
+        lines = ["task,seq_len,depth,samples,score,max_new_tokens,reason"]
+        for s, v in means.items():
+            lines += [f"passkey,{s},{d_},20,{v if d_ != 0.5 else v / 2},15," for d_ in (0.0, 0.5, 1.0)]
+            lines.append(f"vt,{s},,20,{v},43,")
+        (d / "ruler.csv").write_text("\n".join(lines) + "\n")
+        (d / "perplexity_by_position.csv").write_text("bin_start,bin_end,tokens,nll,perplexity\n0,128,512,5.0,148.4\n")
+        if ft:
+            run = root / "ft_run" / f"{c['method']}_s{c['seed']}"
+            run.mkdir(parents=True)
+            (run / "run_info.json").write_text(json.dumps(info))
+            recs = [{"step": 25, "long_eval/mean": 40.0, "long_eval/vt": 10.0}, {"step": 30, "loss": 1.0}]
+            (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    docs.mkdir()
+    assert st.main(["--runs", str(root), "--out", str(tmp_path / "res"), "--docs", str(docs)]) == 0
+    cells = _common.read_csv(tmp_path / "res.csv")
+    assert len(cells) == len(conds) * 4 * 4
+    need = {"method", "finetune_steps", "seed", "train_len", "seq_len", "task", "depth", "samples", "score", "git_commit"}
+    assert need <= set(cells[0]) and cells[0]["git_commit"] == "0123456789ab"
+    assert str(tmp_path) not in (tmp_path / "res.csv").read_text()  # never a local path
+    summary = _common.read_csv(tmp_path / "res_summary.csv")
+    mean = [r for r in summary if r["seed"] == "mean"]
+    assert [r["method"] for r in mean] == list(st.METHODS)
+    assert float(mean[0]["mean_8L"]) == 70.0 and float(mean[0]["spread_8L"]) == 10.0 and mean[0]["effective_length"] == "1024"
+    steps = _common.read_csv(tmp_path / "res_steps.csv")
+    assert len(steps) == 2 * len(st.METHODS) and steps[0]["step"] == "25" and float(steps[0]["mean"]) == 40.0
+    middle = _common.read_csv(tmp_path / "res_middle.csv")
+    assert {r["seq_len"] for r in middle} == {"1024", "2048"} and middle[0]["seed"] == "1"  # the better seed
+    assert [float(r["score"]) for r in middle if r["seq_len"] == "1024"] == [90.0, 45.0, 90.0]
+    assert sorted(p.name for p in docs.iterdir()) == [
+        "res.png",
+        "res_heatmaps.png",
+        "res_middle.png",
+        "res_steps.png",
+    ]
+    assert st.main(["--runs", str(tmp_path / "nothing")]) == 2
+    assert "no study.json" in capsys.readouterr().err

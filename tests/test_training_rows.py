@@ -32,7 +32,15 @@ def bpe():
 
 
 def _data(**kw):
-    base = dict(name="tasks", tokenizer="stdlib_bpe", tasks=FOUR, corpus_fraction=0.25, eval_rows=8, split_seed=0)
+    base = dict(
+        name="tasks",
+        tokenizer="stdlib_bpe",
+        tasks=FOUR,
+        corpus_fraction=0.25,
+        prompt_loss=0.0,
+        eval_rows=8,
+        split_seed=0,
+    )
     return TasksData(**{**base, **kw})
 
 
@@ -99,6 +107,10 @@ def test_a_task_row_is_the_prompt_then_the_answer_with_loss_on_the_answer_only(b
         assert np.array_equal(row["tokens"][1:n], row["targets"][: n - 1])  # next-token targets
         assert (row["segment_ids"][n:] == -1).all() and not m[n:].any()  # padding, no loss
         assert m.sum() == len(bpe.encode(answer_text(ex))) + 1
+        weighted = example_row(bpe, ex, 256, prompt_loss=0.25)["loss_mask"]
+        assert (weighted[: ex.prompt.size - 1] == 0.25).all() and np.array_equal(
+            weighted[ex.prompt.size - 1 :], row["loss_mask"][ex.prompt.size - 1 :]
+        )
 
 
 def test_the_stream_mixes_tasks_and_corpus_and_resumes_exactly(bpe):
@@ -127,6 +139,8 @@ def test_a_length_or_mix_that_cannot_be_built_is_refused_before_compiling(bpe):
         check_tasks(bpe, ["nope"], 256, 0.5)
     with pytest.raises(ValueError, match=r"corpus_fraction=1.5"):
         check_tasks(bpe, FOUR, 256, 1.5)
+    with pytest.raises(ValueError, match=r"data.prompt_loss=2"):
+        check_tasks(bpe, FOUR, 256, 0.5, 2.0)
     with pytest.raises(ValueError, match="data.tasks is empty"):
         check_tasks(bpe, [], 256, 0.5)
     check_tasks(bpe, [], 256, 1.0)  # corpus only

@@ -173,6 +173,7 @@ class TasksData:
       tasks: names in :data:`lcx.evals.TASKS`, drawn with equal probability.
       corpus_fraction: share of the rows that are windows of the corpus (language-modelling loss)
         rather than task examples (loss on the answer), in [0, 1].
+      prompt_loss: loss weight of a task row's prompt tokens, in [0, 1] (0: the answer alone).
       eval_rows: validation rows (same mix, own seeds).
       split_seed: seed of the validation rows.
       add_bos, add_eos: the tokenizer's rule (None: its own).
@@ -182,6 +183,7 @@ class TasksData:
     tokenizer: str
     tasks: list[str]
     corpus_fraction: float
+    prompt_loss: float
     eval_rows: int
     split_seed: int
     add_bos: Optional[bool] = None

@@ -5,7 +5,9 @@ on, followed by their answers: each row here is, with probability ``corpus_fract
 the embedded corpus (language-modelling loss on every token), else one example of a task of
 :data:`lcx.evals.TASKS` built at the row's length (:meth:`lcx.evals.tasks.Task.example`), its
 needle at a depth uniform in [0, 1], followed by the answer (:func:`answer_text`) and the
-tokenizer's EOS, with the loss on the answer and the EOS only. What follows the EOS is padding
+tokenizer's EOS, with the loss on the answer and the EOS (and, with weight ``prompt_loss``, on
+the prompt's own tokens: the repeats inside a prompt, a key asked for in the question or a pass
+key said twice, are copies that teach the induction the answer needs). What follows the EOS is padding
 (segment id -1, no loss). The examples come from the ``train`` split (:mod:`lcx.evals.splits`):
 training documents, keys, values and names that no evaluation example ever holds, and seeds
 offset by :data:`TRAIN_SEED_OFFSET`, so a score of a model trained on these rows is a held-out
@@ -48,9 +50,13 @@ def answer_text(example: Example) -> str:
     return " " + ", ".join(example.answers) + "."
 
 
-def example_row(tokenizer: Tokenizer, example: Example, seq_len: int) -> dict[str, np.ndarray]:
+def example_row(
+    tokenizer: Tokenizer, example: Example, seq_len: int, prompt_loss: float = 0.0
+) -> dict[str, np.ndarray]:
     """One row of ``seq_len`` tokens: ``example``'s prompt, :func:`answer_text` and the EOS (if the
-    tokenizer has one), the loss on the answer and the EOS, then padding.
+    tokenizer has one), the loss on the answer and the EOS (weight 1) and on the prompt's own
+    next tokens (weight ``prompt_loss``: 0, the answer alone; the loss is a weighted mean,
+    :func:`lcx.training.loss.loss_sum_and_count`), then padding.
 
     Returns:
       the five :data:`lcx.data.BATCH_KEYS` arrays, each ``[seq_len]`` (int32; ``loss_mask`` float32).
@@ -77,6 +83,7 @@ def example_row(tokenizer: Tokenizer, example: Example, seq_len: int) -> dict[st
         "loss_mask": np.zeros(seq_len, np.float32),
     }
     rows["tokens"][:n], rows["targets"][:n], rows["segment_ids"][:n] = doc[:-1], doc[1:], 1
+    rows["loss_mask"][: example.prompt.size - 1] = float(prompt_loss)
     rows["loss_mask"][example.prompt.size - 1 : n] = 1.0
     return rows
 
@@ -93,15 +100,19 @@ def corpus_row(tokenizer: Tokenizer, rng: np.random.Generator, seq_len: int) -> 
     }
 
 
-def check_tasks(tokenizer: Tokenizer, tasks: Sequence[str], seq_len: int, corpus_fraction: float) -> None:
+def check_tasks(
+    tokenizer: Tokenizer, tasks: Sequence[str], seq_len: int, corpus_fraction: float, prompt_loss: float = 0.0
+) -> None:
     """Refuse a task list or mix that cannot make rows of ``seq_len`` tokens, before anything compiles.
 
     Raises:
-      ValueError: no task and ``corpus_fraction < 1``, an unknown task, ``corpus_fraction``
-        outside [0, 1], or a task whose examples do not fit ``seq_len`` (names both numbers).
+      ValueError: no task and ``corpus_fraction < 1``, an unknown task, ``corpus_fraction`` or
+        ``prompt_loss`` outside [0, 1], or a task whose examples do not fit ``seq_len`` (names both numbers).
     """
     if not 0.0 <= corpus_fraction <= 1.0:
         raise ValueError(f"data.corpus_fraction={corpus_fraction} must lie in [0, 1] (the share of corpus rows)")
+    if not 0.0 <= prompt_loss <= 1.0:
+        raise ValueError(f"data.prompt_loss={prompt_loss} must lie in [0, 1] (the prompt tokens' loss weight)")
     if not tasks and corpus_fraction < 1.0:
         raise ValueError("data.tasks is empty: name some of lcx.evals.TASKS, or set data.corpus_fraction=1")
     for name in tasks:
@@ -124,6 +135,7 @@ class _TaskRows(Rows):
     tokenizer: Tokenizer
     tasks: tuple[str, ...]
     corpus_fraction: float
+    prompt_loss: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -143,7 +155,7 @@ class _TaskRows(Rows):
             index=int(index),
             split="train",
         )
-        return example_row(self.tokenizer, ex, self.seq_len)
+        return example_row(self.tokenizer, ex, self.seq_len, self.prompt_loss)
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -234,8 +246,13 @@ def tasks_data(data: Any, spec: BatchSpec) -> Data:
     """
     tok = data_tokenizer(data)
     tasks = tuple(str(t) for t in data.tasks)
-    check_tasks(tok, tasks, spec.seq_len, float(data.corpus_fraction))
-    mix = {"tokenizer": tok, "tasks": tasks, "corpus_fraction": float(data.corpus_fraction)}
+    check_tasks(tok, tasks, spec.seq_len, float(data.corpus_fraction), float(data.prompt_loss))
+    mix = {
+        "tokenizer": tok,
+        "tasks": tasks,
+        "corpus_fraction": float(data.corpus_fraction),
+        "prompt_loss": float(data.prompt_loss),
+    }
     train = TaskBatches(**spec.rows(), **mix, seed=spec.seed)
     val = TaskEval(**spec.rows(val=True), **mix, rows=int(data.eval_rows), split_seed=int(data.split_seed))
     return Data(train, val, tok)
