@@ -242,7 +242,9 @@ def test_refusals_come_before_the_model_is_loaded(trained, tmp_path, devices, mo
 
 def test_niah_preset_defaults_run_what_fits_and_say_what_did_not(trained, tmp_path, devices):
     # eval=niah with its default lengths (half, once and twice train.seq_len: 320, 640, 1280): no
-    # niah task fits 320 byte tokens and niah_multiquery not 640 (about 650); neither is refused
+    # niah task fits 320 byte tokens (each needs 350 or more), niah_multiquery needs 640-670 by
+    # its draws (the examples are a function of the length: it fits at 640 with eval.seed=1,
+    # not with eval.seed=2); neither length is refused
     from lcx.eval import generation_summary, run_generation_eval
 
     root, _ = trained
@@ -251,6 +253,7 @@ def test_niah_preset_defaults_run_what_fits_and_say_what_did_not(trained, tmp_pa
         f"checkpoint.dir={root / 'ckpt'}",
         "eval.depths=[0.5]",
         "eval.per_depth=1",
+        "eval.seed=2",
         "eval.generator=_greedy:greedy",
     )
     rep = run_generation_eval(q, tmp_path, devices)

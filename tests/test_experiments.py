@@ -379,13 +379,28 @@ def test_length_extension_study_gathers_cells_seeds_steps_and_the_middle(tmp_pat
     assert st.main(["--runs", str(root), "--out", str(tmp_path / "res"), "--docs", str(docs)]) == 0
     cells = _common.read_csv(tmp_path / "res.csv")
     assert len(cells) == len(conds) * 4 * 4
-    need = {"method", "finetune_steps", "seed", "train_len", "seq_len", "task", "depth", "samples", "score", "git_commit"}
+    need = {
+        "method",
+        "finetune_steps",
+        "seed",
+        "train_len",
+        "seq_len",
+        "task",
+        "depth",
+        "samples",
+        "score",
+        "git_commit",
+    }
     assert need <= set(cells[0]) and cells[0]["git_commit"] == "0123456789ab"
     assert str(tmp_path) not in (tmp_path / "res.csv").read_text()  # never a local path
     summary = _common.read_csv(tmp_path / "res_summary.csv")
     mean = [r for r in summary if r["seed"] == "mean"]
     assert [r["method"] for r in mean] == list(st.METHODS)
-    assert float(mean[0]["mean_8L"]) == 70.0 and float(mean[0]["spread_8L"]) == 10.0 and mean[0]["effective_length"] == "1024"
+    assert (
+        float(mean[0]["mean_8L"]) == 70.0
+        and float(mean[0]["spread_8L"]) == 10.0
+        and mean[0]["effective_length"] == "1024"
+    )
     steps = _common.read_csv(tmp_path / "res_steps.csv")
     assert len(steps) == 2 * len(st.METHODS) and steps[0]["step"] == "25" and float(steps[0]["mean"]) == 40.0
     middle = _common.read_csv(tmp_path / "res_middle.csv")

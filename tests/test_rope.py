@@ -205,8 +205,8 @@ def test_config_fields_and_checks():
     assert lm.preset("llama3_70b").rope.scaling_type is None
     with pytest.raises(ValueError, match="rope_scaling_type='yarn' needs model.rope_scaling_factor"):
         lm.ModelConfig(rope_scaling_type="yarn")
-    with pytest.raises(ValueError, match="'ntk' is unknown"):
-        lm.ModelConfig(rope_scaling_type="ntk", rope_scaling_factor=2.0)
+    with pytest.raises(ValueError, match="'dynamic' is unknown"):
+        lm.ModelConfig(rope_scaling_type="dynamic", rope_scaling_factor=2.0)
     with pytest.raises(ValueError, match="high_freq_factor"):
         lm.ModelConfig(rope_scaling_factor=8.0, rope_low_freq_factor=4.0, rope_high_freq_factor=1.0)
     with pytest.raises(ValueError, match="beta_fast"):
