@@ -87,6 +87,39 @@ def run_command(cmd: Sequence[str]) -> None:
     subprocess.run(list(cmd), cwd=ROOT, check=True)
 
 
+def ruler_eval(
+    ckpt: pathlib.Path,
+    out: pathlib.Path,
+    *,
+    tasks: Sequence[str],
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    per_depth: int,
+    perplexity_docs: int,
+    extra: Sequence[str] = (),
+) -> pathlib.Path:
+    """``python -m lcx.eval eval=ruler`` of ``ckpt`` into the run directory ``out`` (``extra``:
+    more overrides), unless ``out/ruler.json`` exists (an earlier call on the same directory)."""
+    if not (out / "ruler.json").is_file():
+        run_command(
+            [
+                sys.executable,
+                "-m",
+                "lcx.eval",
+                "eval=ruler",
+                f"checkpoint.dir={ckpt}",
+                f"eval.tasks=[{','.join(tasks)}]",
+                f"eval.lengths=[{','.join(str(s) for s in lengths)}]",
+                f"eval.depths=[{','.join(str(d) for d in depths)}]",
+                f"eval.per_depth={per_depth}",
+                f"eval.perplexity_docs={perplexity_docs}",
+                *extra,
+                f"hydra.run.dir={out}",
+            ]
+        )
+    return out
+
+
 def read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
     """Records of a ``metrics.jsonl`` (a line cut short by a crash ends the list)."""
     out = []

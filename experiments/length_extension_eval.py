@@ -103,27 +103,16 @@ def train(root: pathlib.Path, first: int, steps: tuple[int, int], batch: int) ->
 
 def evaluate(root: pathlib.Path, first: int, step0: int, per_depth: int) -> None:
     """``lcx.eval eval=ruler`` of each condition's checkpoint, in ``root/eval_<condition>``."""
-    lengths = ",".join(str(first * k) for k in (1, 2, 4, 8))
     for cond in CONDITIONS:
-        if (root / f"eval_{cond}" / "ruler.json").is_file():
-            continue  # evaluated by an earlier call on this root
-        ckpt = root / ("ckpt_plain" if cond == "plain" else "ckpt_yarn")
-        C.run_command(
-            [
-                sys.executable,
-                "-m",
-                "lcx.eval",
-                "eval=ruler",
-                f"checkpoint.dir={ckpt}",
-                *([f"checkpoint.step={step0}"] if cond == "short" else []),
-                f"eval.tasks=[{','.join(TASKS)}]",
-                f"eval.lengths=[{lengths}]",
-                "eval.depths=[0,0.5,1]",
-                f"eval.per_depth={per_depth}",
-                "eval.perplexity_docs=8",
-                "eval.perplexity_bins=16",
-                f"hydra.run.dir={root / f'eval_{cond}'}",
-            ]
+        C.ruler_eval(
+            root / ("ckpt_plain" if cond == "plain" else "ckpt_yarn"),
+            root / f"eval_{cond}",
+            tasks=TASKS,
+            lengths=[first * k for k in (1, 2, 4, 8)],
+            depths=[0, 0.5, 1],
+            per_depth=per_depth,
+            perplexity_docs=8,
+            extra=[*([f"checkpoint.step={step0}"] if cond == "short" else []), "eval.perplexity_bins=16"],
         )
 
 

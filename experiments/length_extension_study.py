@@ -129,29 +129,17 @@ def finetune(root: pathlib.Path, hf: pathlib.Path, method: str, seed: int, steps
 
 def evaluate(root: pathlib.Path, tag: str, ckpt: pathlib.Path, rope: Mapping[str, Any] | None, args) -> pathlib.Path:
     """``lcx.eval eval=ruler`` of ``ckpt`` (with ``rope`` applied) into ``root/eval/<tag>``."""
-    out = root / "eval" / tag
-    if not (out / "ruler.json").is_file():
-        L = args.train_len
-        rope_arg = (
-            "null" if not rope else "{" + ",".join(f"{k}:{'null' if v is None else v}" for k, v in rope.items()) + "}"
-        )
-        C.run_command(
-            [
-                sys.executable,
-                "-m",
-                "lcx.eval",
-                "eval=ruler",
-                f"checkpoint.dir={ckpt}",
-                f"eval.tasks=[{','.join(TASKS)}]",
-                f"eval.lengths=[{','.join(str(L * k) for k in (1, 2, 4, 8))}]",
-                f"eval.depths=[{','.join(str(d) for d in args.depths)}]",
-                f"eval.per_depth={args.samples}",
-                f"eval.perplexity_docs={args.loss_docs}",
-                f"eval.rope={rope_arg}",
-                f"hydra.run.dir={out}",
-            ]
-        )
-    return out
+    fields = ",".join(f"{k}:{'null' if v is None else v}" for k, v in (rope or {}).items())
+    return C.ruler_eval(
+        ckpt,
+        root / "eval" / tag,
+        tasks=TASKS,
+        lengths=[args.train_len * k for k in (1, 2, 4, 8)],
+        depths=args.depths,
+        per_depth=args.samples,
+        perplexity_docs=args.loss_docs,
+        extra=[f"eval.rope={{{fields}}}" if rope else "eval.rope=null"],
+    )
 
 
 def conditions(args) -> list[dict[str, Any]]:

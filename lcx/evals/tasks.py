@@ -14,8 +14,8 @@ An example is a pure function of ``(task, seed, length, depth, index, split)`` a
 (:meth:`Task.example`); its prompt has exactly ``length - max_new_tokens`` tokens
 (:mod:`lcx.evals.prompt`). Its haystack, keys, values and names come from one split
 (:mod:`lcx.evals.splits`): ``eval`` for scoring, ``train`` for the training rows of
-``data=tasks``; no two examples of different splits share any of them. A new task is a final subclass of :class:`Task` and one line in
-:data:`TASKS`.
+``data=tasks``; no two examples of different splits share any of them. A new task is a final
+subclass of :class:`Task` and one line in :data:`TASKS`.
 """
 
 from __future__ import annotations

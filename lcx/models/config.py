@@ -72,7 +72,8 @@ class ModelConfig:
       rope_theta: RoPE base wavelength (RoFormer, arXiv:2104.09864); 500000 in Llama 3.
       rope_scaling_type: RoPE frequency scaling for long context (:mod:`lcx.models.rotary`):
         None (plain RoPE), ``"linear"`` (position interpolation), ``"ntk"`` (NTK-aware: the base
-        raised to ``theta * s ** (H / (H - 2))``), ``"llama3"`` (Llama 3.1, Meta's llama-models ``apply_scaling``) or
+        raised to ``theta * s ** (H / (H - 2))``), ``"llama3"`` (Llama 3.1, Meta's llama-models
+        ``apply_scaling``) or
         ``"yarn"`` (Peng et al. 2023, arXiv:2309.00071, as Hugging Face transformers computes
         it). Left None while ``rope_scaling_factor`` is set it becomes ``"llama3"``.
       rope_scaling_factor: context stretch factor s (8 in Llama 3.1): llama3 stretches
