@@ -18,7 +18,15 @@ from lcx.data.tokenizers import stdlib_bpe
 from lcx.evals import TASKS, get_task
 from lcx.evals.haystack import word_pool
 from lcx.evals.splits import corpus_documents, in_split
-from lcx.evals.training_rows import TRAIN_SEED_OFFSET, TaskBatches, answer_text, check_tasks, example_row
+from lcx.evals.training_rows import (
+    TRAIN_SEED_OFFSET,
+    TaskBatches,
+    answer_text,
+    check_tasks,
+    example_row,
+    packed_row,
+    repeat_row,
+)
 from lcx.models.config import check_rope_overrides
 from lcx.models.presets import preset
 from lcx.models.rotary import RopeConfig
@@ -111,6 +119,61 @@ def test_a_task_row_is_the_prompt_then_the_answer_with_loss_on_the_answer_only(b
         assert (weighted[: ex.prompt.size - 1] == 0.25).all() and np.array_equal(
             weighted[ex.prompt.size - 1 :], row["loss_mask"][ex.prompt.size - 1 :]
         )
+
+
+def test_packed_rows_hold_each_example_as_its_own_document(bpe):
+    exs = [
+        get_task("passkey").example(bpe, seed=1, length=100, depth=0.5, index=0, split="train"),
+        get_task("niah_single").example(bpe, seed=1, length=150, depth=0.2, index=1, split="train"),
+    ]
+    row = packed_row(bpe, exs, 256, prompt_loss=0.5)
+    at = 0
+    for seg, ex in enumerate(exs, start=1):
+        idx = np.flatnonzero(row["segment_ids"] == seg)
+        assert idx[0] == at and np.array_equal(row["positions"][idx], np.arange(idx.size))  # positions restart
+        assert np.array_equal(row["tokens"][idx][: ex.prompt.size], ex.prompt)
+        full = row["loss_mask"][idx] == 1.0
+        assert bpe.decode(row["targets"][idx][full].tolist()) == answer_text(ex) + "<|eos|>"
+        assert (row["loss_mask"][idx][: ex.prompt.size - 1] == 0.5).all()
+        at = idx[-1] + 1
+    assert (row["segment_ids"][at:] == -1).all() and not row["loss_mask"][at:].any()
+    with pytest.raises(ValueError, match=r"lengths \[100, 150, 100\] \(sum 350\) overflow a row of 256"):
+        packed_row(bpe, [*exs, exs[0]], 256)
+
+
+def test_min_length_packs_shorter_examples_and_is_deterministic(bpe):
+    kw = dict(seq_len=256, global_batch=16, tokenizer=bpe, tasks=("passkey", "niah_single"), corpus_fraction=0.0)
+    packed = TaskBatches(**kw, min_length=92)
+    b = next(packed)
+    docs = b["segment_ids"].max(axis=1)
+    assert (docs >= 1).all() and (docs >= 2).any()  # some rows hold two examples or more
+    answers = [(r == 1.0).sum() for r in b["loss_mask"]]
+    assert sum(answers) > sum((r == 1.0).sum() for r in next(TaskBatches(**kw))["loss_mask"])
+    again = next(TaskBatches(**kw, min_length=92))
+    assert all(np.array_equal(b[k], again[k]) for k in b)
+    with pytest.raises(ValueError, match=r"data.min_length=300 must lie in \[1, train.seq_len=256\]"):
+        check_tasks(bpe, FOUR, 256, 0.5, 0.0, 300)
+
+
+def test_a_repeat_row_scores_only_copies_of_earlier_spans(bpe):
+    for seed in range(20):
+        row = repeat_row(bpe, np.random.default_rng(seed), 256)
+        scored = np.flatnonzero(row["loss_mask"])
+        assert scored.size >= 7 and set(np.unique(row["loss_mask"])) <= {0.0, 1.0}
+        doc = np.concatenate([row["tokens"], row["targets"][-1:]])
+        for run in np.split(scored, np.flatnonzero(np.diff(scored) > 1) + 1):
+            span = doc[run[0] : run[-1] + 2]  # the repeat: its first token and the scored ones
+            earlier = [i for i in range(run[0] - span.size + 1) if np.array_equal(doc[i : i + span.size], span)]
+            assert earlier, f"seed {seed}: the scored span at {run[0]} copies nothing earlier"
+    mixed = TaskBatches(
+        seq_len=256, global_batch=16, tokenizer=bpe, tasks=("passkey",), corpus_fraction=0.0, repeat_fraction=0.5
+    )
+    b = next(mixed)
+    ends = [t[np.flatnonzero(m)[-1]] for t, m in zip(b["targets"], b["loss_mask"], strict=True)]
+    n_task = sum(1 for e in ends if e == bpe.eos_id)  # a task row's scored targets end with the EOS
+    assert 0 < n_task < 16
+    with pytest.raises(ValueError, match=r"data.repeat_fraction=0.8 must lie in \[0, 1 - data.corpus_fraction=0.5\]"):
+        check_tasks(bpe, FOUR, 256, 0.5, 0.0, None, 0.8)
 
 
 def test_the_stream_mixes_tasks_and_corpus_and_resumes_exactly(bpe):

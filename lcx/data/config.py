@@ -174,6 +174,12 @@ class TasksData:
       corpus_fraction: share of the rows that are windows of the corpus (language-modelling loss)
         rather than task examples (loss on the answer), in [0, 1].
       prompt_loss: loss weight of a task row's prompt tokens, in [0, 1] (0: the answer alone).
+      min_length: None, one example of ``train.seq_len`` tokens per task row; else task rows pack
+        examples of lengths drawn uniformly from ``[min_length, room left]`` (own segment ids),
+        more answers per row (training rows only; the validation rows stay one per row).
+      repeat_fraction: share of the training rows that are corpus windows with spans written
+        twice, the loss on the repeats (:func:`lcx.evals.training_rows.repeat_row`: the copy
+        an induction head makes), in [0, 1 - ``corpus_fraction``].
       eval_rows: validation rows (same mix, own seeds).
       split_seed: seed of the validation rows.
       add_bos, add_eos: the tokenizer's rule (None: its own).
@@ -188,6 +194,8 @@ class TasksData:
     split_seed: int
     add_bos: Optional[bool] = None
     add_eos: Optional[bool] = None
+    min_length: Optional[int] = None
+    repeat_fraction: float = 0.0
 
 
 MIXTURE_FIXED = frozenset({"name", "tokenizer", "add_bos", "add_eos", "workers", "prefetch", "shards", "mixture"})

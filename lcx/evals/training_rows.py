@@ -53,38 +53,70 @@ def answer_text(example: Example) -> str:
 def example_row(
     tokenizer: Tokenizer, example: Example, seq_len: int, prompt_loss: float = 0.0
 ) -> dict[str, np.ndarray]:
-    """One row of ``seq_len`` tokens: ``example``'s prompt, :func:`answer_text` and the EOS (if the
-    tokenizer has one), the loss on the answer and the EOS (weight 1) and on the prompt's own
-    next tokens (weight ``prompt_loss``: 0, the answer alone; the loss is a weighted mean,
-    :func:`lcx.training.loss.loss_sum_and_count`), then padding.
-
-    Returns:
-      the five :data:`lcx.data.BATCH_KEYS` arrays, each ``[seq_len]`` (int32; ``loss_mask`` float32).
+    """One row of ``seq_len`` tokens holding one example of length ``seq_len``:
+    :func:`packed_row` of ``[example]``.
 
     Raises:
       ValueError: the example's length is not ``seq_len``, or its answer does not fit its budget.
     """
     if example.length != seq_len:
         raise ValueError(f"example of length {example.length} in a row of {seq_len} tokens")
+    return packed_row(tokenizer, [example], seq_len, prompt_loss)
+
+
+def _document(tokenizer: Tokenizer, example: Example) -> np.ndarray:
+    """int32 ``[T]``: ``example``'s prompt, :func:`answer_text` and the EOS (if the tokenizer has one).
+
+    Raises:
+      ValueError: the answer overflows the example's budget (``T > example.length + 1``).
+    """
     answer = np.asarray(tokenizer.encode(answer_text(example)), np.int32)
     eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
     doc = np.concatenate([example.prompt, answer, np.asarray(eos, np.int32)])
-    if doc.size > seq_len + 1:
+    if doc.size > example.length + 1:
         raise ValueError(
             f"task {example.task}: answer {answer_text(example)!r} ({answer.size} tokens) overflows its "
             f"budget of {example.max_new_tokens} tokens"
         )
-    n = doc.size - 1  # inputs of the document; the rest of the row is padding
+    return doc
+
+
+def packed_row(
+    tokenizer: Tokenizer, examples: Sequence[Example], seq_len: int, prompt_loss: float = 0.0
+) -> dict[str, np.ndarray]:
+    """One row of ``seq_len`` tokens: the examples one after another, each its own document
+    (segment ids 1, 2, ...; positions restart at 0), each its prompt, :func:`answer_text` and the
+    EOS, the loss on the answer and the EOS (weight 1) and on the prompt's own next tokens
+    (weight ``prompt_loss``: 0, the answer alone; the loss is a weighted mean,
+    :func:`lcx.training.loss.loss_sum_and_count`), then padding (segment id -1, no loss).
+
+    Returns:
+      the five :data:`lcx.data.BATCH_KEYS` arrays, each ``[seq_len]`` (int32; ``loss_mask`` float32).
+
+    Raises:
+      ValueError: the examples' lengths sum past ``seq_len``, or an answer does not fit its budget.
+    """
+    if sum(ex.length for ex in examples) > seq_len:
+        lengths = [ex.length for ex in examples]
+        raise ValueError(f"examples of lengths {lengths} (sum {sum(lengths)}) overflow a row of {seq_len} tokens")
     rows = {
         "tokens": np.zeros(seq_len, np.int32),
         "targets": np.zeros(seq_len, np.int32),
-        "positions": np.concatenate([np.arange(n), np.arange(seq_len - n)]).astype(np.int32),
+        "positions": np.zeros(seq_len, np.int32),
         "segment_ids": np.full(seq_len, PAD_SEGMENT, np.int32),
         "loss_mask": np.zeros(seq_len, np.float32),
     }
-    rows["tokens"][:n], rows["targets"][:n], rows["segment_ids"][:n] = doc[:-1], doc[1:], 1
-    rows["loss_mask"][: example.prompt.size - 1] = float(prompt_loss)
-    rows["loss_mask"][example.prompt.size - 1 : n] = 1.0
+    at = 0
+    for seg, ex in enumerate(examples, start=1):
+        doc = _document(tokenizer, ex)
+        n = doc.size - 1  # inputs of the document
+        s = slice(at, at + n)
+        rows["tokens"][s], rows["targets"][s], rows["segment_ids"][s] = doc[:-1], doc[1:], seg
+        rows["positions"][s] = np.arange(n)
+        rows["loss_mask"][at : at + ex.prompt.size - 1] = float(prompt_loss)
+        rows["loss_mask"][at + ex.prompt.size - 1 : at + n] = 1.0
+        at += n
+    rows["positions"][at:] = np.arange(seq_len - at)
     return rows
 
 
@@ -100,19 +132,72 @@ def corpus_row(tokenizer: Tokenizer, rng: np.random.Generator, seq_len: int) -> 
     }
 
 
+REPEAT_SPAN = (8, 48)
+"""Lengths, in tokens, of the spans a :func:`repeat_row` writes twice (uniform, inclusive)."""
+
+
+def repeat_row(tokenizer: Tokenizer, rng: np.random.Generator, seq_len: int) -> dict[str, np.ndarray]:
+    """A window of the ``train`` split's documents in which spans are written a second time
+    further on, the loss on each repeat's tokens after its first (weight 1) and nowhere else: the
+    copy an induction head makes (Olsson et al. 2022, "In-context learning and induction heads",
+    arXiv:2209.11895, measure induction heads on repeated random tokens), trained directly,
+    at distances from a few tokens to the whole row.
+
+    Spans of :data:`REPEAT_SPAN` tokens are drawn one after another: a span ``[i, i + k)`` and a
+    later place ``j >= i + k`` for its copy, while the row has room.
+
+    Returns:
+      the five :data:`lcx.data.BATCH_KEYS` arrays, each ``[seq_len]`` (one document, segment id 1).
+    """
+    doc = haystack_tokens(tokenizer, seq_len + 1, rng, "train").copy()
+    mask = np.zeros(seq_len, np.float32)
+    lo, hi = REPEAT_SPAN
+    at = 0
+    while at + 2 * lo <= seq_len:
+        k = int(rng.integers(lo, min(hi, (seq_len - at) // 2) + 1))
+        i = at + int(rng.integers(0, (seq_len - at - 2 * k) // 2 + 1))
+        j = int(rng.integers(i + k, seq_len - k + 1))
+        doc[j : j + k] = doc[i : i + k]
+        mask[j : j + k - 1] = 1.0  # targets doc[j + 1 : j + k]: the repeat after its first token
+        at = j + k
+    return {
+        "tokens": doc[:-1].copy(),
+        "targets": doc[1:].copy(),
+        "positions": np.arange(seq_len, dtype=np.int32),
+        "segment_ids": np.ones(seq_len, np.int32),
+        "loss_mask": mask,
+    }
+
+
 def check_tasks(
-    tokenizer: Tokenizer, tasks: Sequence[str], seq_len: int, corpus_fraction: float, prompt_loss: float = 0.0
+    tokenizer: Tokenizer,
+    tasks: Sequence[str],
+    seq_len: int,
+    corpus_fraction: float,
+    prompt_loss: float = 0.0,
+    min_length: int | None = None,
+    repeat_fraction: float = 0.0,
 ) -> None:
     """Refuse a task list or mix that cannot make rows of ``seq_len`` tokens, before anything compiles.
 
     Raises:
       ValueError: no task and ``corpus_fraction < 1``, an unknown task, ``corpus_fraction`` or
-        ``prompt_loss`` outside [0, 1], or a task whose examples do not fit ``seq_len`` (names both numbers).
+        ``prompt_loss`` outside [0, 1], ``repeat_fraction`` outside [0, 1 - ``corpus_fraction``], ``min_length`` outside [1, ``seq_len``], or a task whose examples do not fit ``seq_len`` (names both numbers).
     """
     if not 0.0 <= corpus_fraction <= 1.0:
         raise ValueError(f"data.corpus_fraction={corpus_fraction} must lie in [0, 1] (the share of corpus rows)")
     if not 0.0 <= prompt_loss <= 1.0:
         raise ValueError(f"data.prompt_loss={prompt_loss} must lie in [0, 1] (the prompt tokens' loss weight)")
+    if not 0.0 <= repeat_fraction <= 1.0 - corpus_fraction:
+        raise ValueError(
+            f"data.repeat_fraction={repeat_fraction} must lie in [0, 1 - data.corpus_fraction="
+            f"{1.0 - corpus_fraction:g}] (the share of repeat rows; the rest are task rows)"
+        )
+    if min_length is not None and not 1 <= int(min_length) <= seq_len:
+        raise ValueError(
+            f"data.min_length={min_length} must lie in [1, train.seq_len={seq_len}] "
+            "(null: one example of train.seq_len tokens per row)"
+        )
     if not tasks and corpus_fraction < 1.0:
         raise ValueError("data.tasks is empty: name some of lcx.evals.TASKS, or set data.corpus_fraction=1")
     for name in tasks:
@@ -136,26 +221,55 @@ class _TaskRows(Rows):
     tasks: tuple[str, ...]
     corpus_fraction: float
     prompt_loss: float = 0.0
+    min_length: int | None = None
+    repeat_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_batch_args(self.seq_len, self.global_batch, self.layout, self.context_degree)
 
     def row(self, seed: int, index: int) -> dict[str, np.ndarray]:
-        """Row ``index`` of the stream seeded ``seed`` (a pure function of both and ``seq_len``)."""
+        """Row ``index`` of the stream seeded ``seed`` (a pure function of both and ``seq_len``):
+        a corpus window, a :func:`repeat_row` (share ``repeat_fraction``), one example of
+        ``seq_len`` tokens, or (``min_length`` set) examples of
+        lengths drawn uniformly from ``[min_length, room left]`` packed while one fits."""
         rng = np.random.default_rng([int(seed), int(index), self.seq_len])
-        if not self.tasks or rng.random() < self.corpus_fraction:
+        draw = rng.random()
+        if not self.tasks or draw < self.corpus_fraction:
             return corpus_row(self.tokenizer, rng, self.seq_len)
+        if draw < self.corpus_fraction + self.repeat_fraction:
+            return repeat_row(self.tokenizer, rng, self.seq_len)
+        if self.min_length is None or self.min_length >= self.seq_len:
+            ex = self._example(rng, seed, index, self.seq_len, self.seq_len)
+            return packed_row(self.tokenizer, [ex], self.seq_len, self.prompt_loss)
+        examples: list[Example] = []
+        room, lo = self.seq_len, int(self.min_length)
+        while room >= lo:
+            length = int(rng.integers(lo, room + 1))
+            ex = self._example(rng, seed, index * self.seq_len + len(examples), length, room)
+            if ex is None:
+                break
+            examples.append(ex)
+            room -= ex.length
+        return packed_row(self.tokenizer, examples, self.seq_len, self.prompt_loss)
+
+    def _example(self, rng: np.random.Generator, seed: int, index: int, length: int, room: int) -> Example | None:
+        """An example of a random task at ``length`` tokens, or at the task's own minimum where
+        that is longer and fits ``room``; None where it does not fit (the row ends there)."""
         task = get_task(self.tasks[int(rng.integers(len(self.tasks)))])
-        ex = task.example(
-            self.tokenizer,
-            seed=int(seed),
-            length=self.seq_len,
-            depth=float(rng.uniform()),
-            index=int(index),
-            split="train",
-        )
-        return example_row(self.tokenizer, ex, self.seq_len, self.prompt_loss)
+        depth = float(rng.uniform())
+        kw = {"seed": int(seed), "depth": depth, "index": int(index), "split": "train"}
+        for _ in range(4):  # the least length moves a little with the draws at each length
+            try:
+                return task.example(self.tokenizer, length=length, **kw)
+            except LengthTooShort as e:
+                if e.need is None or e.need > room or length == room:
+                    if room == self.seq_len and length == room:
+                        raise
+                    return None
+                length = max(e.need, length + 1)
+        # the first example of a row always exists: at the row's own length (check_tasks)
+        return task.example(self.tokenizer, length=room, **kw) if room == self.seq_len else None
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -246,14 +360,16 @@ def tasks_data(data: Any, spec: BatchSpec) -> Data:
     """
     tok = data_tokenizer(data)
     tasks = tuple(str(t) for t in data.tasks)
-    check_tasks(tok, tasks, spec.seq_len, float(data.corpus_fraction), float(data.prompt_loss))
+    min_length = None if data.min_length is None else int(data.min_length)
+    repeats = float(data.repeat_fraction)
+    check_tasks(tok, tasks, spec.seq_len, float(data.corpus_fraction), float(data.prompt_loss), min_length, repeats)
     mix = {
         "tokenizer": tok,
         "tasks": tasks,
         "corpus_fraction": float(data.corpus_fraction),
         "prompt_loss": float(data.prompt_loss),
     }
-    train = TaskBatches(**spec.rows(), **mix, seed=spec.seed)
+    train = TaskBatches(**spec.rows(), **mix, min_length=min_length, repeat_fraction=repeats, seed=spec.seed)
     val = TaskEval(**spec.rows(val=True), **mix, rows=int(data.eval_rows), split_seed=int(data.split_seed))
     return Data(train, val, tok)
 
@@ -267,5 +383,7 @@ __all__ = [
     "check_tasks",
     "corpus_row",
     "example_row",
+    "packed_row",
+    "repeat_row",
     "tasks_data",
 ]
