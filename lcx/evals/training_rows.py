@@ -241,6 +241,7 @@ class _TaskRows(Rows):
             return repeat_row(self.tokenizer, rng, self.seq_len)
         if self.min_length is None or self.min_length >= self.seq_len:
             ex = self._example(rng, seed, index, self.seq_len, self.seq_len)
+            assert ex is not None  # a row's first example always exists (room == seq_len)
             return packed_row(self.tokenizer, [ex], self.seq_len, self.prompt_loss)
         examples: list[Example] = []
         room, lo = self.seq_len, int(self.min_length)
