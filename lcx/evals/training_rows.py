@@ -122,13 +122,18 @@ def packed_row(
 
 def corpus_row(tokenizer: Tokenizer, rng: np.random.Generator, seq_len: int) -> dict[str, np.ndarray]:
     """A window of ``seq_len + 1`` tokens of the ``train`` split's documents, loss on every token."""
-    doc = haystack_tokens(tokenizer, seq_len + 1, rng, "train")
+    return _window_row(haystack_tokens(tokenizer, seq_len + 1, rng, "train"), np.ones(seq_len, np.float32))
+
+
+def _window_row(doc: np.ndarray, loss_mask: np.ndarray) -> dict[str, np.ndarray]:
+    """The row of one document ``doc`` of ``seq_len + 1`` tokens that fills it, with ``loss_mask``."""
+    n = doc.size - 1
     return {
         "tokens": doc[:-1].copy(),
         "targets": doc[1:].copy(),
-        "positions": np.arange(seq_len, dtype=np.int32),
-        "segment_ids": np.ones(seq_len, np.int32),
-        "loss_mask": np.ones(seq_len, np.float32),
+        "positions": np.arange(n, dtype=np.int32),
+        "segment_ids": np.ones(n, np.int32),
+        "loss_mask": loss_mask,
     }
 
 
@@ -160,13 +165,7 @@ def repeat_row(tokenizer: Tokenizer, rng: np.random.Generator, seq_len: int) -> 
         doc[j : j + k] = doc[i : i + k]
         mask[j : j + k - 1] = 1.0  # targets doc[j + 1 : j + k]: the repeat after its first token
         at = j + k
-    return {
-        "tokens": doc[:-1].copy(),
-        "targets": doc[1:].copy(),
-        "positions": np.arange(seq_len, dtype=np.int32),
-        "segment_ids": np.ones(seq_len, np.int32),
-        "loss_mask": mask,
-    }
+    return _window_row(doc, mask)
 
 
 def check_tasks(
@@ -255,22 +254,24 @@ class _TaskRows(Rows):
         return packed_row(self.tokenizer, examples, self.seq_len, self.prompt_loss)
 
     def _example(self, rng: np.random.Generator, seed: int, index: int, length: int, room: int) -> Example | None:
-        """An example of a random task at ``length`` tokens, or at the task's own minimum where
-        that is longer and fits ``room``; None where it does not fit (the row ends there)."""
+        """An example of a random task at ``length`` tokens, or at the task's own least length where
+        that is longer (at most ``room``); None where none fits ``room`` (the row ends there).
+
+        Raises:
+          LengthTooShort: a row's first example (``room == seq_len``) fits not even ``seq_len``.
+        """
         task = get_task(self.tasks[int(rng.integers(len(self.tasks)))])
         depth = float(rng.uniform())
         kw = {"seed": int(seed), "depth": depth, "index": int(index), "split": "train"}
-        for _ in range(4):  # the least length moves a little with the draws at each length
+        while True:  # the length grows to the task's least (it moves a little with the draws), at most to room
             try:
                 return task.example(self.tokenizer, length=length, **kw)
             except LengthTooShort as e:
-                if e.need is None or e.need > room or length == room:
-                    if room == self.seq_len and length == room:
+                if length == room:
+                    if room == self.seq_len:  # a row's first example: at the row's length (check_tasks)
                         raise
                     return None
-                length = max(e.need, length + 1)
-        # the first example of a row always exists: at the row's own length (check_tasks)
-        return task.example(self.tokenizer, length=room, **kw) if room == self.seq_len else None
+                length = min(room, max(length + 1, e.need or room))
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
